@@ -1,0 +1,3 @@
+//! Command-line entry points other than `serve`.
+
+pub mod session;

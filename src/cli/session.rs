@@ -1,0 +1,255 @@
+//! `archivist session …`: a small terminal client, so a person can try the
+//! service without writing code.
+
+use std::io::Read;
+
+use clap::{Args, Subcommand};
+
+use crate::client::{ErrorReport, connect};
+use crate::pb;
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    /// The server to talk to.
+    #[arg(long, env = "ARCHIVIST_SERVER", default_value = crate::client::DEFAULT_SERVER, global = true)]
+    pub server: String,
+    #[command(subcommand)]
+    pub command: SessionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Append one entry (the text arguments, or standard input if none).
+    Append {
+        session: String,
+        /// user, assistant, system or tool.
+        #[arg(long, default_value = "user")]
+        role: String,
+        /// Idempotency key: the same id is stored once.
+        #[arg(long = "id")]
+        client_entry_id: Option<String>,
+        text: Vec<String>,
+    },
+    /// Close the open segment and schedule its recap.
+    Close {
+        session: String,
+        /// Wait for the recap pass to end.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Close the open segment and wait for every pending recap (bounded).
+    Flush { session: String },
+    /// List the session's segments with their states and summaries.
+    Show { session: String },
+    /// Print what an agent would put in its prompt.
+    Context {
+        session: String,
+        /// Token budget; 0 means no limit.
+        #[arg(long, default_value_t = 0)]
+        max_tokens: u32,
+    },
+}
+
+/// Runs the command; the error is the text to print, already formatted.
+pub async fn run(args: SessionArgs) -> Result<(), String> {
+    let mut client = connect(&args.server)
+        .await
+        .map_err(|e| crate::failure::cause_chain(&e).join(": "))?;
+    match args.command {
+        SessionCommand::Append {
+            session,
+            role,
+            client_entry_id,
+            text,
+        } => {
+            let role = parse_role(&role)?;
+            let content = if text.is_empty() {
+                let mut buf = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut buf)
+                    .map_err(|e| format!("cannot read standard input: {e}"))?;
+                buf.trim_end().to_owned()
+            } else {
+                text.join(" ")
+            };
+            let resp = client
+                .append_entries(pb::AppendEntriesRequest {
+                    session_id: session,
+                    entries: vec![pb::NewEntry {
+                        client_entry_id: client_entry_id.unwrap_or_default(),
+                        role: role.into(),
+                        content,
+                    }],
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            for e in &resp.entries {
+                let dup = if e.duplicate { " (already stored)" } else { "" };
+                println!("appended seq {}{dup}", e.seq);
+            }
+            for id in &resp.closed_segment_ids {
+                println!("closed segment {id}; its recap runs in the background");
+            }
+        }
+        SessionCommand::Close { session, wait } => {
+            let resp = client
+                .close_segment(pb::CloseSegmentRequest {
+                    session_id: session,
+                    wait,
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            match resp.segment {
+                Some(seg) => print_segment(&seg),
+                None => println!("nothing was open"),
+            }
+        }
+        SessionCommand::Flush { session } => {
+            let resp = client
+                .flush_session(pb::FlushSessionRequest {
+                    session_id: session,
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            for seg in &resp.segments {
+                print_segment(seg);
+            }
+            println!(
+                "{}",
+                if resp.complete {
+                    "complete: every segment is summarised"
+                } else {
+                    "not complete: what is left stays PENDING and the server keeps at it"
+                }
+            );
+        }
+        SessionCommand::Show { session } => {
+            let mut token = String::new();
+            loop {
+                let resp = client
+                    .list_segments(pb::ListSegmentsRequest {
+                        session_id: session.clone(),
+                        states: Vec::new(),
+                        page_size: 100,
+                        page_token: token,
+                    })
+                    .await
+                    .map_err(|s| describe(&s))?
+                    .into_inner();
+                for seg in &resp.segments {
+                    print_segment(seg);
+                }
+                if resp.next_page_token.is_empty() {
+                    break;
+                }
+                token = resp.next_page_token;
+            }
+        }
+        SessionCommand::Context {
+            session,
+            max_tokens,
+        } => {
+            let resp = client
+                .get_context(pb::GetContextRequest {
+                    session_id: session,
+                    max_tokens,
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            if resp.truncated {
+                println!("[older items dropped to fit {max_tokens} tokens]");
+            }
+            for item in resp.items {
+                match item.item {
+                    Some(pb::context_item::Item::Summary(s)) => {
+                        let summary = s.summary.unwrap_or_default();
+                        println!(
+                            "[summary of seq {}..{} by {}]\n{}",
+                            s.first_seq, s.last_seq, summary.provider, summary.text
+                        );
+                    }
+                    Some(pb::context_item::Item::Entry(e)) => {
+                        println!("{} {}: {}", e.seq, role_name(e.role), e.content);
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse_role(name: &str) -> Result<pb::Role, String> {
+    match name {
+        "user" => Ok(pb::Role::User),
+        "assistant" => Ok(pb::Role::Assistant),
+        "system" => Ok(pb::Role::System),
+        "tool" => Ok(pb::Role::Tool),
+        other => Err(format!(
+            "unknown role {other:?}: use user, assistant, system or tool"
+        )),
+    }
+}
+
+fn role_name(role: i32) -> &'static str {
+    match pb::Role::try_from(role) {
+        Ok(pb::Role::User) => "user",
+        Ok(pb::Role::Assistant) => "assistant",
+        Ok(pb::Role::System) => "system",
+        Ok(pb::Role::Tool) => "tool",
+        Ok(pb::Role::Unspecified) | Err(_) => "?",
+    }
+}
+
+fn state_name(state: i32) -> &'static str {
+    match pb::SegmentState::try_from(state) {
+        Ok(pb::SegmentState::Open) => "OPEN",
+        Ok(pb::SegmentState::Pending) => "PENDING",
+        Ok(pb::SegmentState::Summarised) => "SUMMARISED",
+        Ok(pb::SegmentState::Parked) => "PARKED",
+        Ok(pb::SegmentState::Unspecified) | Err(_) => "?",
+    }
+}
+
+fn print_segment(seg: &pb::Segment) {
+    println!(
+        "segment {} (#{} of {}): {}, seq {}..{}, {} entries, {} attempt(s)",
+        seg.id,
+        seg.ordinal,
+        seg.session_id,
+        state_name(seg.state),
+        seg.first_seq,
+        seg.last_seq,
+        seg.entry_count,
+        seg.attempts
+    );
+    if let Some(s) = &seg.summary {
+        for line in s.text.lines() {
+            println!("    {line}");
+        }
+        println!("    [{} / {}]", s.provider, s.model);
+    }
+    if let Some(f) = &seg.last_failure {
+        println!("    last failure: {}", f.causes.join(": "));
+    }
+}
+
+/// A failed call as lines for a person: the status, then every cause.
+pub fn describe(status: &tonic::Status) -> String {
+    let report = ErrorReport::from_status(status);
+    let mut out = format!("{:?}: {}", status.code(), status.message());
+    if let Some(reason) = &report.reason {
+        out.push_str(&format!(" [{reason}]"));
+    }
+    for (field, description) in &report.violations {
+        out.push_str(&format!("\n  {field}: {description}"));
+    }
+    for cause in &report.causes {
+        out.push_str(&format!("\ncaused by: {cause}"));
+    }
+    out
+}

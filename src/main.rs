@@ -1,0 +1,139 @@
+//! The `archivist` binary: flags, logging, signals and wiring; the work is
+//! in the library.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use archivist::cli::session::{self, SessionArgs};
+use archivist::config::{self, LogFormat, Overrides};
+use archivist::failure::cause_chain;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "archivist",
+    version,
+    about = "Memory summarisation for LLM agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gRPC server (defaults: 127.0.0.1:50051, ./archivist-data,
+    /// the built-in extractive summariser).
+    Serve {
+        /// A TOML configuration file.
+        #[arg(long, env = config::CONFIG_ENV)]
+        config: Option<PathBuf>,
+        /// Address to listen on.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Directory holding the database.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Talk to a running server from a terminal.
+    Session(SessionArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            data_dir,
+        } => runtime.block_on(serve(Overrides {
+            config_file: config,
+            listen,
+            data_dir,
+        })),
+        Command::Session(args) => {
+            init_logging(LogFormat::Text);
+            match runtime.block_on(session::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn serve(overrides: Overrides) -> ExitCode {
+    let config = match config::load(&overrides, std::env::vars()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {}", cause_chain(&e).join(": "));
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(config.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    match archivist::server::run(config, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %cause_chain(&e).join(": "), "archivist failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

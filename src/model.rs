@@ -1,0 +1,341 @@
+//! Plain domain types: sessions, entries, segments, summaries and their
+//! states. No I/O here; the store persists these and `grpc.rs` converts them
+//! to and from the wire.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::failure::Failure;
+
+/// A segment's id: unique across the database, assigned by the store.
+pub type SegmentId = u64;
+
+/// Milliseconds since the Unix epoch: how the store keeps every instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Millis(pub i64);
+
+impl Millis {
+    pub fn now() -> Self {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Millis(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Millis(self.0.saturating_add(ms))
+    }
+
+    /// How long ago `self` was, as seen at `now` (zero if in the future).
+    pub fn age_at(self, now: Millis) -> Duration {
+        Duration::from_millis(u64::try_from(now.0.saturating_sub(self.0)).unwrap_or(0))
+    }
+
+    pub fn as_system_time(self) -> SystemTime {
+        match u64::try_from(self.0) {
+            Ok(ms) => UNIX_EPOCH + Duration::from_millis(ms),
+            Err(_) => UNIX_EPOCH,
+        }
+    }
+}
+
+/// The tenant a session belongs to. Until authentication is configured every
+/// caller is the default tenant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tenant(pub String);
+
+/// A caller-chosen session name: 1 to 128 characters of `[A-Za-z0-9._:-]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SessionName(String);
+
+pub const SESSION_NAME_MAX: usize = 128;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionNameError {
+    #[error("session id is empty")]
+    Empty,
+    #[error("session id is {0} characters long; at most {SESSION_NAME_MAX} are allowed")]
+    TooLong(usize),
+    #[error("session id contains {0:?}; only letters, digits and . _ : - are allowed")]
+    BadCharacter(char),
+}
+
+impl SessionName {
+    pub fn parse(raw: &str) -> Result<Self, SessionNameError> {
+        if raw.is_empty() {
+            return Err(SessionNameError::Empty);
+        }
+        let len = raw.chars().count();
+        if len > SESSION_NAME_MAX {
+            return Err(SessionNameError::TooLong(len));
+        }
+        match raw
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+        {
+            Some(c) => Err(SessionNameError::BadCharacter(c)),
+            None => Ok(SessionName(raw.to_owned())),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+    System,
+    Tool,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::User, Role::Assistant, Role::System, Role::Tool];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::System => "system",
+            Role::Tool => "tool",
+        }
+    }
+
+    /// The store's integer code; stable, never reuse one.
+    pub fn code(self) -> i64 {
+        match self {
+            Role::User => 1,
+            Role::Assistant => 2,
+            Role::System => 3,
+            Role::Tool => 4,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.code() == code)
+    }
+
+    pub fn parse(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentState {
+    Open,
+    Pending,
+    Summarised,
+    Parked,
+}
+
+impl SegmentState {
+    pub const ALL: [SegmentState; 4] = [
+        SegmentState::Open,
+        SegmentState::Pending,
+        SegmentState::Summarised,
+        SegmentState::Parked,
+    ];
+
+    /// The store's integer code; stable, never reuse one.
+    pub fn code(self) -> i64 {
+        match self {
+            SegmentState::Open => 1,
+            SegmentState::Pending => 2,
+            SegmentState::Summarised => 3,
+            SegmentState::Parked => 4,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<SegmentState> {
+        SegmentState::ALL.into_iter().find(|s| s.code() == code)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SegmentState::Open => "OPEN",
+            SegmentState::Pending => "PENDING",
+            SegmentState::Summarised => "SUMMARISED",
+            SegmentState::Parked => "PARKED",
+        }
+    }
+}
+
+/// An entry as a caller submits it, already validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEntry {
+    pub client_entry_id: Option<String>,
+    pub role: Role,
+    pub content: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub client_entry_id: Option<String>,
+    pub role: Role,
+    pub content: String,
+    pub created_at: Millis,
+    pub tokens: u32,
+}
+
+/// What an append did with one entry of the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub client_entry_id: Option<String>,
+    pub duplicate: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub entries: Vec<Appended>,
+    pub open_segment_id: Option<SegmentId>,
+    pub closed_segment_ids: Vec<SegmentId>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    pub text: String,
+    pub provider: String,
+    pub model: String,
+    pub prompt_version: String,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub created_at: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub id: SegmentId,
+    pub session: String,
+    pub ordinal: u32,
+    pub state: SegmentState,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub entry_count: u32,
+    pub token_estimate: u32,
+    pub summary: Option<Summary>,
+    pub attempts: u32,
+    pub passes: u32,
+    pub last_failure: Option<Failure>,
+    pub next_attempt_at: Option<Millis>,
+    pub closed_at: Option<Millis>,
+}
+
+/// When an open segment closes by itself: whichever bound is reached first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentPolicy {
+    pub max_entries: u32,
+    pub max_tokens: u32,
+}
+
+impl SegmentPolicy {
+    pub fn is_full(&self, entries: u32, tokens: u32) -> bool {
+        entries >= self.max_entries || tokens >= self.max_tokens
+    }
+}
+
+/// One item of an agent's context, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ContextItem {
+    Summary {
+        segment_id: SegmentId,
+        first_seq: u64,
+        last_seq: u64,
+        summary: Summary,
+    },
+    Entry(Entry),
+}
+
+impl ContextItem {
+    pub fn tokens(&self) -> u32 {
+        match self {
+            ContextItem::Summary { summary, .. } => estimate_tokens(&summary.text),
+            ContextItem::Entry(entry) => entry.tokens,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Context {
+    pub items: Vec<ContextItem>,
+    pub truncated: bool,
+    pub tokens: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Backlog {
+    pub open: u64,
+    pub pending: u64,
+    pub summarised: u64,
+    pub parked: u64,
+    pub oldest_pending_age: Option<Duration>,
+    pub parked_by_class: Vec<(String, u64)>,
+}
+
+/// A rough token count: about four bytes of text a token, plus a few for the
+/// role and framing of a message. Good enough for budgets; no tokenizer is
+/// loaded, so it works the same for every provider.
+pub fn estimate_tokens(text: &str) -> u32 {
+    let bytes = u32::try_from(text.len()).unwrap_or(u32::MAX);
+    bytes.div_ceil(4).saturating_add(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_checked() {
+        assert!(SessionName::parse("agent-1:run_2.a").is_ok());
+        assert_eq!(SessionName::parse(""), Err(SessionNameError::Empty));
+        assert_eq!(
+            SessionName::parse(&"a".repeat(129)),
+            Err(SessionNameError::TooLong(129))
+        );
+        assert!(SessionName::parse(&"a".repeat(128)).is_ok());
+        assert_eq!(
+            SessionName::parse("a b"),
+            Err(SessionNameError::BadCharacter(' '))
+        );
+        assert_eq!(
+            SessionName::parse("é"),
+            Err(SessionNameError::BadCharacter('é'))
+        );
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        for r in Role::ALL {
+            assert_eq!(Role::from_code(r.code()), Some(r));
+            assert_eq!(Role::parse(r.as_str()), Some(r));
+        }
+        for s in SegmentState::ALL {
+            assert_eq!(SegmentState::from_code(s.code()), Some(s));
+        }
+    }
+
+    #[test]
+    fn policy_closes_at_either_bound() {
+        let p = SegmentPolicy {
+            max_entries: 3,
+            max_tokens: 100,
+        };
+        assert!(!p.is_full(2, 99));
+        assert!(p.is_full(3, 10));
+        assert!(p.is_full(1, 100));
+    }
+}

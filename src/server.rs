@@ -1,0 +1,151 @@
+//! `archivist serve`: opens the store, wires the summariser, the reconciler
+//! and the gRPC services (Archivist, health, reflection v1 and v1alpha) and
+//! runs until the shutdown future resolves, then winds down within the
+//! shutdown ceiling.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+use tracing::{info, warn};
+
+use crate::config::{Config, ProviderKind};
+use crate::grpc::GrpcService;
+use crate::model::Millis;
+use crate::pb;
+use crate::provider::{Provider, ProviderSetupError};
+use crate::reconciler::Reconciler;
+use crate::service::Service;
+use crate::store::{Store, StoreError};
+use crate::summarise::Summariser;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot open the store")]
+    Store(#[from] StoreError),
+    #[error("cannot set up the provider")]
+    Provider(#[from] ProviderSetupError),
+    #[error("cannot build the reflection service")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC server failed")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves on `listener` until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let store = Store::open(&config.data_dir).await?;
+    let provider = Provider::from_config(&config.provider)?;
+    match config.provider.kind {
+        ProviderKind::Extractive => info!(
+            "summarising with the built-in extractive provider (no LLM); set provider.kind = \"openai\" to use one"
+        ),
+        ProviderKind::Openai => info!(
+            base_url = %config.provider.base_url,
+            model = %config.provider.model,
+            "summarising through an OpenAI-compatible endpoint"
+        ),
+    }
+    let owner = format!("serve-{}-{}", std::process::id(), Millis::now().0);
+    let summariser = Summariser::new(
+        store.clone(),
+        provider,
+        config.retry.clone(),
+        config.reconciler.clone(),
+        config.provider.max_output_tokens,
+        owner,
+    );
+    let wake = Arc::new(Notify::new());
+    let service = Arc::new(Service::new(
+        store.clone(),
+        summariser.clone(),
+        wake.clone(),
+        config.segment_policy(),
+        config.flush.ceiling,
+        config.reconciler.concurrency as usize,
+    ));
+
+    let background = CancellationToken::new();
+    let reconciler = Reconciler::new(
+        store.clone(),
+        summariser.clone(),
+        config.reconciler.clone(),
+        wake,
+    );
+    let reconciler_task = tokio::spawn(reconciler.run(background.clone()));
+
+    let archivist = GrpcService::new(service, config.limits.clone()).into_server();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::archivist_server::ArchivistServer<GrpcService>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let addr = listener
+        .local_addr()
+        .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
+    info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let stop_accepting = CancellationToken::new();
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(archivist)
+        .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
+    tokio::pin!(server);
+
+    let deadline = tokio::select! {
+        result = &mut server => {
+            background.cancel();
+            result?;
+            Instant::now() + config.shutdown.ceiling
+        }
+        () = shutdown => {
+            info!(ceiling = ?config.shutdown.ceiling, "shutting down");
+            let deadline = Instant::now() + config.shutdown.ceiling;
+            stop_accepting.cancel();
+            health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;
+            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
+                warn!("calls still running at the shutdown ceiling were cut off");
+            }
+            deadline
+        }
+    };
+    background.cancel();
+    let _ = reconciler_task.await;
+    match store.close_all_open_segments().await {
+        Ok(n) if n > 0 => info!(
+            closed = n,
+            "closed open segments; their recaps run after restart"
+        ),
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "could not close open segments at shutdown"),
+    }
+    let tracker = summariser.tracker();
+    tracker.close();
+    if tokio::time::timeout_at(deadline, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!(
+            "recap passes still running at the shutdown ceiling were left; their segments stay PENDING"
+        );
+    }
+    info!("archivist stopped");
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! The operations behind the RPCs, free of any wire type: append, close,
+//! flush, read and operate. `grpc.rs` validates and converts at the edge and
+//! calls these; tests of the domain can call them directly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::failure::Failure;
+use crate::model::{
+    AppendOutcome, Backlog, Context, NewEntry, Segment, SegmentId, SegmentPolicy, SegmentState,
+    SessionName, Tenant,
+};
+use crate::store::{SegmentFilter, Store, StoreError};
+use crate::summarise::{PassOutcome, Summariser};
+
+/// How often a caller waiting on a pass run by another process looks again.
+const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("recap of segment {segment_id} failed")]
+    RecapFailed {
+        segment_id: SegmentId,
+        failure: Failure,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The service's state: the store, the summariser and the reconciler's
+/// wake-up.
+pub struct Service {
+    store: Store,
+    summariser: Arc<Summariser>,
+    wake: Arc<Notify>,
+    policy: SegmentPolicy,
+    flush_ceiling: Duration,
+    flush_concurrency: usize,
+}
+
+/// A page of segments and the id to continue after, if there is more.
+pub struct SegmentPage {
+    pub segments: Vec<Segment>,
+    pub next_after: Option<SegmentId>,
+}
+
+/// Every segment of a flushed session and whether all are summarised.
+pub struct Flushed {
+    pub segments: Vec<Segment>,
+    pub complete: bool,
+}
+
+impl Service {
+    pub fn new(
+        store: Store,
+        summariser: Arc<Summariser>,
+        wake: Arc<Notify>,
+        policy: SegmentPolicy,
+        flush_ceiling: Duration,
+        flush_concurrency: usize,
+    ) -> Service {
+        Service {
+            store,
+            summariser,
+            wake,
+            policy,
+            flush_ceiling,
+            flush_concurrency: flush_concurrency.max(1),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub async fn append(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        entries: Vec<NewEntry>,
+    ) -> Result<AppendOutcome, ServiceError> {
+        let outcome = self
+            .store
+            .append(tenant, session, entries, self.policy)
+            .await?;
+        if !outcome.closed_segment_ids.is_empty() {
+            // Recaps run in the background; the append never waits on them.
+            self.wake.notify_one();
+        }
+        Ok(outcome)
+    }
+
+    /// Closes the open segment. With a `wait_until`, runs (or joins) its
+    /// pass and returns when the pass ends or the instant comes, whichever
+    /// is first; a failed pass is an error carrying its failure.
+    pub async fn close_segment(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        wait_until: Option<Instant>,
+    ) -> Result<Option<Segment>, ServiceError> {
+        let Some(id) = self.store.close_open_segment(tenant, session).await? else {
+            return Ok(None);
+        };
+        let Some(deadline) = wait_until else {
+            self.wake.notify_one();
+            return Ok(Some(self.store.segment(tenant, id).await?));
+        };
+        if let Some(failure) = self.await_pass(id, deadline).await? {
+            return Err(ServiceError::RecapFailed {
+                segment_id: id,
+                failure,
+            });
+        }
+        Ok(Some(self.store.segment(tenant, id).await?))
+    }
+
+    /// Wind-down: closes the open segment and awaits the pass of every
+    /// PENDING segment, until all end or the flush ceiling or `deadline`
+    /// comes. What is unfinished stays PENDING for the reconciler.
+    pub async fn flush(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        deadline: Option<Instant>,
+    ) -> Result<Flushed, ServiceError> {
+        let ceiling = Instant::now() + self.flush_ceiling;
+        let until = deadline.map_or(ceiling, |d| d.min(ceiling));
+        self.store.close_open_segment(tenant, session).await?;
+        let segments = self.store.session_segments(tenant, session).await?;
+        let pending: Vec<SegmentId> = segments
+            .iter()
+            .filter(|s| s.state == SegmentState::Pending)
+            .map(|s| s.id)
+            .collect();
+        let _ = tokio::time::timeout_at(until, self.run_all(pending, until)).await;
+        let segments = self.store.session_segments(tenant, session).await?;
+        let complete = segments.iter().all(|s| s.state == SegmentState::Summarised);
+        if !complete {
+            self.wake.notify_one();
+        }
+        Ok(Flushed { segments, complete })
+    }
+
+    async fn run_all(&self, ids: Vec<SegmentId>, until: Instant) {
+        let mut set = JoinSet::new();
+        let mut ids = ids.into_iter();
+        loop {
+            while set.len() < self.flush_concurrency {
+                let Some(id) = ids.next() else { break };
+                let summariser = self.summariser.clone();
+                let store = self.store.clone();
+                set.spawn(async move { await_pass_with(&summariser, &store, id, until).await });
+            }
+            if set.join_next().await.is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Runs or joins the pass over `id`, until it ends or `deadline`.
+    /// Returns the failure of a pass that failed.
+    async fn await_pass(
+        &self,
+        id: SegmentId,
+        deadline: Instant,
+    ) -> Result<Option<Failure>, ServiceError> {
+        await_pass_with(&self.summariser, &self.store, id, deadline).await
+    }
+
+    pub async fn segment(&self, tenant: &Tenant, id: SegmentId) -> Result<Segment, ServiceError> {
+        Ok(self.store.segment(tenant, id).await?)
+    }
+
+    pub async fn list_segments(
+        &self,
+        tenant: &Tenant,
+        filter: SegmentFilter,
+        after: SegmentId,
+        page_size: u32,
+    ) -> Result<SegmentPage, ServiceError> {
+        // One more than asked tells whether another page follows.
+        let mut segments = self
+            .store
+            .list_segments(tenant, filter, after, page_size + 1)
+            .await?;
+        let more = segments.len() > page_size as usize;
+        segments.truncate(page_size as usize);
+        let next_after = if more {
+            segments.last().map(|s| s.id)
+        } else {
+            None
+        };
+        Ok(SegmentPage {
+            segments,
+            next_after,
+        })
+    }
+
+    pub async fn context(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        max_tokens: u32,
+    ) -> Result<Context, ServiceError> {
+        Ok(self.store.context(tenant, session, max_tokens).await?)
+    }
+
+    pub async fn requeue(
+        &self,
+        tenant: &Tenant,
+        session: Option<SessionName>,
+        ids: Vec<SegmentId>,
+        include_parked: bool,
+    ) -> Result<u64, ServiceError> {
+        let mut states = vec![SegmentState::Pending];
+        if include_parked {
+            states.push(SegmentState::Parked);
+        }
+        let n = self
+            .store
+            .requeue(
+                tenant,
+                SegmentFilter {
+                    session,
+                    states,
+                    ids,
+                },
+            )
+            .await?;
+        if n > 0 {
+            self.wake.notify_one();
+        }
+        Ok(n)
+    }
+
+    pub async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, ServiceError> {
+        Ok(self.store.backlog(tenant).await?)
+    }
+}
+
+async fn await_pass_with(
+    summariser: &Arc<Summariser>,
+    store: &Store,
+    id: SegmentId,
+    deadline: Instant,
+) -> Result<Option<Failure>, ServiceError> {
+    let outcome = match tokio::time::timeout_at(deadline, summariser.run_or_join(id)).await {
+        Ok(outcome) => outcome,
+        // The pass goes on in its own task; the caller gets the state as is.
+        Err(_) => return Ok(None),
+    };
+    match outcome {
+        PassOutcome::Summarised => Ok(None),
+        PassOutcome::Failed(failure) => Ok(Some(failure)),
+        PassOutcome::StoreFailed(e) => Err(ServiceError::Store(StoreError::Shared(e))),
+        PassOutcome::NotClaimed => {
+            // Another process holds the claim: watch the segment until its
+            // pass ends (its pass count moves or it leaves PENDING).
+            let tenantless = store.segment_any(id).await?;
+            let passes = tenantless.passes;
+            let mut seg = tenantless;
+            while seg.state == SegmentState::Pending && seg.passes == passes {
+                if Instant::now() + FOREIGN_PASS_POLL >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(FOREIGN_PASS_POLL).await;
+                seg = store.segment_any(id).await?;
+            }
+            match (seg.state, seg.last_failure) {
+                (SegmentState::Summarised, _) => Ok(None),
+                (_, Some(failure)) if seg.passes != passes => Ok(Some(failure)),
+                _ => Ok(None),
+            }
+        }
+    }
+}

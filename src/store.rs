@@ -1,0 +1,1154 @@
+//! The store: the only place with SQL. SQLite through rusqlite, in WAL mode,
+//! with versioned migrations applied at open, and the narrow interface the
+//! service needs (sessions, entries, segments, claims).
+//!
+//! Writes go to one writer thread that owns the only writing connection and
+//! commits whatever has queued up in one transaction (group commit): each
+//! job runs inside its own savepoint, so one job's error undoes only that
+//! job, and every caller is answered only after the COMMIT that made its
+//! work durable. Reads run on a small pool of read-only connections on
+//! tokio's blocking threads, so no SQLite call ever runs on an async thread.
+//!
+//! Durability: WAL with `synchronous = NORMAL`. A committed transaction is in
+//! the WAL file before its caller is answered, so it survives the process
+//! being killed (kill -9); only an operating-system crash or power loss can
+//! lose the last commits, which `synchronous = FULL` would prevent at the cost
+//! of an fsync per commit.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::failure::Failure;
+use crate::model::{
+    AppendOutcome, Appended, Backlog, Context, ContextItem, Entry, Millis, NewEntry, Role, Segment,
+    SegmentId, SegmentPolicy, SegmentState, SessionName, Summary, Tenant, estimate_tokens,
+};
+
+/// Most jobs committed in one transaction.
+const MAX_BATCH: usize = 512;
+/// Jobs waiting for the writer before callers wait to enqueue.
+const QUEUE_DEPTH: usize = 4096;
+/// Idle read connections kept open.
+const MAX_IDLE_READERS: usize = 8;
+/// How long a statement waits on a lock held by another process (a backfill
+/// run beside the server) before failing with SQLITE_BUSY.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session {0:?} not found")]
+    SessionNotFound(String),
+    #[error("segment {0} not found")]
+    SegmentNotFound(SegmentId),
+    #[error("cannot open the database at {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("cannot create the data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("database migration to version {version} failed")]
+    Migration {
+        version: usize,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the database is at schema version {found}, newer than this build knows ({known})")]
+    TooNew { found: i64, known: usize },
+    #[error("database query failed")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("database commit failed")]
+    Commit(#[source] Arc<rusqlite::Error>),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the store is shut down")]
+    Closed,
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
+    #[error("a database worker thread failed")]
+    Worker(#[source] tokio::task::JoinError),
+}
+
+type Completion = Box<dyn FnOnce(Result<(), Arc<rusqlite::Error>>) + Send>;
+/// A write job: runs inside the batch's transaction (or learns that the
+/// transaction could not start) and returns what to do once the batch's
+/// fate is known.
+type Job = Box<dyn FnOnce(Result<&Connection, Arc<rusqlite::Error>>) -> Completion + Send>;
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    jobs: mpsc::Sender<Job>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+/// A held claim on a segment: the right to write its result, as long as the
+/// token still matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub segment_id: SegmentId,
+    pub owner: String,
+    pub token: i64,
+}
+
+/// What to read for one pass over a segment.
+#[derive(Clone, Debug)]
+pub struct PassInput {
+    pub segment: Segment,
+    pub entries: Vec<Entry>,
+}
+
+/// Which segments a listing or a requeue covers.
+#[derive(Clone, Debug, Default)]
+pub struct SegmentFilter {
+    pub session: Option<SessionName>,
+    pub states: Vec<SegmentState>,
+    pub ids: Vec<SegmentId>,
+}
+
+/// What a failed pass leaves on its segment.
+#[derive(Clone, Debug)]
+pub struct FailedPass {
+    pub failure: Failure,
+    pub attempts: u32,
+    pub state: SegmentState,
+    pub next_attempt_at: Millis,
+    /// Whether the pass counts (a cancelled one does not).
+    pub counts_as_pass: bool,
+}
+
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE sessions (
+    id              INTEGER PRIMARY KEY,
+    tenant          TEXT    NOT NULL,
+    name            TEXT    NOT NULL,
+    next_seq        INTEGER NOT NULL DEFAULT 1,
+    next_ordinal    INTEGER NOT NULL DEFAULT 1,
+    open_segment_id INTEGER,
+    created_at      INTEGER NOT NULL,
+    UNIQUE (tenant, name)
+);
+
+CREATE TABLE entries (
+    session_id      INTEGER NOT NULL REFERENCES sessions (id),
+    seq             INTEGER NOT NULL,
+    client_entry_id TEXT,
+    role            INTEGER NOT NULL,
+    content         TEXT    NOT NULL,
+    tokens          INTEGER NOT NULL,
+    created_at      INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+
+CREATE UNIQUE INDEX entries_by_client_id
+    ON entries (session_id, client_entry_id) WHERE client_entry_id IS NOT NULL;
+
+CREATE TABLE segments (
+    id                   INTEGER PRIMARY KEY,
+    session_id           INTEGER NOT NULL REFERENCES sessions (id),
+    ordinal              INTEGER NOT NULL,
+    state                INTEGER NOT NULL,
+    first_seq            INTEGER NOT NULL,
+    last_seq             INTEGER NOT NULL,
+    entry_count          INTEGER NOT NULL,
+    token_estimate       INTEGER NOT NULL,
+    attempts             INTEGER NOT NULL DEFAULT 0,
+    passes               INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at      INTEGER,
+    closed_at            INTEGER,
+    last_failure         TEXT,
+    failure_class        TEXT,
+    provider_fingerprint TEXT,
+    claim_owner          TEXT,
+    claim_token          INTEGER NOT NULL DEFAULT 0,
+    claim_expires_at     INTEGER,
+    created_at           INTEGER NOT NULL,
+    UNIQUE (session_id, ordinal)
+);
+
+-- The reconciler's scan reads only due PENDING rows through this index, so
+-- its cost follows the backlog, not the number of segments ever stored.
+CREATE INDEX segments_by_state_due ON segments (state, next_attempt_at);
+
+CREATE TABLE summaries (
+    segment_id     INTEGER PRIMARY KEY REFERENCES segments (id),
+    text           TEXT    NOT NULL,
+    provider       TEXT    NOT NULL,
+    model          TEXT    NOT NULL,
+    prompt_version TEXT    NOT NULL,
+    input_tokens   INTEGER NOT NULL,
+    output_tokens  INTEGER NOT NULL,
+    created_at     INTEGER NOT NULL
+);
+"#];
+
+const SEGMENT_COLUMNS: &str = "s.id, x.name, s.ordinal, s.state, s.first_seq, s.last_seq, \
+     s.entry_count, s.token_estimate, s.attempts, s.passes, s.next_attempt_at, s.closed_at, \
+     s.last_failure, m.text, m.provider, m.model, m.prompt_version, m.input_tokens, \
+     m.output_tokens, m.created_at";
+const SEGMENT_FROM: &str = "segments s JOIN sessions x ON x.id = s.session_id \
+     LEFT JOIN summaries m ON m.segment_id = s.id";
+
+impl Store {
+    /// Opens (creating as needed) the database in `data_dir`, migrates it to
+    /// the current schema and starts the writer thread.
+    pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        let data_dir = data_dir.to_owned();
+        tokio::task::spawn_blocking(move || Store::open_blocking(&data_dir))
+            .await
+            .map_err(StoreError::Worker)?
+    }
+
+    fn open_blocking(data_dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join("archivist.sqlite3");
+        let open_err = |source| StoreError::Open {
+            path: path.clone(),
+            source,
+        };
+        let mut writer = Connection::open(&path).map_err(open_err)?;
+        configure(&writer).map_err(open_err)?;
+        writer
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        migrate(&mut writer)?;
+        let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
+        std::thread::Builder::new()
+            .name("archivist-store-writer".to_owned())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|source| StoreError::DataDir {
+                path: data_dir.to_owned(),
+                source,
+            })?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path,
+                jobs,
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Runs `f` in the writer's next transaction; answers after it commits.
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = match conn {
+                Ok(conn) => in_savepoint(conn, f),
+                Err(e) => Err(StoreError::Commit(e)),
+            };
+            Box::new(move |commit| {
+                let outcome = match commit {
+                    Ok(()) => result,
+                    Err(e) => Err(StoreError::Commit(e)),
+                };
+                // The caller may have gone away; its work is committed anyway.
+                let _ = tx.send(outcome);
+            })
+        });
+        self.inner
+            .jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `f` on a read connection, in one read transaction (a consistent
+    /// snapshot), on a blocking thread.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = lock(&inner.readers).pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => open_reader(&inner.path)?,
+            };
+            conn.execute_batch("BEGIN")?;
+            let result = f(&conn);
+            let end = conn.execute_batch("COMMIT");
+            let mut readers = lock(&inner.readers);
+            if end.is_ok() && readers.len() < MAX_IDLE_READERS {
+                readers.push(conn);
+            }
+            drop(readers);
+            let value = result?;
+            end?;
+            Ok(value)
+        })
+        .await
+        .map_err(StoreError::Worker)?
+    }
+
+    /// Appends `entries` in order to the session's open segment, creating
+    /// the session and segments as needed, and closes each segment that
+    /// reaches a bound of `policy`, all in one transaction.
+    pub async fn append(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        entries: Vec<NewEntry>,
+        policy: SegmentPolicy,
+    ) -> Result<AppendOutcome, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.write(move |conn| append_tx(conn, &tenant, &session, entries, policy))
+            .await
+    }
+
+    /// Closes the session's open segment, if any, and returns its id.
+    pub async fn close_open_segment(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Option<SegmentId>, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.write(move |conn| {
+            let Some((session_id, open)) = conn
+                .prepare_cached(
+                    "SELECT id, open_segment_id FROM sessions WHERE tenant = ?1 AND name = ?2",
+                )?
+                .query_row(params![tenant, session], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, Option<u64>>(1)?))
+                })
+                .optional()?
+            else {
+                return Err(StoreError::SessionNotFound(session));
+            };
+            let Some(open) = open else {
+                return Ok(None);
+            };
+            close_segment_tx(conn, open, Millis::now())?;
+            conn.prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = ?1")?
+                .execute([session_id])?;
+            Ok(Some(open))
+        })
+        .await
+    }
+
+    /// Closes every open segment of every session (at shutdown); returns
+    /// how many were closed.
+    pub async fn close_all_open_segments(&self) -> Result<u64, StoreError> {
+        self.write(|conn| {
+            let now = Millis::now();
+            let ids: Vec<u64> = conn
+                .prepare_cached(
+                    "SELECT open_segment_id FROM sessions WHERE open_segment_id IS NOT NULL",
+                )?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for id in &ids {
+                close_segment_tx(conn, *id, now)?;
+            }
+            conn.prepare_cached(
+                "UPDATE sessions SET open_segment_id = NULL WHERE open_segment_id IS NOT NULL",
+            )?
+            .execute([])?;
+            Ok(ids.len() as u64)
+        })
+        .await
+    }
+
+    /// One segment, if the tenant's sessions hold it.
+    pub async fn segment(&self, tenant: &Tenant, id: SegmentId) -> Result<Segment, StoreError> {
+        self.segment_where(Some(tenant.0.clone()), id).await
+    }
+
+    /// One segment, whoever's it is: for workers, never for callers.
+    pub async fn segment_any(&self, id: SegmentId) -> Result<Segment, StoreError> {
+        self.segment_where(None, id).await
+    }
+
+    async fn segment_where(
+        &self,
+        tenant: Option<String>,
+        id: SegmentId,
+    ) -> Result<Segment, StoreError> {
+        if i64::try_from(id).is_err() {
+            return Err(StoreError::SegmentNotFound(id));
+        }
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
+                 WHERE s.id = ?1 AND (?2 IS NULL OR x.tenant = ?2)"
+            );
+            conn.prepare_cached(&sql)?
+                .query_row(params![id, tenant], segment_from_row)
+                .optional()?
+                .ok_or(StoreError::SegmentNotFound(id))?
+        })
+        .await
+    }
+
+    /// Segments matching `filter`, ordered by id (which within a session is
+    /// ordinal order), after the id `after`, at most `limit` of them.
+    pub async fn list_segments(
+        &self,
+        tenant: &Tenant,
+        filter: SegmentFilter,
+        after: SegmentId,
+        limit: u32,
+    ) -> Result<Vec<Segment>, StoreError> {
+        let tenant = tenant.0.clone();
+        self.read(move |conn| {
+            let (clause, mut values) = filter_clause(&tenant, &filter);
+            values.push(rusqlite::types::Value::Integer(after as i64));
+            values.push(rusqlite::types::Value::Integer(i64::from(limit)));
+            let n = values.len();
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} WHERE {clause} AND s.id > ?{} \
+                 ORDER BY s.id LIMIT ?{n}",
+                n - 1
+            );
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(values), segment_from_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row??);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Every segment of one session, in ordinal order.
+    pub async fn session_segments(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Vec<Segment>, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
+                 WHERE x.tenant = ?1 AND x.name = ?2 ORDER BY s.ordinal"
+            );
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![tenant, session], segment_from_row)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row??);
+            }
+            if out.is_empty() && session_row(conn, &tenant, &session)?.is_none() {
+                return Err(StoreError::SessionNotFound(session));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// What an agent puts in its prompt: summaries of summarised segments and
+    /// raw entries elsewhere, oldest first, the oldest dropped to fit
+    /// `max_tokens` (0: no limit). Walks from the newest item back, so a
+    /// long session costs only what fits.
+    pub async fn context(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        max_tokens: u32,
+    ) -> Result<Context, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.read(move |conn| {
+            let Some(session_id) = session_row(conn, &tenant, &session)? else {
+                return Err(StoreError::SessionNotFound(session));
+            };
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} WHERE s.session_id = ?1 \
+                 ORDER BY s.ordinal DESC"
+            );
+            let mut segments = conn.prepare_cached(&sql)?;
+            let mut entries = conn.prepare_cached(
+                "SELECT seq, client_entry_id, role, content, tokens, created_at FROM entries \
+                 WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq DESC",
+            )?;
+            let limit = if max_tokens == 0 {
+                u32::MAX
+            } else {
+                max_tokens
+            };
+            let mut items = Vec::new();
+            let mut total: u32 = 0;
+            let mut truncated = false;
+            let mut fits = |item: &ContextItem| match total.checked_add(item.tokens()) {
+                Some(t) if t <= limit => {
+                    total = t;
+                    true
+                }
+                _ => false,
+            };
+            'segments: for seg in segments.query_map([session_id], segment_from_row)? {
+                let seg = seg??;
+                match (seg.state, seg.summary) {
+                    (SegmentState::Summarised, Some(summary)) => {
+                        let item = ContextItem::Summary {
+                            segment_id: seg.id,
+                            first_seq: seg.first_seq,
+                            last_seq: seg.last_seq,
+                            summary,
+                        };
+                        if !fits(&item) {
+                            truncated = true;
+                            break 'segments;
+                        }
+                        items.push(item);
+                    }
+                    _ => {
+                        let rows = entries.query_map(
+                            params![session_id, seg.first_seq, seg.last_seq],
+                            entry_from_row,
+                        )?;
+                        for entry in rows {
+                            let item = ContextItem::Entry(entry??);
+                            if !fits(&item) {
+                                truncated = true;
+                                break 'segments;
+                            }
+                            items.push(item);
+                        }
+                    }
+                }
+            }
+            items.reverse();
+            Ok(Context {
+                items,
+                truncated,
+                tokens: total,
+            })
+        })
+        .await
+    }
+
+    /// Counts per state, the oldest PENDING age and parked counts per class.
+    pub async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, StoreError> {
+        let tenant = tenant.0.clone();
+        self.read(move |conn| {
+            let mut backlog = Backlog::default();
+            let mut stmt = conn.prepare_cached(
+                "SELECT s.state, count(*), min(s.closed_at) FROM segments s \
+                 JOIN sessions x ON x.id = s.session_id WHERE x.tenant = ?1 GROUP BY s.state",
+            )?;
+            let now = Millis::now();
+            let rows = stmt.query_map([&tenant], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, u64>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (state, count, oldest) = row?;
+                match SegmentState::from_code(state) {
+                    Some(SegmentState::Open) => backlog.open = count,
+                    Some(SegmentState::Pending) => {
+                        backlog.pending = count;
+                        backlog.oldest_pending_age = oldest.map(|t| Millis(t).age_at(now));
+                    }
+                    Some(SegmentState::Summarised) => backlog.summarised = count,
+                    Some(SegmentState::Parked) => backlog.parked = count,
+                    None => return Err(StoreError::Corrupt(format!("segment state {state}"))),
+                }
+            }
+            let mut stmt = conn.prepare_cached(
+                "SELECT coalesce(s.failure_class, 'unknown'), count(*) FROM segments s \
+                 JOIN sessions x ON x.id = s.session_id \
+                 WHERE x.tenant = ?1 AND s.state = ?2 GROUP BY 1 ORDER BY 1",
+            )?;
+            let rows = stmt.query_map(params![tenant, SegmentState::Parked.code()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+            })?;
+            for row in rows {
+                backlog.parked_by_class.push(row?);
+            }
+            Ok(backlog)
+        })
+        .await
+    }
+
+    /// Makes matching PENDING segments (and PARKED ones, when the filter's
+    /// states include PARKED) due now; returns how many.
+    pub async fn requeue(&self, tenant: &Tenant, filter: SegmentFilter) -> Result<u64, StoreError> {
+        let tenant = tenant.0.clone();
+        self.write(move |conn| {
+            let (clause, values) = filter_clause(&tenant, &filter);
+            let now = Millis::now().0;
+            let sql = format!(
+                "UPDATE segments SET state = {pending}, next_attempt_at = {now} \
+                 WHERE id IN (SELECT s.id FROM segments s JOIN sessions x ON x.id = s.session_id \
+                 WHERE {clause})",
+                pending = SegmentState::Pending.code(),
+            );
+            let n = conn.execute(&sql, rusqlite::params_from_iter(values))?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    /// PENDING segments due at `now` and not claimed by a live worker,
+    /// longest-waiting first.
+    pub async fn due_segments(
+        &self,
+        now: Millis,
+        limit: u32,
+    ) -> Result<Vec<SegmentId>, StoreError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id FROM segments WHERE state = ?1 AND next_attempt_at <= ?2 \
+                 AND (claim_expires_at IS NULL OR claim_expires_at <= ?2) \
+                 ORDER BY next_attempt_at LIMIT ?3",
+            )?;
+            let rows = stmt
+                .query_map(params![SegmentState::Pending.code(), now.0, limit], |r| {
+                    r.get::<_, u64>(0)
+                })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    /// Claims a PENDING segment for `lease`, unless a live claim holds it.
+    /// Returns the claim with a fresh fencing token, or `None`.
+    pub async fn claim(
+        &self,
+        id: SegmentId,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Claim>, StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |conn| {
+            let now = Millis::now();
+            let token = conn
+                .prepare_cached(
+                    "UPDATE segments SET claim_owner = ?1, claim_token = claim_token + 1, \
+                     claim_expires_at = ?2 WHERE id = ?3 AND state = ?4 \
+                     AND (claim_expires_at IS NULL OR claim_expires_at <= ?5) \
+                     RETURNING claim_token",
+                )?
+                .query_row(
+                    params![
+                        owner,
+                        now.saturating_add(lease).0,
+                        id,
+                        SegmentState::Pending.code(),
+                        now.0
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()?;
+            Ok(token.map(|token| Claim {
+                segment_id: id,
+                owner,
+                token,
+            }))
+        })
+        .await
+    }
+
+    /// The segment and its entries, for a pass.
+    pub async fn pass_input(&self, id: SegmentId) -> Result<PassInput, StoreError> {
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1"
+            );
+            let (segment, session_id) = conn
+                .prepare_cached(&sql)?
+                .query_row([id], |r| Ok((segment_from_row(r)?, r.get::<_, i64>(20)?)))
+                .optional()?
+                .ok_or(StoreError::SegmentNotFound(id))?;
+            let segment = segment?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, client_entry_id, role, content, tokens, created_at FROM entries \
+                 WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq",
+            )?;
+            let mut entries = Vec::with_capacity(segment.entry_count as usize);
+            for e in stmt.query_map(
+                params![session_id, segment.first_seq, segment.last_seq],
+                entry_from_row,
+            )? {
+                entries.push(e??);
+            }
+            Ok(PassInput { segment, entries })
+        })
+        .await
+    }
+
+    /// Writes the summary and marks the segment SUMMARISED, if `claim` still
+    /// holds it. Returns false (and writes nothing) when the claim was lost.
+    pub async fn complete(
+        &self,
+        claim: &Claim,
+        summary: Summary,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE segments SET state = ?1, attempts = attempts + ?2, passes = passes + 1, \
+                     next_attempt_at = NULL, failure_class = NULL, claim_owner = NULL, \
+                     claim_expires_at = NULL \
+                     WHERE id = ?3 AND claim_owner = ?4 AND claim_token = ?5 AND state = ?6",
+                )?
+                .execute(params![
+                    SegmentState::Summarised.code(),
+                    attempts,
+                    claim.segment_id,
+                    claim.owner,
+                    claim.token,
+                    SegmentState::Pending.code()
+                ])?;
+            if changed == 0 {
+                return Ok(false);
+            }
+            conn.prepare_cached(
+                "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
+                 input_tokens, output_tokens, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                claim.segment_id,
+                summary.text,
+                summary.provider,
+                summary.model,
+                summary.prompt_version,
+                summary.input_tokens,
+                summary.output_tokens,
+                summary.created_at.0
+            ])?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Records a failed pass and releases the claim, if `claim` still holds
+    /// the segment. Returns false when the claim was lost.
+    pub async fn fail(&self, claim: &Claim, pass: FailedPass) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        let failure = serde_json::to_string(&pass.failure)
+            .map_err(|e| StoreError::Corrupt(format!("cannot encode a failure: {e}")))?;
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE segments SET state = ?1, attempts = attempts + ?2, \
+                     passes = passes + ?3, next_attempt_at = ?4, last_failure = ?5, \
+                     failure_class = ?6, claim_owner = NULL, claim_expires_at = NULL \
+                     WHERE id = ?7 AND claim_owner = ?8 AND claim_token = ?9 AND state = ?10",
+                )?
+                .execute(params![
+                    pass.state.code(),
+                    pass.attempts,
+                    u32::from(pass.counts_as_pass),
+                    pass.next_attempt_at.0,
+                    failure,
+                    pass.failure.class.as_str(),
+                    claim.segment_id,
+                    claim.owner,
+                    claim.token,
+                    SegmentState::Pending.code()
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Releases a claim without recording anything (the pass was cancelled
+    /// before it sent anything that counts).
+    pub async fn release(&self, claim: &Claim) -> Result<(), StoreError> {
+        let claim = claim.clone();
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "UPDATE segments SET claim_owner = NULL, claim_expires_at = NULL \
+                 WHERE id = ?1 AND claim_owner = ?2 AND claim_token = ?3",
+            )?
+            .execute(params![claim.segment_id, claim.owner, claim.token])?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere while holding the pool lock leaves a Vec that is
+    // still perfectly usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|source| StoreError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    configure(&conn)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if current > MIGRATIONS.len() as i64 {
+        return Err(StoreError::TooNew {
+            found: current,
+            known: MIGRATIONS.len(),
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        let version = i + 1;
+        let err = |source| StoreError::Migration { version, source };
+        let tx = conn.transaction().map_err(err)?;
+        tx.execute_batch(sql).map_err(err)?;
+        tx.pragma_update(None, "user_version", version as i64)
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+    }
+    Ok(())
+}
+
+fn in_savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.prepare_cached("SAVEPOINT job")?.execute([])?;
+    let result = f(conn);
+    if result.is_err() {
+        conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+    }
+    conn.prepare_cached("RELEASE job")?.execute([])?;
+    result
+}
+
+/// The writer thread: takes the first queued job, then whatever else has
+/// queued up meanwhile, runs them all in one transaction and commits once.
+fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
+    let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = jobs.blocking_recv() {
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let e = Arc::new(e);
+            first(Err(e.clone()))(Err(e));
+            continue;
+        }
+        done.push(first(Ok(&conn)));
+        while done.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => done.push(job(Ok(&conn))),
+                Err(_) => break,
+            }
+        }
+        let commit = conn.execute_batch("COMMIT").map_err(Arc::new);
+        if commit.is_err() {
+            // The transaction may still be open after a failed COMMIT; end it
+            // so the next batch starts clean. Nothing of this batch stays.
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for completion in done.drain(..) {
+            completion(commit.clone());
+        }
+    }
+}
+
+fn session_row(conn: &Connection, tenant: &str, name: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT id FROM sessions WHERE tenant = ?1 AND name = ?2")?
+        .query_row(params![tenant, name], |r| r.get(0))
+        .optional()?)
+}
+
+fn close_segment_tx(conn: &Connection, id: u64, now: Millis) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE segments SET state = ?1, closed_at = ?2, next_attempt_at = ?2 \
+         WHERE id = ?3 AND state = ?4",
+    )?
+    .execute(params![
+        SegmentState::Pending.code(),
+        now.0,
+        id,
+        SegmentState::Open.code()
+    ])?;
+    Ok(())
+}
+
+struct OpenSegment {
+    id: u64,
+    entries: u32,
+    tokens: u32,
+    last_seq: u64,
+    touched: bool,
+}
+
+fn append_tx(
+    conn: &Connection,
+    tenant: &str,
+    name: &str,
+    entries: Vec<NewEntry>,
+    policy: SegmentPolicy,
+) -> Result<AppendOutcome, StoreError> {
+    let now = Millis::now();
+    let existing = conn
+        .prepare_cached(
+            "SELECT id, next_seq, next_ordinal, open_segment_id FROM sessions \
+             WHERE tenant = ?1 AND name = ?2",
+        )?
+        .query_row(params![tenant, name], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, u64>(1)?,
+                r.get::<_, u32>(2)?,
+                r.get::<_, Option<u64>>(3)?,
+            ))
+        })
+        .optional()?;
+    let (session_id, mut next_seq, mut next_ordinal, open_id) = match existing {
+        Some(row) => row,
+        None => {
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO sessions (tenant, name, created_at) VALUES (?1, ?2, ?3) RETURNING id",
+                )?
+                .query_row(params![tenant, name, now.0], |r| r.get::<_, i64>(0))?;
+            (id, 1, 1, None)
+        }
+    };
+    let mut open = match open_id {
+        Some(id) => Some(
+            conn.prepare_cached(
+                "SELECT entry_count, token_estimate, last_seq FROM segments WHERE id = ?1",
+            )?
+            .query_row([id], |r| {
+                Ok(OpenSegment {
+                    id,
+                    entries: r.get(0)?,
+                    tokens: r.get(1)?,
+                    last_seq: r.get(2)?,
+                    touched: false,
+                })
+            })?,
+        ),
+        None => None,
+    };
+
+    let mut find_dup = conn
+        .prepare_cached("SELECT seq FROM entries WHERE session_id = ?1 AND client_entry_id = ?2")?;
+    let mut insert_entry = conn.prepare_cached(
+        "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut insert_segment = conn.prepare_cached(
+        "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, entry_count, \
+         token_estimate, created_at) VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
+    )?;
+    let mut outcome = AppendOutcome {
+        entries: Vec::with_capacity(entries.len()),
+        open_segment_id: None,
+        closed_segment_ids: Vec::new(),
+    };
+    for entry in entries {
+        if let Some(cid) = &entry.client_entry_id {
+            let seen = find_dup
+                .query_row(params![session_id, cid], |r| r.get::<_, u64>(0))
+                .optional()?;
+            if let Some(seq) = seen {
+                outcome.entries.push(Appended {
+                    seq,
+                    client_entry_id: entry.client_entry_id,
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        let seq = next_seq;
+        next_seq += 1;
+        let tokens = estimate_tokens(&entry.content);
+        insert_entry.execute(params![
+            session_id,
+            seq,
+            entry.client_entry_id,
+            entry.role.code(),
+            entry.content,
+            tokens,
+            now.0
+        ])?;
+        let seg = match &mut open {
+            Some(seg) => seg,
+            None => {
+                let id = insert_segment.query_row(
+                    params![
+                        session_id,
+                        next_ordinal,
+                        SegmentState::Open.code(),
+                        seq,
+                        now.0
+                    ],
+                    |r| r.get::<_, u64>(0),
+                )?;
+                next_ordinal += 1;
+                open.insert(OpenSegment {
+                    id,
+                    entries: 0,
+                    tokens: 0,
+                    last_seq: seq,
+                    touched: false,
+                })
+            }
+        };
+        seg.entries += 1;
+        seg.tokens = seg.tokens.saturating_add(tokens);
+        seg.last_seq = seq;
+        seg.touched = true;
+        outcome.entries.push(Appended {
+            seq,
+            client_entry_id: entry.client_entry_id,
+            duplicate: false,
+        });
+        if policy.is_full(seg.entries, seg.tokens) {
+            save_open_segment(conn, seg)?;
+            close_segment_tx(conn, seg.id, now)?;
+            outcome.closed_segment_ids.push(seg.id);
+            open = None;
+        }
+    }
+    if let Some(seg) = &open {
+        if seg.touched {
+            save_open_segment(conn, seg)?;
+        }
+        outcome.open_segment_id = Some(seg.id);
+    }
+    conn.prepare_cached(
+        "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3 WHERE id = ?4",
+    )?
+    .execute(params![
+        next_seq,
+        next_ordinal,
+        outcome.open_segment_id,
+        session_id
+    ])?;
+    Ok(outcome)
+}
+
+fn save_open_segment(conn: &Connection, seg: &OpenSegment) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE segments SET entry_count = ?1, token_estimate = ?2, last_seq = ?3 WHERE id = ?4",
+    )?
+    .execute(params![seg.entries, seg.tokens, seg.last_seq, seg.id])?;
+    Ok(())
+}
+
+/// The WHERE clause (over `segments s JOIN sessions x`) and its values.
+fn filter_clause(tenant: &str, filter: &SegmentFilter) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut values = vec![Value::Text(tenant.to_owned())];
+    let mut clause = "x.tenant = ?1".to_owned();
+    if let Some(session) = &filter.session {
+        values.push(Value::Text(session.as_str().to_owned()));
+        clause.push_str(&format!(" AND x.name = ?{}", values.len()));
+    }
+    if !filter.states.is_empty() {
+        // State codes are our own integers, never caller text.
+        let codes: Vec<String> = filter.states.iter().map(|s| s.code().to_string()).collect();
+        clause.push_str(&format!(" AND s.state IN ({})", codes.join(",")));
+    }
+    if !filter.ids.is_empty() {
+        let mut marks = Vec::with_capacity(filter.ids.len());
+        for id in &filter.ids {
+            // An id past i64::MAX cannot exist; -1 matches nothing.
+            values.push(Value::Integer(i64::try_from(*id).unwrap_or(-1)));
+            marks.push(format!("?{}", values.len()));
+        }
+        clause.push_str(&format!(" AND s.id IN ({})", marks.join(",")));
+    }
+    (clause, values)
+}
+
+fn segment_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Segment, StoreError>> {
+    let state_code: i64 = r.get(3)?;
+    let Some(state) = SegmentState::from_code(state_code) else {
+        return Ok(Err(StoreError::Corrupt(format!(
+            "segment state {state_code}"
+        ))));
+    };
+    let last_failure = match r.get::<_, Option<String>>(12)? {
+        Some(json) => match serde_json::from_str::<Failure>(&json) {
+            Ok(f) => Some(f),
+            Err(e) => return Ok(Err(StoreError::Corrupt(format!("stored failure: {e}")))),
+        },
+        None => None,
+    };
+    let summary = match r.get::<_, Option<String>>(13)? {
+        Some(text) => Some(Summary {
+            text,
+            provider: r.get(14)?,
+            model: r.get(15)?,
+            prompt_version: r.get(16)?,
+            input_tokens: r.get(17)?,
+            output_tokens: r.get(18)?,
+            created_at: Millis(r.get(19)?),
+        }),
+        None => None,
+    };
+    Ok(Ok(Segment {
+        id: r.get(0)?,
+        session: r.get(1)?,
+        ordinal: r.get(2)?,
+        state,
+        first_seq: r.get(4)?,
+        last_seq: r.get(5)?,
+        entry_count: r.get(6)?,
+        token_estimate: r.get(7)?,
+        summary,
+        attempts: r.get(8)?,
+        passes: r.get(9)?,
+        last_failure,
+        next_attempt_at: r.get::<_, Option<i64>>(10)?.map(Millis),
+        closed_at: r.get::<_, Option<i64>>(11)?.map(Millis),
+    }))
+}
+
+fn entry_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Entry, StoreError>> {
+    let role_code: i64 = r.get(2)?;
+    let Some(role) = Role::from_code(role_code) else {
+        return Ok(Err(StoreError::Corrupt(format!("entry role {role_code}"))));
+    };
+    Ok(Ok(Entry {
+        seq: r.get(0)?,
+        client_entry_id: r.get(1)?,
+        role,
+        content: r.get(3)?,
+        tokens: r.get(4)?,
+        created_at: Millis(r.get(5)?),
+    }))
+}

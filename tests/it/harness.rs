@@ -1,0 +1,171 @@
+//! One helper per boundary: an in-process server on an ephemeral port with
+//! its own data directory, and the generated client connected to it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use archivist::config::Config;
+use archivist::pb;
+use archivist::pb::archivist_client::ArchivistClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub client: ArchivistClient<Channel>,
+    pub dir: tempfile::TempDir,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer::start_with(|_| {}).await
+    }
+
+    /// Starts a server on a fresh data directory after `adjust` has its say
+    /// over the configuration.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config {
+            data_dir: dir.path().to_owned(),
+            ..Config::default()
+        };
+        config.reconciler.interval = Duration::from_millis(200);
+        adjust(&mut config);
+        TestServer::start_in(dir, config).await
+    }
+
+    /// Starts a server on `dir` (which may hold an earlier server's data).
+    pub async fn start_in(dir: tempfile::TempDir, mut config: Config) -> TestServer {
+        config.data_dir = dir.path().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            archivist::server::run(config, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server runs");
+        });
+        let client = archivist::client::connect(&format!("http://{addr}"))
+            .await
+            .expect("connect");
+        TestServer {
+            addr,
+            client,
+            dir,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Stops the server gracefully and hands back its data directory.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task");
+        }
+        let dir = tempfile::tempdir().expect("placeholder");
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    pub async fn append(&self, session: &str, texts: &[&str]) -> pb::AppendEntriesResponse {
+        self.client
+            .clone()
+            .append_entries(append_request(session, texts))
+            .await
+            .expect("append")
+            .into_inner()
+    }
+
+    pub async fn segments(&self, session: &str) -> Vec<pb::Segment> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self
+                .client
+                .clone()
+                .list_segments(pb::ListSegmentsRequest {
+                    session_id: session.to_owned(),
+                    states: Vec::new(),
+                    page_size: 0,
+                    page_token: token,
+                })
+                .await
+                .expect("list")
+                .into_inner();
+            out.extend(page.segments);
+            if page.next_page_token.is_empty() {
+                return out;
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    pub async fn context(&self, session: &str, max_tokens: u32) -> pb::GetContextResponse {
+        self.client
+            .clone()
+            .get_context(pb::GetContextRequest {
+                session_id: session.to_owned(),
+                max_tokens,
+            })
+            .await
+            .expect("context")
+            .into_inner()
+    }
+}
+
+pub fn entry(text: &str) -> pb::NewEntry {
+    pb::NewEntry {
+        client_entry_id: String::new(),
+        role: pb::Role::User.into(),
+        content: text.to_owned(),
+    }
+}
+
+pub fn append_request(session: &str, texts: &[&str]) -> pb::AppendEntriesRequest {
+    pb::AppendEntriesRequest {
+        session_id: session.to_owned(),
+        entries: texts.iter().map(|t| entry(t)).collect(),
+    }
+}
+
+/// The raw entries of a context, as (seq, content).
+pub fn context_entries(ctx: &pb::GetContextResponse) -> Vec<(u64, String)> {
+    ctx.items
+        .iter()
+        .filter_map(|i| match &i.item {
+            Some(pb::context_item::Item::Entry(e)) => Some((e.seq, e.content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn state(seg: &pb::Segment) -> pb::SegmentState {
+    pb::SegmentState::try_from(seg.state).expect("known state")
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests through the real server and the generated client, and
+//! through the real binary where a process boundary matters.
+
+mod binary;
+mod context;
+mod errors;
+mod harness;
+mod segments;
+mod tooling;
