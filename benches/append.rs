@@ -1,1 +1,256 @@
-fn main() {}
+//! AppendEntries over real gRPC on loopback, against the real `archivist`
+//! binary in its own process (so the figures are the server's, not shared
+//! with the load generator's runtime).
+//!
+//! Run: `cargo bench --bench append` (add `-- --seconds 10` for longer
+//! rounds). Reports entries/s and calls/s for batches of 1, 10 and 100 with
+//! 8 concurrent clients, and the latency of a single-entry append into a
+//! session holding 100,000 entries versus a new one. Every acknowledged
+//! append is durable across kill -9 (the tests check that), so the figures
+//! are for the durable path.
+//!
+//! The tonic client here shares the machine's two cores with the server, so
+//! it measures the pair. Where `h2load` is on the PATH (Debian's
+//! nghttp2-client), the same load is also sent by h2load with a pre-encoded
+//! request, a far cheaper load generator, and the bench checks afterwards
+//! that every entry it sent is stored.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use archivist::pb;
+use archivist::pb::archivist_client::ArchivistClient;
+use prost::Message;
+use tonic::transport::Channel;
+
+const CLIENTS: usize = 8;
+
+struct Server {
+    child: Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_server() -> Server {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_archivist"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        // Big segments: this measures appends, not recaps.
+        .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000")
+        .env("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn archivist");
+    // Owned at once, so that every way out of here kills and reaps it.
+    let server = Server {
+        child,
+        address: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    for _ in 0..200 {
+        if archivist::client::connect(&server.address).await.is_ok() {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("archivist did not start");
+}
+
+fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
+    pb::AppendEntriesRequest {
+        session_id: session.to_owned(),
+        entries: (0..batch)
+            .map(|i| pb::NewEntry {
+                client_entry_id: format!("c{n}-{i}"),
+                role: pb::Role::User.into(),
+                content: format!(
+                    "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
+                ),
+            })
+            .collect(),
+    }
+}
+
+/// Calls per second and entries per second for `batch`-entry calls from
+/// `CLIENTS` clients, each on its own connection and session.
+async fn throughput(server: &Server, batch: usize, seconds: u64) -> (f64, f64) {
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(
+            archivist::client::connect(&server.address)
+                .await
+                .expect("connect"),
+        );
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for (c, mut client) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let session = format!("bench-{batch}-{c}");
+            let mut calls = 0u64;
+            while Instant::now() < end {
+                client
+                    .append_entries(request(&session, batch, calls))
+                    .await
+                    .expect("append");
+                calls += 1;
+            }
+            calls
+        }));
+    }
+    let mut calls = 0;
+    for t in tasks {
+        calls += t.await.expect("client task");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (calls as f64 / secs, (calls as usize * batch) as f64 / secs)
+}
+
+async fn latencies(client: &mut ArchivistClient<Channel>, session: &str, n: u64) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let t = Instant::now();
+        client
+            .append_entries(request(session, 1, 10_000_000 + i))
+            .await
+            .expect("append");
+        out.push(t.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn summary(lat: &[Duration]) -> String {
+    let mean = lat.iter().sum::<Duration>() / lat.len() as u32;
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    format!(
+        "mean {:>6.1} µs  p50 {:>6.1} µs  p99 {:>6.1} µs",
+        mean.as_secs_f64() * 1e6,
+        p(0.5).as_secs_f64() * 1e6,
+        p(0.99).as_secs_f64() * 1e6
+    )
+}
+
+/// Sends `calls` AppendEntries of `batch` entries (no idempotency keys, so
+/// each is stored) with h2load over 8 connections, then checks the server
+/// stored all of them. Returns calls/s, or None when h2load is missing.
+async fn h2load(server: &Server, batch: usize, calls: u64) -> Option<f64> {
+    let session = format!("h2load-{batch}");
+    let mut req = request(&session, batch, 0);
+    for e in &mut req.entries {
+        e.client_entry_id.clear();
+    }
+    let body = req.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    let file = tempfile::NamedTempFile::new().expect("frame file");
+    std::fs::write(file.path(), &frame).expect("write frame");
+    let out = Command::new("h2load")
+        .args(["-n", &calls.to_string(), "-c", "8", "-m", "1", "--data"])
+        .arg(file.path())
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!(
+            "{}/archivist.v1.Archivist/AppendEntries",
+            server.address
+        ))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = text
+        .lines()
+        .find(|l| l.starts_with("finished in"))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|r| r.trim_end_matches(" req/s").parse::<f64>().ok())?;
+    // HTTP 200 says nothing of grpc-status: count what was stored.
+    let mut client = archivist::client::connect(&server.address).await.ok()?;
+    let segments = client
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: session,
+            states: Vec::new(),
+            page_size: 1000,
+            page_token: String::new(),
+        })
+        .await
+        .ok()?
+        .into_inner()
+        .segments;
+    let stored: u64 = segments.iter().map(|s| u64::from(s.entry_count)).sum();
+    assert_eq!(stored, calls * batch as u64, "h2load: every entry stored");
+    Some(rate)
+}
+
+fn main() {
+    let mut seconds = 5;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--seconds" {
+            seconds = args
+                .next()
+                .and_then(|s| s.parse().ok())
+                .expect("--seconds N");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let server = start_server().await;
+        println!("AppendEntries, {CLIENTS} concurrent clients, {seconds} s a round:");
+        for batch in [1, 10, 100] {
+            let (calls, entries) = throughput(&server, batch, seconds).await;
+            println!(
+                "  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s"
+            );
+        }
+
+        for (batch, calls) in [(1, 100_000), (10, 50_000), (100, 5_000)] {
+            match h2load(&server, batch, calls).await {
+                Some(rate) => println!(
+                    "  h2load, batch {batch:>3}: {rate:>9.0} calls/s  {:>9.0} entries/s ({calls} calls, all stored)",
+                    rate * batch as f64
+                ),
+                None => {
+                    println!("  (h2load not found: apt-get install nghttp2-client for its figures)");
+                    break;
+                }
+            }
+        }
+
+        let mut client = archivist::client::connect(&server.address)
+            .await
+            .expect("connect");
+        for n in 0..100 {
+            client
+                .append_entries(request("long", 1000, n))
+                .await
+                .expect("fill");
+        }
+        let long = latencies(&mut client, "long", 2000).await;
+        let fresh = latencies(&mut client, "fresh", 2000).await;
+        println!("Single-entry append latency, one client, 2000 calls:");
+        println!("  session with 100,000 entries: {}", summary(&long));
+        println!("  new session:                  {}", summary(&fresh));
+    });
+}
