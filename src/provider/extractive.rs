@@ -4,7 +4,7 @@
 //! each with its speaker. Deterministic: the same entries give the same
 //! recap, byte for byte.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{Recap, RecapRequest};
 use crate::model::{Entry, estimate_tokens};
@@ -81,9 +81,15 @@ impl Extractive {
             .clamp(1, MAX_SENTENCES);
         let mut chosen: Vec<usize> = Vec::new();
         let mut used = 0u32;
+        let mut seen: HashSet<&str> = HashSet::new();
         for (i, _) in ranked {
             if chosen.len() == wanted {
                 break;
+            }
+            // A sentence said again (a repeated instruction, a pasted log
+            // line) is worth one place in the recap, not several.
+            if !seen.insert(sentences[i].text) {
+                continue;
             }
             let line = render(&entries[sentences[i].entry], sentences[i].text);
             let cost = estimate_tokens(&line);
@@ -257,6 +263,27 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.text.lines().count() <= MAX_SENTENCES);
         assert!(a.output_tokens <= 64 + 40, "{}", a.output_tokens);
+    }
+
+    #[test]
+    fn a_repeated_sentence_is_kept_once() {
+        let entries: Vec<Entry> = (0..10)
+            .map(|i| entry(i, Role::User, "Run the billing migration again."))
+            .chain([entry(10, Role::Assistant, "The billing migration ran.")])
+            .collect();
+        let recap = Extractive.summarise(&RecapRequest {
+            entries: &entries,
+            max_output_tokens: 512,
+        });
+        assert_eq!(
+            recap
+                .text
+                .matches("Run the billing migration again.")
+                .count(),
+            1,
+            "{}",
+            recap.text
+        );
     }
 
     #[test]

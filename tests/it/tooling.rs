@@ -68,6 +68,30 @@ async fn reflection_lists_the_services_in_both_versions() {
         "{names:?}"
     );
 
+    // The error details' types resolve too, so tools can print them.
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "google.rpc.BadRequest".to_owned(),
+            ),
+        ),
+    };
+    let mut stream = alpha
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner();
+    let reply = stream.next().await.expect("a reply").expect("ok");
+    assert!(
+        matches!(
+            reply.message_response,
+            Some(v1alpha::server_reflection_response::MessageResponse::FileDescriptorResponse(_))
+        ),
+        "{:?}",
+        reply.message_response
+    );
+
     let mut v1 = v1::server_reflection_client::ServerReflectionClient::new(channel);
     let request = v1::ServerReflectionRequest {
         host: String::new(),
