@@ -12,7 +12,9 @@
 //! - `model`: plain domain types (sessions, entries, segments, summaries).
 //! - `failure`: the failure taxonomy and the `Failure` record.
 //! - `store`: the only place with SQL; migrations, group commit, claims.
-//! - `provider`: summarisers (the built-in extractive one).
+//! - `provider`: summarisers: the OpenAI-compatible client and the
+//!   built-in extractive one; one attempt each, classified failures.
+//! - `retry`: the pass, the one bounded retry loop; knows nothing of HTTP.
 //! - `summarise`: one segment's pass end to end, and joining a running one.
 //! - `reconciler`: the background drain of due PENDING segments.
 //! - `service`: the operations behind the RPCs, free of wire types.
@@ -23,7 +25,10 @@
 //!
 //! # Invariants
 //!
-//! - Only `grpc` sees tonic request and status types; only `store` sees SQL.
+//! - Only `grpc` sees tonic request and status types; only `store` sees SQL;
+//!   only `provider` sees reqwest.
+//! - Retries happen in one place, `retry::run_pass`; nothing wraps a pass in
+//!   another retry loop and no HTTP layer retries on its own.
 //! - An acknowledged append is committed before its answer is sent.
 //! - A summary is written only by the holder of a live claim on its
 //!   segment, and only by a pass that succeeded; nothing else ever stands in
@@ -39,6 +44,7 @@ pub mod grpc;
 pub mod model;
 pub mod provider;
 pub mod reconciler;
+pub mod retry;
 pub mod server;
 pub mod service;
 pub mod store;

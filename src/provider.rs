@@ -1,22 +1,27 @@
-//! Summarisers: one attempt each, segment entries in, a recap (text and
-//! usage) out, or one typed error. The retry policy lives in `retry.rs`,
-//! never here.
+//! Summarisers: one attempt each, segment entries (or partial recaps to
+//! fold) in, a recap (text and usage) out, or one typed error. The retry
+//! policy lives in `retry.rs`, never here.
 
 pub mod extractive;
+pub mod openai;
 
 use std::time::Duration;
 
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::failure::FailureClass;
-use crate::model::Entry;
+use crate::model::{Entry, Millis, Role, estimate_tokens};
+use crate::retry::Classified;
 
 pub use extractive::Extractive;
+pub use openai::OpenAi;
 
 /// What one attempt summarises.
-#[derive(Clone, Debug)]
-pub struct RecapRequest<'a> {
-    pub entries: &'a [Entry],
-    pub max_output_tokens: u32,
+#[derive(Clone, Copy, Debug)]
+pub enum RecapInput<'a> {
+    /// A segment's entries, or a run of them.
+    Entries(&'a [Entry]),
+    /// Recaps of consecutive parts of one segment, to fold into one.
+    Parts(&'a [String]),
 }
 
 /// A successful recap, before it is stored.
@@ -29,7 +34,7 @@ pub struct Recap {
     pub output_tokens: u32,
 }
 
-/// One failed attempt, classified where the typed cause is still in hand.
+/// One failed attempt, classified where the typed cause was still in hand.
 #[derive(Debug, thiserror::Error)]
 #[error("{provider} recap attempt failed ({})", class.as_str())]
 pub struct ProviderError {
@@ -41,16 +46,39 @@ pub struct ProviderError {
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
+impl Classified for ProviderError {
+    fn class(&self) -> FailureClass {
+        self.class
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderSetupError {
+    #[error("cannot build the HTTP client for the provider")]
+    Client(#[source] reqwest::Error),
+}
+
 /// The configured summariser.
 pub enum Provider {
     Extractive(Extractive),
+    OpenAi(OpenAi),
 }
 
 impl Provider {
-    pub fn from_config(config: &ProviderConfig) -> Result<Provider, ProviderSetupError> {
+    /// `api_key` is the value of the variable `api_key_env` names, if set.
+    pub fn from_config(
+        config: &ProviderConfig,
+        api_key: Option<String>,
+    ) -> Result<Provider, ProviderSetupError> {
         match config.kind {
             ProviderKind::Extractive => Ok(Provider::Extractive(Extractive)),
-            ProviderKind::Openai => Err(ProviderSetupError::NotAvailable("openai")),
+            ProviderKind::Openai => OpenAi::new(config, api_key)
+                .map(Provider::OpenAi)
+                .map_err(ProviderSetupError::Client),
         }
     }
 
@@ -58,31 +86,76 @@ impl Provider {
     pub fn name(&self) -> &'static str {
         match self {
             Provider::Extractive(_) => extractive::NAME,
+            Provider::OpenAi(_) => openai::NAME,
         }
     }
 
     pub fn model(&self) -> &str {
         match self {
             Provider::Extractive(_) => extractive::MODEL,
+            Provider::OpenAi(p) => p.model(),
         }
     }
 
-    /// One attempt, bounded by `timeout`.
+    /// How many estimated tokens of entries (or parts) one request may carry,
+    /// after the prompt's own share; None when there is no limit.
+    pub fn content_budget(&self, max_input_tokens: u32) -> Option<u32> {
+        match self {
+            Provider::Extractive(_) => None,
+            Provider::OpenAi(p) => Some(max_input_tokens.saturating_sub(p.prompt_tokens()).max(16)),
+        }
+    }
+
+    /// Removes the provider's secrets (its API key, bearer tokens, URL
+    /// credentials) from a text.
+    pub fn redact(&self, text: &str) -> String {
+        match self {
+            Provider::Extractive(_) => text.to_owned(),
+            Provider::OpenAi(p) => crate::failure::redact(text, &p.secrets()),
+        }
+    }
+
+    /// One attempt. The caller (the pass) bounds it in time.
     pub async fn summarise(
         &self,
-        request: &RecapRequest<'_>,
-        _timeout: Duration,
+        input: RecapInput<'_>,
+        max_output_tokens: u32,
     ) -> Result<Recap, ProviderError> {
         match self {
-            // Local and CPU-bound for a few microseconds per entry: no
-            // timeout can usefully interrupt it.
-            Provider::Extractive(e) => Ok(e.summarise(request)),
+            // Local and CPU-bound, a few microseconds an entry.
+            Provider::Extractive(e) => Ok(match input {
+                RecapInput::Entries(entries) => e.summarise(entries, max_output_tokens),
+                RecapInput::Parts(parts) => {
+                    let entries: Vec<Entry> = parts
+                        .iter()
+                        .enumerate()
+                        .map(|(i, p)| Entry {
+                            seq: i as u64 + 1,
+                            client_entry_id: None,
+                            role: Role::Assistant,
+                            content: p.clone(),
+                            created_at: Millis(0),
+                            tokens: estimate_tokens(p),
+                        })
+                        .collect();
+                    e.summarise(&entries, max_output_tokens)
+                }
+            }),
+            Provider::OpenAi(p) => p.summarise(&input).await,
         }
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ProviderSetupError {
-    #[error("provider kind {0:?} is not available in this build")]
-    NotAvailable(&'static str),
+/// A transcript as a provider reads it: one `role: content` line an entry.
+pub fn render_entries(entries: &[Entry]) -> String {
+    let mut out = String::new();
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(e.role.as_str());
+        out.push_str(": ");
+        out.push_str(&e.content);
+    }
+    out
 }

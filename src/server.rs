@@ -21,7 +21,7 @@ use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
 use crate::service::Service;
 use crate::store::{Store, StoreError};
-use crate::summarise::Summariser;
+use crate::summarise::{Summariser, SummariserConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -42,7 +42,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let store = Store::open(&config.data_dir).await?;
-    let provider = Provider::from_config(&config.provider)?;
+    let api_key = std::env::var(&config.provider.api_key_env).ok();
+    let provider = Provider::from_config(&config.provider, api_key)?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(
             "summarising with the built-in extractive provider (no LLM); set provider.kind = \"openai\" to use one"
@@ -57,9 +58,12 @@ pub async fn run(
     let summariser = Summariser::new(
         store.clone(),
         provider,
-        config.retry.clone(),
-        config.reconciler.clone(),
-        config.provider.max_output_tokens,
+        SummariserConfig {
+            retry: config.retry.clone(),
+            reconciler: config.reconciler.clone(),
+            max_input_tokens: config.provider.max_input_tokens,
+            max_output_tokens: config.provider.max_output_tokens,
+        },
         owner,
     );
     let wake = Arc::new(Notify::new());

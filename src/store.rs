@@ -127,7 +127,8 @@ pub struct FailedPass {
     pub attempts: u32,
     pub state: SegmentState,
     pub next_attempt_at: Millis,
-    /// Whether the pass counts (a cancelled one does not).
+    /// Whether the pass counts as a failed pass and its failure is recorded
+    /// (a cancelled one is neither: the segment is simply due again).
     pub counts_as_pass: bool,
 }
 
@@ -756,8 +757,10 @@ impl Store {
             let changed = conn
                 .prepare_cached(
                     "UPDATE segments SET state = ?1, attempts = attempts + ?2, \
-                     passes = passes + ?3, next_attempt_at = ?4, last_failure = ?5, \
-                     failure_class = ?6, claim_owner = NULL, claim_expires_at = NULL \
+                     passes = passes + ?3, next_attempt_at = ?4, \
+                     last_failure = CASE WHEN ?3 = 1 THEN ?5 ELSE last_failure END, \
+                     failure_class = CASE WHEN ?3 = 1 THEN ?6 ELSE failure_class END, \
+                     claim_owner = NULL, claim_expires_at = NULL \
                      WHERE id = ?7 AND claim_owner = ?8 AND claim_token = ?9 AND state = ?10",
                 )?
                 .execute(params![
@@ -767,6 +770,27 @@ impl Store {
                     pass.next_attempt_at.0,
                     failure,
                     pass.failure.class.as_str(),
+                    claim.segment_id,
+                    claim.owner,
+                    claim.token,
+                    SegmentState::Pending.code()
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Extends a held claim by `lease` from now; false when it was lost.
+    pub async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE segments SET claim_expires_at = ?1 \
+                     WHERE id = ?2 AND claim_owner = ?3 AND claim_token = ?4 AND state = ?5",
+                )?
+                .execute(params![
+                    Millis::now().saturating_add(lease).0,
                     claim.segment_id,
                     claim.owner,
                     claim.token,

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Recap, RecapRequest};
+use super::Recap;
 use crate::model::{Entry, estimate_tokens};
 
 pub const NAME: &str = "extractive";
@@ -26,8 +26,7 @@ struct Sentence<'a> {
 }
 
 impl Extractive {
-    pub fn summarise(&self, request: &RecapRequest<'_>) -> Recap {
-        let entries = request.entries;
+    pub fn summarise(&self, entries: &[Entry], max_output_tokens: u32) -> Recap {
         let sentences: Vec<Sentence<'_>> = entries
             .iter()
             .enumerate()
@@ -72,7 +71,7 @@ impl Extractive {
         // Highest score first; ties go to the earlier sentence.
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
 
-        let budget = request.max_output_tokens.max(16);
+        let budget = max_output_tokens.max(16);
         // Short segments keep up to three sentences; longer ones about a third.
         let wanted = sentences
             .len()
@@ -221,10 +220,7 @@ mod tests {
                 "Can you rerun the billing migration with a longer timeout? Cheers.",
             ),
         ];
-        let recap = Extractive.summarise(&RecapRequest {
-            entries: &entries,
-            max_output_tokens: 512,
-        });
+        let recap = Extractive.summarise(&entries, 512);
         assert!(recap.text.contains("billing"), "{}", recap.text);
         assert!(!recap.text.contains("Nice weather"), "{}", recap.text);
         assert!(!recap.text.contains("Hi there"), "{}", recap.text);
@@ -252,14 +248,8 @@ mod tests {
                 )
             })
             .collect();
-        let a = Extractive.summarise(&RecapRequest {
-            entries: &long,
-            max_output_tokens: 64,
-        });
-        let b = Extractive.summarise(&RecapRequest {
-            entries: &long,
-            max_output_tokens: 64,
-        });
+        let a = Extractive.summarise(&long, 64);
+        let b = Extractive.summarise(&long, 64);
         assert_eq!(a, b);
         assert!(a.text.lines().count() <= MAX_SENTENCES);
         assert!(a.output_tokens <= 64 + 40, "{}", a.output_tokens);
@@ -271,10 +261,7 @@ mod tests {
             .map(|i| entry(i, Role::User, "Run the billing migration again."))
             .chain([entry(10, Role::Assistant, "The billing migration ran.")])
             .collect();
-        let recap = Extractive.summarise(&RecapRequest {
-            entries: &entries,
-            max_output_tokens: 512,
-        });
+        let recap = Extractive.summarise(&entries, 512);
         assert_eq!(
             recap
                 .text
@@ -289,10 +276,7 @@ mod tests {
     #[test]
     fn never_empty_for_non_empty_input() {
         let entries = vec![entry(1, Role::Tool, "{}")];
-        let recap = Extractive.summarise(&RecapRequest {
-            entries: &entries,
-            max_output_tokens: 16,
-        });
+        let recap = Extractive.summarise(&entries, 16);
         assert_eq!(recap.text, "tool: {}");
     }
 }

@@ -1,0 +1,493 @@
+//! The pass: the one bounded retry loop around a summariser, and the only
+//! place in archivist where anything is retried. Knows nothing of HTTP: an
+//! attempt is any future whose error tells its class and, optionally, how
+//! long the other side asked us to wait.
+//!
+//! The rules, each enforced here:
+//! - at most `max_attempts` sends;
+//! - waits from a randomised exponential schedule (the `backoff` crate's,
+//!   used only as a source of delays), capped at `max_backoff` after jitter;
+//! - a hard ceiling on the whole pass, sends and waits included: each
+//!   attempt's timeout is clamped to the time left, and a wait that does not
+//!   fit in the time left ends the pass at once;
+//! - a Retry-After is honoured (never retried sooner), and one longer than
+//!   `max_blind_wait` ends the pass, leaving it to the reconciler;
+//! - classes that retrying cannot fix are sent once;
+//! - cancellation stops the sleep and the send at once.
+//!
+//! `backoff` 0.4's own `retry` is not used: it lets a Retry-After replace the
+//! schedule and skip `max_elapsed_time`, has no attempt cap, and its
+//! `max_elapsed_time` counts the next sleep but not the next send.
+
+use std::future::Future;
+use std::time::Duration;
+
+use backoff::backoff::Backoff;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::RetryConfig;
+use crate::failure::FailureClass;
+
+/// What the pass needs to know of an attempt's error.
+pub trait Classified {
+    fn class(&self) -> FailureClass;
+    /// The wait the other side asked for (Retry-After), if it said.
+    fn retry_after(&self) -> Option<Duration>;
+}
+
+/// Why a pass ended without a result.
+#[derive(Debug)]
+pub enum PassEnd<E> {
+    /// The last attempt failed with a class that ends the pass: terminal,
+    /// or retryable but out of attempts, or its Retry-After was too long.
+    Failed(E),
+    /// The attempt was still running when its timeout (clamped to the pass
+    /// ceiling) came.
+    TimedOut { timeout: Duration },
+    /// The ceiling came, or the next wait would not fit before it; carries
+    /// the last attempt's error, if there was one.
+    BudgetExhausted { last: Option<E> },
+    /// Shutdown or the caller cancelled the pass.
+    Cancelled,
+}
+
+impl<E: Classified> PassEnd<E> {
+    pub fn class(&self) -> FailureClass {
+        match self {
+            PassEnd::Failed(e) => e.class(),
+            PassEnd::TimedOut { .. } => FailureClass::Timeout,
+            PassEnd::BudgetExhausted { .. } => FailureClass::BudgetExhausted,
+            PassEnd::Cancelled => FailureClass::Cancelled,
+        }
+    }
+
+    pub fn last_error(&self) -> Option<&E> {
+        match self {
+            PassEnd::Failed(e) => Some(e),
+            PassEnd::BudgetExhausted { last } => last.as_ref(),
+            PassEnd::TimedOut { .. } | PassEnd::Cancelled => None,
+        }
+    }
+}
+
+/// How a pass went: its result, and what it cost.
+#[derive(Debug)]
+pub struct PassReport<T, E> {
+    pub result: Result<T, PassEnd<E>>,
+    /// Sends made (an attempt counts once it has started).
+    pub attempts: u32,
+    pub elapsed: Duration,
+}
+
+/// The randomised exponential schedule of waits between attempts.
+pub struct Schedule {
+    inner: backoff::ExponentialBackoff,
+    cap: Duration,
+}
+
+impl Schedule {
+    pub fn new(config: &RetryConfig) -> Schedule {
+        Schedule {
+            inner: backoff::ExponentialBackoff {
+                current_interval: config.initial_backoff,
+                initial_interval: config.initial_backoff,
+                randomization_factor: config.jitter,
+                multiplier: config.multiplier,
+                max_interval: config.max_backoff,
+                // The pass enforces its own ceiling, counting sends too.
+                max_elapsed_time: None,
+                ..backoff::ExponentialBackoff::default()
+            },
+            cap: config.max_backoff,
+        }
+    }
+
+    /// The next wait. The cap is applied after jitter, so a jittered wait
+    /// never exceeds `max_backoff`.
+    pub fn next_wait(&mut self) -> Duration {
+        self.inner.next_backoff().unwrap_or(self.cap).min(self.cap)
+    }
+}
+
+/// Runs `attempt` under the pass rules of `config`. `attempt` gets the
+/// attempt number (from 1) and the timeout it runs under.
+pub async fn run_pass<T, E, F, Fut>(
+    config: &RetryConfig,
+    cancel: &CancellationToken,
+    mut attempt: F,
+) -> PassReport<T, E>
+where
+    E: Classified + std::fmt::Display,
+    F: FnMut(u32, Duration) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let start = Instant::now();
+    let deadline = start + config.pass_ceiling;
+    let mut schedule = Schedule::new(config);
+    let mut attempts = 0u32;
+    let report = |result, attempts| PassReport {
+        result,
+        attempts,
+        elapsed: start.elapsed(),
+    };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return report(Err(PassEnd::BudgetExhausted { last: None }), attempts);
+        }
+        let timeout = config.attempt_timeout.min(left);
+        attempts += 1;
+        let outcome = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return report(Err(PassEnd::Cancelled), attempts - 1),
+            outcome = tokio::time::timeout(timeout, attempt(attempts, timeout)) => outcome,
+        };
+        let error = match outcome {
+            Ok(Ok(value)) => return report(Ok(value), attempts),
+            Ok(Err(e)) => e,
+            Err(_) => {
+                let end = PassEnd::TimedOut { timeout };
+                if attempts >= config.max_attempts || Instant::now() >= deadline {
+                    warn_exhausted(&end, attempts, start.elapsed());
+                    return report(Err(end), attempts);
+                }
+                let wait = schedule.next_wait();
+                if !fits(wait, deadline) {
+                    let end = PassEnd::BudgetExhausted { last: None };
+                    warn_exhausted(&end, attempts, start.elapsed());
+                    return report(Err(end), attempts);
+                }
+                warn_retry(
+                    attempts,
+                    config.max_attempts,
+                    FailureClass::Timeout,
+                    wait,
+                    None,
+                );
+                if sleep_or_cancel(wait, cancel).await.is_err() {
+                    return report(Err(PassEnd::Cancelled), attempts);
+                }
+                continue;
+            }
+        };
+        let class = error.class();
+        if !class.retry_within_pass() || attempts >= config.max_attempts {
+            let end = PassEnd::Failed(error);
+            warn_exhausted(&end, attempts, start.elapsed());
+            return report(Err(end), attempts);
+        }
+        let backoff = schedule.next_wait();
+        let wait = match error.retry_after() {
+            // A wait longer than we may wait blind ends the pass; the
+            // reconciler schedules the segment no sooner than it asks.
+            Some(asked) if asked > config.max_blind_wait => {
+                let end = PassEnd::Failed(error);
+                warn_exhausted(&end, attempts, start.elapsed());
+                return report(Err(end), attempts);
+            }
+            Some(asked) => asked.max(backoff),
+            None => backoff,
+        };
+        if !fits(wait, deadline) {
+            // Sleeping past the ceiling would break the bound; end now. A
+            // Retry-After keeps its class so the schedule honours it.
+            let end = if error.retry_after().is_some() {
+                PassEnd::Failed(error)
+            } else {
+                PassEnd::BudgetExhausted { last: Some(error) }
+            };
+            warn_exhausted(&end, attempts, start.elapsed());
+            return report(Err(end), attempts);
+        }
+        warn_retry(attempts, config.max_attempts, class, wait, Some(&error));
+        if sleep_or_cancel(wait, cancel).await.is_err() {
+            return report(Err(PassEnd::Cancelled), attempts);
+        }
+    }
+}
+
+/// Whether waiting `wait` still leaves time for another attempt.
+fn fits(wait: Duration, deadline: Instant) -> bool {
+    Instant::now() + wait < deadline
+}
+
+async fn sleep_or_cancel(wait: Duration, cancel: &CancellationToken) -> Result<(), ()> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Err(()),
+        () = tokio::time::sleep(wait) => Ok(()),
+    }
+}
+
+fn warn_retry(
+    attempt: u32,
+    max: u32,
+    class: FailureClass,
+    delay: Duration,
+    error: Option<&dyn std::fmt::Display>,
+) {
+    warn!(
+        attempt,
+        max_attempts = max,
+        class = class.as_str(),
+        delay_ms = delay.as_millis() as u64,
+        error = error.map(|e| e.to_string()).unwrap_or_default(),
+        "recap attempt failed; retrying"
+    );
+}
+
+fn warn_exhausted<E: Classified>(end: &PassEnd<E>, attempts: u32, elapsed: Duration) {
+    warn!(
+        attempts,
+        class = end.class().as_str(),
+        elapsed_ms = elapsed.as_millis() as u64,
+        "recap pass gave up"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[derive(Debug)]
+    struct Fake {
+        class: FailureClass,
+        retry_after: Option<Duration>,
+    }
+
+    impl std::fmt::Display for Fake {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "fake {}", self.class.as_str())
+        }
+    }
+
+    impl Classified for Fake {
+        fn class(&self) -> FailureClass {
+            self.class
+        }
+        fn retry_after(&self) -> Option<Duration> {
+            self.retry_after
+        }
+    }
+
+    fn fail(class: FailureClass) -> Fake {
+        Fake {
+            class,
+            retry_after: None,
+        }
+    }
+
+    fn config() -> RetryConfig {
+        RetryConfig::default()
+    }
+
+    #[test]
+    fn jitter_never_pushes_a_wait_past_the_cap_and_spreads_waits() {
+        let c = RetryConfig {
+            initial_backoff: Duration::from_secs(6),
+            max_backoff: Duration::from_secs(8),
+            jitter: 0.5,
+            ..config()
+        };
+        let mut firsts = Vec::new();
+        for _ in 0..200 {
+            let mut s = Schedule::new(&c);
+            let first = s.next_wait();
+            assert!(
+                first >= Duration::from_secs(3) && first <= c.max_backoff,
+                "{first:?}"
+            );
+            firsts.push(first);
+            for _ in 0..10 {
+                assert!(s.next_wait() <= c.max_backoff);
+            }
+        }
+        firsts.sort();
+        firsts.dedup();
+        assert!(
+            firsts.len() > 100,
+            "waits are spread: {} distinct",
+            firsts.len()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retryable_failures_get_exactly_max_attempts() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = config();
+        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(fail(FailureClass::Unavailable))
+            }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(report.attempts, 3);
+        assert!(
+            matches!(report.result, Err(PassEnd::Failed(ref e)) if e.class == FailureClass::Unavailable)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn success_after_failures_stops_retrying() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let report = run_pass(&config(), &CancellationToken::new(), |n, _| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if n < 3 {
+                    Err(fail(FailureClass::Transport))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(report.result.ok(), Some(3));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn terminal_classes_are_sent_once() {
+        for class in [
+            FailureClass::Unauthorized,
+            FailureClass::UnknownModel,
+            FailureClass::InvalidRequest,
+            FailureClass::QuotaExhausted,
+        ] {
+            let calls = Arc::new(AtomicU32::new(0));
+            let report = run_pass(&config(), &CancellationToken::new(), |_, _| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Err::<(), _>(fail(class))
+                }
+            })
+            .await;
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "{class:?}");
+            assert_eq!(report.result.expect_err("fails").class(), class);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_honoured_and_a_long_one_ends_the_pass() {
+        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let c = config();
+        let report = run_pass(&c, &CancellationToken::new(), |n, _| {
+            let times = times.clone();
+            async move {
+                times.lock().expect("lock").push(Instant::now());
+                if n == 1 {
+                    Err(Fake {
+                        class: FailureClass::RateLimited,
+                        retry_after: Some(Duration::from_secs(5)),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        assert!(report.result.is_ok());
+        let times = times.lock().expect("lock").clone();
+        assert!(times[1] - times[0] >= Duration::from_secs(5));
+
+        let calls = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(Fake {
+                    class: FailureClass::RateLimited,
+                    retry_after: Some(Duration::from_secs(31)),
+                })
+            }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(start.elapsed(), Duration::ZERO, "ended at once, no sleep");
+        assert_eq!(
+            report.result.expect_err("fails").class(),
+            FailureClass::RateLimited
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_that_does_not_fit_the_time_left_ends_the_pass() {
+        let c = RetryConfig {
+            pass_ceiling: Duration::from_secs(10),
+            ..config()
+        };
+        let calls = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(Fake {
+                    class: FailureClass::RateLimited,
+                    retry_after: Some(Duration::from_secs(20)),
+                })
+            }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(report.result.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_provider_that_never_answers_ends_within_the_ceiling() {
+        for attempt_timeout in [
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+            Duration::from_secs(600),
+        ] {
+            let c = RetryConfig {
+                attempt_timeout,
+                pass_ceiling: Duration::from_secs(30),
+                ..config()
+            };
+            let start = Instant::now();
+            let report = run_pass(&c, &CancellationToken::new(), |_, _| async {
+                std::future::pending::<Result<(), Fake>>().await
+            })
+            .await;
+            assert!(start.elapsed() <= c.pass_ceiling, "{:?}", start.elapsed());
+            assert!(report.attempts <= c.max_attempts);
+            let class = report.result.expect_err("never answers").class();
+            assert!(
+                matches!(class, FailureClass::Timeout | FailureClass::BudgetExhausted),
+                "{class:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancellation_stops_the_sleep_and_the_send() {
+        let cancel = CancellationToken::new();
+        let c = config();
+        let trigger = cancel.clone();
+        let start = Instant::now();
+        let handle = tokio::spawn(async move {
+            run_pass(&c, &cancel, |_, _| async {
+                std::future::pending::<Result<(), Fake>>().await
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        trigger.cancel();
+        let report = handle.await.expect("joined");
+        assert!(matches!(report.result, Err(PassEnd::Cancelled)));
+        assert_eq!(report.attempts, 0, "a cancelled send is not counted");
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+}
