@@ -5,7 +5,6 @@
 //! every tick scans again.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -102,9 +101,9 @@ impl Reconciler {
 }
 
 /// When a segment whose pass failed is due again: spacing that doubles with
-/// every pass (from 1 s, with up to 50 % jitter subtracted so that a batch
-/// that failed together does not come back together), capped at
-/// `max_spacing`; never sooner than a Retry-After; `quota_delay` for an
+/// every pass (from the reconciler's interval, with up to 50 % jitter
+/// subtracted so that a batch that failed together does not come back
+/// together), capped at `max_spacing`; never sooner than a Retry-After; `quota_delay` for an
 /// exhausted quota; at once for a cancelled pass.
 pub fn next_due_after(
     failure: &Failure,
@@ -123,7 +122,8 @@ pub fn next_due_after(
         return now.saturating_add(config.quota_delay);
     }
     let exp = passes.saturating_sub(1).min(30);
-    let base = Duration::from_secs(1)
+    let base = config
+        .interval
         .saturating_mul(1u32 << exp)
         .min(config.max_spacing);
     let jittered = base.mul_f64(1.0 - 0.5 * jitter_unit(failure, passes));

@@ -35,14 +35,25 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves on `listener` until `shutdown` resolves.
+/// Serves on `listener` until `shutdown` resolves, with the provider key
+/// read from the environment variable the configuration names.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let store = Store::open(&config.data_dir).await?;
     let api_key = std::env::var(&config.provider.api_key_env).ok();
+    run_with_key(config, api_key, listener, shutdown).await
+}
+
+/// As `run`, with the provider key given (for embedding and tests).
+pub async fn run_with_key(
+    config: Config,
+    api_key: Option<String>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let store = Store::open(&config.data_dir).await?;
     let provider = Provider::from_config(&config.provider, api_key)?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(

@@ -13,7 +13,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info_span, warn};
+use tracing::field::Empty;
+use tracing::{Instrument, Span, info_span, warn};
 
 use crate::config::{ReconcilerConfig, RetryConfig};
 use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
@@ -127,7 +128,7 @@ impl Summariser {
                     let (tx, rx) = watch::channel(None);
                     running.insert(id, rx.clone());
                     let this = self.clone();
-                    let span = info_span!("pass", segment_id = id);
+                    let span = info_span!("pass", segment_id = id, session = Empty);
                     self.tracker.spawn(
                         async move {
                             let outcome = this.pass(id).await;
@@ -177,6 +178,7 @@ impl Summariser {
             return Ok(PassOutcome::NotClaimed);
         };
         let input = self.store.pass_input(id).await?;
+        Span::current().record("session", input.segment.session.as_str());
         let started = Instant::now();
         let mut tally = Tally::default();
         let result = self.recap(&claim, &input.entries, &mut tally).await;

@@ -38,7 +38,25 @@ impl TestServer {
     }
 
     /// Starts a server on `dir` (which may hold an earlier server's data).
-    pub async fn start_in(dir: tempfile::TempDir, mut config: Config) -> TestServer {
+    pub async fn start_in(dir: tempfile::TempDir, config: Config) -> TestServer {
+        TestServer::start_full(dir, config, None).await
+    }
+
+    /// Starts a server with a provider key, as if read from its variable.
+    pub async fn start_with_key(key: &str, adjust: impl FnOnce(&mut Config)) -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = Config::default();
+        config.reconciler.interval = Duration::from_millis(200);
+        adjust(&mut config);
+        TestServer::start_full(dir, config, Some(key.to_owned())).await
+    }
+
+    async fn start_full(
+        dir: tempfile::TempDir,
+        mut config: Config,
+        key: Option<String>,
+    ) -> TestServer {
+        crate::logs::capture();
         config.data_dir = dir.path().to_owned();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -46,7 +64,7 @@ impl TestServer {
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            archivist::server::run(config, listener, async {
+            archivist::server::run_with_key(config, key, listener, async {
                 let _ = stopped.await;
             })
             .await

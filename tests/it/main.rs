@@ -5,5 +5,7 @@ mod binary;
 mod context;
 mod errors;
 mod harness;
+mod logs;
+mod provider;
 mod segments;
 mod tooling;
