@@ -293,6 +293,25 @@ impl Config {
         if self.shutdown.ceiling.is_zero() {
             return invalid("shutdown.ceiling", "must be longer than zero");
         }
+        // Durations feed deadlines and leases; a century would overflow them
+        // and nothing sensible needs more than a month.
+        let longest = Duration::from_secs(30 * 24 * 3600);
+        for (key, d) in [
+            ("retry.initial_backoff", r.initial_backoff),
+            ("retry.max_backoff", r.max_backoff),
+            ("retry.attempt_timeout", r.attempt_timeout),
+            ("retry.pass_ceiling", r.pass_ceiling),
+            ("retry.max_blind_wait", r.max_blind_wait),
+            ("reconciler.interval", self.reconciler.interval),
+            ("reconciler.max_spacing", self.reconciler.max_spacing),
+            ("reconciler.quota_delay", self.reconciler.quota_delay),
+            ("flush.ceiling", self.flush.ceiling),
+            ("shutdown.ceiling", self.shutdown.ceiling),
+        ] {
+            if d > longest {
+                return invalid(key, "must be at most 30 days");
+            }
+        }
         Ok(())
     }
 }
@@ -578,6 +597,10 @@ ceiling = "15s"
         let (_f, o) = file("[retry]\njitter = 1.5\n");
         let e = load(&o, env(&[])).expect_err("jitter out of range");
         assert!(e.to_string().contains("retry.jitter"), "{e}");
+
+        let (_f, o) = file("[flush]\nceiling = \"1000000000years\"\n");
+        let e = load(&o, env(&[])).expect_err("absurd duration refused");
+        assert!(e.to_string().contains("flush.ceiling"), "{e}");
     }
 
     #[test]

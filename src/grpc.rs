@@ -30,6 +30,8 @@ pub const FAILURE_TYPE_URL: &str = "type.googleapis.com/archivist.v1.Failure";
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 1000;
 const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// Most segment ids one RequeueSegments call may name.
+const MAX_REQUEUE_IDS: usize = 1000;
 /// A waiting call answers this long before its deadline, so the answer
 /// (the segment as it stands) arrives before the client gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
@@ -229,6 +231,16 @@ impl pb::archivist_server::Archivist for GrpcService {
             "" => None,
             raw => Some(parse_session(raw, "session_id").map_err(invalid)?),
         };
+        if req.segment_ids.len() > MAX_REQUEUE_IDS {
+            return Err(invalid(vec![violation(
+                "segment_ids",
+                "TOO_MANY_SEGMENT_IDS",
+                format!(
+                    "{} ids in one call; at most {MAX_REQUEUE_IDS} are allowed (leave it empty to match every segment)",
+                    req.segment_ids.len()
+                ),
+            )]));
+        }
         let requeued = self
             .service
             .requeue(&tenant, session, req.segment_ids, req.include_parked)
@@ -438,6 +450,15 @@ fn service_status(err: ServiceError) -> Status {
             failure,
         } => failure_status(segment_id, &failure),
         ServiceError::Store(e) => store_status(&e),
+        ServiceError::PassPanicked { segment_id } => {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "RECAP_PASS_PANICKED",
+                ERROR_DOMAIN,
+                HashMap::from([("segment_id".to_owned(), segment_id.to_string())]),
+            );
+            Status::with_error_details(Code::Internal, err.to_string(), details)
+        }
     }
 }
 
@@ -455,12 +476,13 @@ fn store_status(err: &StoreError) -> Status {
         ),
         StoreError::Shared(inner) => return store_status(inner),
         StoreError::Closed => (Code::Unavailable, "SHUTTING_DOWN", Vec::new()),
+        StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::Open { .. }
         | StoreError::DataDir { .. }
         | StoreError::Migration { .. }
         | StoreError::TooNew { .. }
         | StoreError::Sqlite(_)
-        | StoreError::Commit(_)
+        | StoreError::Batch(_)
         | StoreError::Corrupt(_)
         | StoreError::Worker(_) => (Code::Internal, "STORE_ERROR", Vec::new()),
     };
@@ -474,8 +496,14 @@ fn store_status(err: &StoreError) -> Status {
         ERROR_DOMAIN,
         metadata.into_iter().collect::<HashMap<_, _>>(),
     );
-    if code != Code::NotFound {
-        details.set_debug_info(clip_causes(causes), "");
+    match code {
+        Code::NotFound => {}
+        Code::ResourceExhausted => {
+            details.set_retry_info(Some(Duration::from_millis(100)));
+        }
+        _ => {
+            details.set_debug_info(clip_causes(causes), "");
+        }
     }
     Status::with_error_details(code, err.to_string(), details)
 }

@@ -79,7 +79,10 @@ fn main() -> ExitCode {
 }
 
 async fn serve(overrides: Overrides) -> ExitCode {
-    let config = match config::load(&overrides, std::env::vars()) {
+    // Variables that are not UTF-8 cannot be ours; skip rather than panic.
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let config = match config::load(&overrides, env) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {}", cause_chain(&e).join(": "));

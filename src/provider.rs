@@ -42,11 +42,17 @@ pub struct ProviderError {
     pub class: FailureClass,
     pub http_status: Option<u16>,
     pub retry_after: Option<Duration>,
+    /// The source's cause chain, secrets removed, for log lines.
+    pub detail: String,
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl Classified for ProviderError {
+    fn detail(&self) -> String {
+        self.detail.clone()
+    }
+
     fn class(&self) -> FailureClass {
         self.class
     }

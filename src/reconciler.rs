@@ -87,7 +87,10 @@ impl Reconciler {
     }
 
     async fn due(&self, free: usize) -> Result<Vec<SegmentId>, String> {
-        let limit = u32::try_from(free).unwrap_or(u32::MAX);
+        // Segments this process already runs (a flush, a waiting close) are
+        // claimed and so not due, but one may finish between the scan and
+        // the check below: ask for that many more so the slots still fill.
+        let limit = u32::try_from(free + self.summariser.running()).unwrap_or(u32::MAX);
         let ids = self
             .store
             .due_segments(Millis::now(), limit)
@@ -96,6 +99,7 @@ impl Reconciler {
         Ok(ids
             .into_iter()
             .filter(|id| !self.summariser.is_running(*id))
+            .take(free)
             .collect())
     }
 }

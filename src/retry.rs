@@ -35,6 +35,9 @@ pub trait Classified {
     fn class(&self) -> FailureClass;
     /// The wait the other side asked for (Retry-After), if it said.
     fn retry_after(&self) -> Option<Duration>;
+    /// What a log line says of the error: its whole cause chain, with
+    /// nothing secret in it.
+    fn detail(&self) -> String;
 }
 
 /// Why a pass ended without a result.
@@ -119,7 +122,7 @@ pub async fn run_pass<T, E, F, Fut>(
     mut attempt: F,
 ) -> PassReport<T, E>
 where
-    E: Classified + std::fmt::Display,
+    E: Classified,
     F: FnMut(u32, Duration) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -159,7 +162,7 @@ where
                     warn_exhausted(&end, attempts, start.elapsed());
                     return report(Err(end), attempts);
                 }
-                warn_retry(
+                warn_retry::<E>(
                     attempts,
                     config.max_attempts,
                     FailureClass::Timeout,
@@ -221,19 +224,21 @@ async fn sleep_or_cancel(wait: Duration, cancel: &CancellationToken) -> Result<(
     }
 }
 
-fn warn_retry(
+fn warn_retry<E: Classified>(
     attempt: u32,
     max: u32,
     class: FailureClass,
     delay: Duration,
-    error: Option<&dyn std::fmt::Display>,
+    error: Option<&E>,
 ) {
     warn!(
         attempt,
         max_attempts = max,
         class = class.as_str(),
         delay_ms = delay.as_millis() as u64,
-        error = error.map(|e| e.to_string()).unwrap_or_default(),
+        error = error
+            .map(Classified::detail)
+            .unwrap_or_else(|| "no answer in time".to_owned()),
         "recap attempt failed; retrying"
     );
 }
@@ -243,6 +248,7 @@ fn warn_exhausted<E: Classified>(end: &PassEnd<E>, attempts: u32, elapsed: Durat
         attempts,
         class = end.class().as_str(),
         elapsed_ms = elapsed.as_millis() as u64,
+        error = end.last_error().map(Classified::detail).unwrap_or_default(),
         "recap pass gave up"
     );
 }
@@ -260,18 +266,15 @@ mod tests {
         retry_after: Option<Duration>,
     }
 
-    impl std::fmt::Display for Fake {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "fake {}", self.class.as_str())
-        }
-    }
-
     impl Classified for Fake {
         fn class(&self) -> FailureClass {
             self.class
         }
         fn retry_after(&self) -> Option<Duration> {
             self.retry_after
+        }
+        fn detail(&self) -> String {
+            format!("fake {}", self.class.as_str())
         }
     }
 

@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use crate::failure::Failure;
 use crate::model::{
-    AppendOutcome, Backlog, Context, NewEntry, Segment, SegmentId, SegmentPolicy, SegmentState,
-    SessionName, Tenant,
+    AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
+    SegmentState, SessionName, Tenant,
 };
 use crate::store::{SegmentFilter, Store, StoreError};
 use crate::summarise::{PassOutcome, Summariser};
@@ -22,6 +22,8 @@ const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
+    #[error("the recap pass of segment {segment_id} panicked; the segment stays PENDING")]
+    PassPanicked { segment_id: SegmentId },
     #[error("recap of segment {segment_id} failed")]
     RecapFailed {
         segment_id: SegmentId,
@@ -132,9 +134,16 @@ impl Service {
         let until = deadline.map_or(ceiling, |d| d.min(ceiling));
         self.store.close_open_segment(tenant, session).await?;
         let segments = self.store.session_segments(tenant, session).await?;
+        // Only what is due (or already running, to join it): a segment
+        // waiting out a Retry-After or its spacing is not sent sooner because
+        // a host flushes, however often it does.
+        let now = Millis::now();
         let pending: Vec<SegmentId> = segments
             .iter()
             .filter(|s| s.state == SegmentState::Pending)
+            .filter(|s| {
+                s.next_attempt_at.is_none_or(|due| due <= now) || self.summariser.is_running(s.id)
+            })
             .map(|s| s.id)
             .collect();
         let _ = tokio::time::timeout_at(until, self.run_all(pending, until)).await;
@@ -249,33 +258,44 @@ async fn await_pass_with(
     id: SegmentId,
     deadline: Instant,
 ) -> Result<Option<Failure>, ServiceError> {
-    let outcome = match tokio::time::timeout_at(deadline, summariser.run_or_join(id)).await {
-        Ok(outcome) => outcome,
-        // The pass goes on in its own task; the caller gets the state as is.
-        Err(_) => return Ok(None),
-    };
-    match outcome {
-        PassOutcome::Summarised => Ok(None),
-        PassOutcome::Failed(failure) => Ok(Some(failure)),
-        PassOutcome::StoreFailed(e) => Err(ServiceError::Store(StoreError::Shared(e))),
-        PassOutcome::NotClaimed => {
-            // Another process holds the claim: watch the segment until its
-            // pass ends (its pass count moves or it leaves PENDING).
-            let tenantless = store.segment_any(id).await?;
-            let passes = tenantless.passes;
-            let mut seg = tenantless;
-            while seg.state == SegmentState::Pending && seg.passes == passes {
-                if Instant::now() + FOREIGN_PASS_POLL >= deadline {
-                    return Ok(None);
-                }
-                tokio::time::sleep(FOREIGN_PASS_POLL).await;
-                seg = store.segment_any(id).await?;
+    // Passes so far, to tell a pass that ended elsewhere from an older one.
+    let passes_before = store.segment_any(id).await?.0.passes;
+    loop {
+        let outcome = match tokio::time::timeout_at(deadline, summariser.run_or_join(id)).await {
+            Ok(outcome) => outcome,
+            // The pass goes on in its own task; the caller gets the state as is.
+            Err(_) => return Ok(None),
+        };
+        match outcome {
+            PassOutcome::Summarised => return Ok(None),
+            PassOutcome::Failed(failure) => return Ok(Some(failure)),
+            PassOutcome::StoreFailed(e) => {
+                return Err(ServiceError::Store(StoreError::Shared(e)));
             }
-            match (seg.state, seg.last_failure) {
-                (SegmentState::Summarised, _) => Ok(None),
-                (_, Some(failure)) if seg.passes != passes => Ok(Some(failure)),
-                _ => Ok(None),
+            PassOutcome::Panicked => return Err(ServiceError::PassPanicked { segment_id: id }),
+            PassOutcome::NotClaimed => {}
+        }
+        // Another process holds the claim, or the segment left PENDING:
+        // watch it until the claim is let go.
+        let (segment, _) = loop {
+            let (segment, claimed) = store.segment_any(id).await?;
+            if segment.state != SegmentState::Pending || !claimed {
+                break (segment, claimed);
             }
+            if Instant::now() + FOREIGN_PASS_POLL >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(FOREIGN_PASS_POLL).await;
+        };
+        let ran_elsewhere = segment.passes > passes_before;
+        match segment.state {
+            SegmentState::Summarised | SegmentState::Open => return Ok(None),
+            SegmentState::Parked if ran_elsewhere => return Ok(segment.last_failure),
+            SegmentState::Parked => return Ok(None),
+            SegmentState::Pending if ran_elsewhere => return Ok(segment.last_failure),
+            // Let go without a pass counted (a cancelled one): due again,
+            // so run it here.
+            SegmentState::Pending => {}
         }
     }
 }

@@ -66,8 +66,10 @@ pub enum StoreError {
     TooNew { found: i64, known: usize },
     #[error("database query failed")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("database commit failed")]
-    Commit(#[source] Arc<rusqlite::Error>),
+    #[error("the write was not committed")]
+    Batch(#[source] BatchFailure),
+    #[error("the store's write queue is full")]
+    Busy,
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
     #[error("the store is shut down")]
@@ -78,11 +80,29 @@ pub enum StoreError {
     Worker(#[source] tokio::task::JoinError),
 }
 
-type Completion = Box<dyn FnOnce(Result<(), Arc<rusqlite::Error>>) + Send>;
+/// Why a batch of writes was not committed; every job in it gets this.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum BatchFailure {
+    #[error("could not begin a write transaction")]
+    Begin(#[source] Arc<rusqlite::Error>),
+    #[error("the commit failed")]
+    Commit(#[source] Arc<rusqlite::Error>),
+    #[error("another write in the same transaction failed in a way that aborted it")]
+    Aborted,
+}
+
+type Completion = Box<dyn FnOnce(Result<(), BatchFailure>) + Send>;
+
+/// What running a job left: what to do once the batch's fate is known, and
+/// whether the batch's transaction is still whole.
+struct Ran {
+    completion: Completion,
+    intact: bool,
+}
+
 /// A write job: runs inside the batch's transaction (or learns that the
-/// transaction could not start) and returns what to do once the batch's
-/// fate is known.
-type Job = Box<dyn FnOnce(Result<&Connection, Arc<rusqlite::Error>>) -> Completion + Send>;
+/// transaction could not start).
+type Job = Box<dyn FnOnce(Result<&Connection, BatchFailure>) -> Ran + Send>;
 
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
@@ -248,32 +268,34 @@ impl Store {
     }
 
     /// Runs `f` in the writer's next transaction; answers after it commits.
+    /// Waits for room in the writer's queue.
     async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let result = match conn {
-                Ok(conn) => in_savepoint(conn, f),
-                Err(e) => Err(StoreError::Commit(e)),
-            };
-            Box::new(move |commit| {
-                let outcome = match commit {
-                    Ok(()) => result,
-                    Err(e) => Err(StoreError::Commit(e)),
-                };
-                // The caller may have gone away; its work is committed anyway.
-                let _ = tx.send(outcome);
-            })
-        });
+        let (job, answer) = job(f);
         self.inner
             .jobs
             .send(job)
             .await
             .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// As `write`, but refuses with `Busy` instead of waiting when the
+    /// writer's queue is full: callers' writes shed load, workers' wait.
+    async fn write_or_busy<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, answer) = job(f);
+        self.inner.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+            mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
+        })?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Runs `f` on a read connection, in one read transaction (a consistent
@@ -318,7 +340,7 @@ impl Store {
     ) -> Result<AppendOutcome, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
-        self.write(move |conn| append_tx(conn, &tenant, &session, entries, policy))
+        self.write_or_busy(move |conn| append_tx(conn, &tenant, &session, entries, policy))
             .await
     }
 
@@ -378,31 +400,40 @@ impl Store {
 
     /// One segment, if the tenant's sessions hold it.
     pub async fn segment(&self, tenant: &Tenant, id: SegmentId) -> Result<Segment, StoreError> {
-        self.segment_where(Some(tenant.0.clone()), id).await
-    }
-
-    /// One segment, whoever's it is: for workers, never for callers.
-    pub async fn segment_any(&self, id: SegmentId) -> Result<Segment, StoreError> {
-        self.segment_where(None, id).await
-    }
-
-    async fn segment_where(
-        &self,
-        tenant: Option<String>,
-        id: SegmentId,
-    ) -> Result<Segment, StoreError> {
         if i64::try_from(id).is_err() {
             return Err(StoreError::SegmentNotFound(id));
         }
+        let tenant = tenant.0.clone();
         self.read(move |conn| {
             let sql = format!(
-                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
-                 WHERE s.id = ?1 AND (?2 IS NULL OR x.tenant = ?2)"
+                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} WHERE s.id = ?1 AND x.tenant = ?2"
             );
             conn.prepare_cached(&sql)?
                 .query_row(params![id, tenant], segment_from_row)
                 .optional()?
                 .ok_or(StoreError::SegmentNotFound(id))?
+        })
+        .await
+    }
+
+    /// One segment, whoever's it is, and whether a live claim holds it: for
+    /// workers, never for callers.
+    pub async fn segment_any(&self, id: SegmentId) -> Result<(Segment, bool), StoreError> {
+        if i64::try_from(id).is_err() {
+            return Err(StoreError::SegmentNotFound(id));
+        }
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS}, s.claim_expires_at > ?2 FROM {SEGMENT_FROM} WHERE s.id = ?1"
+            );
+            let (segment, claimed) = conn
+                .prepare_cached(&sql)?
+                .query_row(params![id, Millis::now().0], |r| {
+                    Ok((segment_from_row(r)?, r.get::<_, Option<bool>>(20)?))
+                })
+                .optional()?
+                .ok_or(StoreError::SegmentNotFound(id))?;
+            Ok((segment?, claimed.unwrap_or(false)))
         })
         .await
     }
@@ -864,45 +895,106 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Wraps `f` as a job for the writer, and gives the receiver of its answer.
+fn job<T, F>(f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move |conn| {
+        let (result, intact) = match conn {
+            Ok(conn) => in_savepoint(conn, f),
+            Err(e) => (Err(StoreError::Batch(e)), true),
+        };
+        Ran {
+            completion: Box::new(move |batch| {
+                let outcome = match (result, batch) {
+                    // The job's own error explains more than the batch's.
+                    (Err(e), _) => Err(e),
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(e)) => Err(StoreError::Batch(e)),
+                };
+                // The caller may have gone away; its work is committed anyway.
+                let _ = tx.send(outcome);
+            }),
+            intact,
+        }
+    });
+    (job, rx)
+}
+
+/// Runs `f` in a savepoint of the open transaction, undoing only its own
+/// writes if it fails. Also says whether the transaction is still whole: an
+/// I/O error, a full disk or a failed ROLLBACK TO can end it for the whole
+/// batch, and then nothing of the batch may be committed.
 fn in_savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    conn.prepare_cached("SAVEPOINT job")?.execute([])?;
-    let result = f(conn);
-    if result.is_err() {
-        conn.prepare_cached("ROLLBACK TO job")?.execute([])?;
+) -> (Result<T, StoreError>, bool) {
+    let step = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    if let Err(e) = step("SAVEPOINT job") {
+        return (Err(e.into()), !conn.is_autocommit());
     }
-    conn.prepare_cached("RELEASE job")?.execute([])?;
-    result
+    let result = f(conn);
+    if result.is_err()
+        && let Err(e) = step("ROLLBACK TO job")
+    {
+        return (result.and(Err(e.into())), false);
+    }
+    if let Err(e) = step("RELEASE job") {
+        return (result.and(Err(e.into())), false);
+    }
+    (result, !conn.is_autocommit())
 }
 
 /// The writer thread: takes the first queued job, then whatever else has
 /// queued up meanwhile, runs them all in one transaction and commits once.
+/// A job that breaks the transaction (or panics) aborts the batch: it is
+/// rolled back and every job in it is told so; the jobs still queued run in
+/// the next batch.
 fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = jobs.blocking_recv() {
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-            let e = Arc::new(e);
-            first(Err(e.clone()))(Err(e));
+            let e = BatchFailure::Begin(Arc::new(e));
+            (first(Err(e.clone())).completion)(Err(e));
             continue;
         }
-        done.push(first(Ok(&conn)));
-        while done.len() < MAX_BATCH {
+        let mut intact = run_job(&conn, first, &mut done);
+        while intact && done.len() < MAX_BATCH {
             match jobs.try_recv() {
-                Ok(job) => done.push(job(Ok(&conn))),
+                Ok(job) => intact = run_job(&conn, job, &mut done),
                 Err(_) => break,
             }
         }
-        let commit = conn.execute_batch("COMMIT").map_err(Arc::new);
-        if commit.is_err() {
-            // The transaction may still be open after a failed COMMIT; end it
-            // so the next batch starts clean. Nothing of this batch stays.
+        let outcome = if intact {
+            conn.execute_batch("COMMIT")
+                .map_err(|e| BatchFailure::Commit(Arc::new(e)))
+        } else {
+            Err(BatchFailure::Aborted)
+        };
+        if outcome.is_err() && !conn.is_autocommit() {
+            // End what is left of the transaction so the next batch starts
+            // clean. Nothing of this batch stays.
             let _ = conn.execute_batch("ROLLBACK");
         }
         for completion in done.drain(..) {
-            completion(commit.clone());
+            completion(outcome.clone());
         }
+    }
+}
+
+/// Runs one job; false when the batch's transaction is no longer whole.
+fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(conn)))) {
+        Ok(ran) => {
+            done.push(ran.completion);
+            ran.intact
+        }
+        // The job's answer channel was dropped in the unwind, so its caller
+        // hears the store failed; what it half-wrote must not be committed.
+        Err(_) => false,
     }
 }
 

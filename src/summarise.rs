@@ -35,6 +35,8 @@ pub enum PassOutcome {
     NotClaimed,
     /// The store failed; nothing was written.
     StoreFailed(Arc<StoreError>),
+    /// The pass's task panicked; nothing was written.
+    Panicked,
 }
 
 /// What the summariser needs of the configuration.
@@ -131,8 +133,14 @@ impl Summariser {
                     let span = info_span!("pass", segment_id = id, session = Empty);
                     self.tracker.spawn(
                         async move {
+                            // Leaves the registry however the pass ends, a
+                            // panic included, so the segment is never
+                            // taken for running forever.
+                            let _registered = Registered {
+                                summariser: &this,
+                                id,
+                            };
                             let outcome = this.pass(id).await;
-                            lock(&this.running).remove(&id);
                             let _ = tx.send(Some(outcome));
                         }
                         .instrument(span),
@@ -143,13 +151,19 @@ impl Summariser {
         };
         match rx.wait_for(Option::is_some).await {
             Ok(outcome) => outcome.clone().unwrap_or(PassOutcome::NotClaimed),
-            // The pass task ended without answering: it panicked.
-            Err(_) => PassOutcome::StoreFailed(Arc::new(StoreError::Closed)),
+            // The pass task ended without answering: it panicked. Its claim
+            // runs out and the reconciler takes the segment up again.
+            Err(_) => PassOutcome::Panicked,
         }
     }
 
     pub fn is_running(&self, id: SegmentId) -> bool {
         lock(&self.running).contains_key(&id)
+    }
+
+    /// How many passes this process runs now.
+    pub fn running(&self) -> usize {
+        lock(&self.running).len()
     }
 
     /// Every pass task this summariser started; for shutdown.
@@ -434,6 +448,18 @@ fn plan_folds(parts: Vec<String>, budget: u32) -> Vec<Vec<String>> {
         used = used.saturating_add(cost);
     }
     groups
+}
+
+/// A pass's entry in the registry, removed when the pass's task ends.
+struct Registered<'a> {
+    summariser: &'a Summariser,
+    id: SegmentId,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        lock(&self.summariser.running).remove(&self.id);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{ProviderError, Recap, RecapInput, render_entries};
 use crate::config::ProviderConfig;
-use crate::failure::{ErrorBody, FailureClass, classify_http, parse_retry_after, redact};
+use crate::failure::{
+    ErrorBody, FailureClass, cause_chain, classify_http, parse_retry_after, redact,
+};
 
 pub const NAME: &str = "openai";
 /// Bumped whenever the prompts change, and recorded in every summary.
@@ -153,6 +155,7 @@ impl OpenAi {
             retry_after: f
                 .retry_after
                 .filter(|_| f.class == FailureClass::RateLimited),
+            detail: redact(&cause_chain(&f.error).join(": "), &self.secrets()),
             source: Box::new(f.error),
         })
     }

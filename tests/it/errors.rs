@@ -123,17 +123,22 @@ async fn bad_appends_are_refused_and_store_nothing() {
     assert_eq!(context_entries(&ctx), vec![(1, "kept".to_owned())]);
     let next = server.append("s", &["next"]).await;
     assert_eq!(next.entries[0].seq, 2);
-    // No session was created by a refused call.
-    for name in ["has", "a"] {
-        let status = client
-            .get_context(pb::GetContextRequest {
-                session_id: name.into(),
-                max_tokens: 0,
-            })
-            .await
-            .expect_err("no such session");
-        assert_not_found(&status, "SESSION_NOT_FOUND");
-    }
+    // No session or segment was created by a refused call: "s" is the only
+    // session, with its one open segment.
+    let all = client
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: String::new(),
+            states: Vec::new(),
+            page_size: 0,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .segments;
+    let sessions: Vec<&str> = all.iter().map(|s| s.session_id.as_str()).collect();
+    assert_eq!(sessions, vec!["s"]);
+    assert_eq!(all[0].entry_count, 2);
 }
 
 #[tokio::test]
