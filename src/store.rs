@@ -1268,3 +1268,226 @@ fn entry_from_row(r: &Row<'_>) -> rusqlite::Result<Result<Entry, StoreError>> {
         created_at: Millis(r.get(5)?),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Role;
+
+    const POLICY: SegmentPolicy = SegmentPolicy {
+        max_entries: 1000,
+        max_tokens: 1_000_000,
+    };
+
+    async fn open() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Store::open(dir.path()).await.expect("open");
+        (dir, store)
+    }
+
+    fn entries(texts: &[&str]) -> Vec<NewEntry> {
+        texts
+            .iter()
+            .map(|t| NewEntry {
+                client_entry_id: None,
+                role: Role::User,
+                content: (*t).to_owned(),
+            })
+            .collect()
+    }
+
+    fn session(name: &str) -> SessionName {
+        SessionName::parse(name).expect("valid name")
+    }
+
+    async fn count_entries(store: &Store, name: &str) -> usize {
+        match store.context(&Tenant::default(), &session(name), 0).await {
+            Ok(ctx) => ctx.items.len(),
+            Err(StoreError::SessionNotFound(_)) => 0,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Runs `bad` among many concurrent appends and checks the writer's
+    /// promise: an append that was acknowledged is stored, one that was not
+    /// is not, and the writer goes on working.
+    async fn acknowledged_means_stored(
+        bad: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+    ) {
+        let (_dir, store) = open().await;
+        let mut tasks = Vec::new();
+        for i in 0..40 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let name = format!("s{i}");
+                let ok = store
+                    .append(&Tenant::default(), &session(&name), entries(&["x"]), POLICY)
+                    .await
+                    .is_ok();
+                (name, ok)
+            }));
+        }
+        let bad_result = store.write(bad).await;
+        assert!(bad_result.is_err());
+        for t in tasks {
+            let (name, ok) = t.await.expect("joined");
+            assert_eq!(
+                count_entries(&store, &name).await,
+                usize::from(ok),
+                "{name}"
+            );
+        }
+        store
+            .append(
+                &Tenant::default(),
+                &session("after"),
+                entries(&["y"]),
+                POLICY,
+            )
+            .await
+            .expect("the writer still works");
+        assert_eq!(count_entries(&store, "after").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_failing_job_undoes_only_itself() {
+        let (_dir, store) = open().await;
+        let result = store
+            .write(|conn| {
+                conn.execute(
+                    "INSERT INTO sessions (tenant, name, created_at) VALUES ('', 'ghost', 0)",
+                    [],
+                )?;
+                Err::<(), _>(StoreError::Corrupt("on purpose".to_owned()))
+            })
+            .await;
+        assert!(matches!(result, Err(StoreError::Corrupt(_))));
+        assert_eq!(count_entries(&store, "ghost").await, 0);
+        assert!(matches!(
+            store
+                .context(&Tenant::default(), &session("ghost"), 0)
+                .await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+        acknowledged_means_stored(|conn| {
+            conn.execute(
+                "INSERT INTO sessions (tenant, name, created_at) VALUES ('', 'ghost', 0)",
+                [],
+            )?;
+            Err(StoreError::Corrupt("on purpose".to_owned()))
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_job_that_ends_the_transaction_aborts_its_batch() {
+        acknowledged_means_stored(|conn| {
+            conn.execute_batch("ROLLBACK")?;
+            Ok(())
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_aborts_its_batch() {
+        acknowledged_means_stored(|_| panic!("a bug in a write job")).await;
+    }
+
+    #[tokio::test]
+    async fn claims_are_exclusive_and_fenced() {
+        let (_dir, store) = open().await;
+        let t = Tenant::default();
+        store
+            .append(&t, &session("s"), entries(&["a", "b"]), POLICY)
+            .await
+            .expect("append");
+        let id = store
+            .close_open_segment(&t, &session("s"))
+            .await
+            .expect("close")
+            .expect("was open");
+        let lease = Duration::from_secs(60);
+        let first = store
+            .claim(id, "one", lease)
+            .await
+            .expect("claim")
+            .expect("free");
+        assert!(
+            store
+                .claim(id, "two", lease)
+                .await
+                .expect("claim")
+                .is_none(),
+            "held"
+        );
+        let stale = Claim {
+            token: first.token - 1,
+            ..first.clone()
+        };
+        let summary = Summary {
+            text: "recap".to_owned(),
+            provider: "test".to_owned(),
+            model: "m".to_owned(),
+            prompt_version: "v".to_owned(),
+            input_tokens: 1,
+            output_tokens: 1,
+            created_at: Millis::now(),
+        };
+        assert!(
+            !store
+                .complete(&stale, summary.clone(), 1)
+                .await
+                .expect("complete")
+        );
+        assert!(
+            store
+                .complete(&first, summary.clone(), 2)
+                .await
+                .expect("complete")
+        );
+        // Done once: the same claim cannot write twice.
+        assert!(!store.complete(&first, summary, 1).await.expect("complete"));
+        let seg = store.segment(&t, id).await.expect("segment");
+        assert_eq!(seg.state, SegmentState::Summarised);
+        assert_eq!((seg.attempts, seg.passes), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn an_expired_claim_can_be_taken_over() {
+        let (_dir, store) = open().await;
+        let t = Tenant::default();
+        store
+            .append(&t, &session("s"), entries(&["a"]), POLICY)
+            .await
+            .expect("append");
+        let id = store
+            .close_open_segment(&t, &session("s"))
+            .await
+            .expect("close")
+            .expect("was open");
+        let crashed = store
+            .claim(id, "crashed", Duration::ZERO)
+            .await
+            .expect("claim")
+            .expect("free");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let next = store
+            .claim(id, "next", Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .expect("the lease ran out");
+        assert!(next.token > crashed.token);
+        assert!(
+            !store
+                .renew(&crashed, Duration::from_secs(60))
+                .await
+                .expect("renew")
+        );
+        assert!(
+            store
+                .renew(&next, Duration::from_secs(60))
+                .await
+                .expect("renew")
+        );
+    }
+}
