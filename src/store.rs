@@ -665,14 +665,16 @@ impl Store {
         .await
     }
 
-    /// Claims a PENDING segment for `lease`, unless a live claim holds it.
-    /// Returns the claim with a fresh fencing token, or `None`.
+    /// Claims a PENDING segment for `lease`, unless a live claim holds it,
+    /// and reads what its pass needs in the same transaction (one trip to
+    /// the writer instead of two). Returns the claim with a fresh fencing
+    /// token and the input, or `None`.
     pub async fn claim(
         &self,
         id: SegmentId,
         owner: &str,
         lease: Duration,
-    ) -> Result<Option<Claim>, StoreError> {
+    ) -> Result<Option<(Claim, PassInput)>, StoreError> {
         let owner = owner.to_owned();
         self.write(move |conn| {
             let now = Millis::now();
@@ -694,39 +696,15 @@ impl Store {
                     |r| r.get::<_, i64>(0),
                 )
                 .optional()?;
-            Ok(token.map(|token| Claim {
+            let Some(token) = token else {
+                return Ok(None);
+            };
+            let claim = Claim {
                 segment_id: id,
                 owner,
                 token,
-            }))
-        })
-        .await
-    }
-
-    /// The segment and its entries, for a pass.
-    pub async fn pass_input(&self, id: SegmentId) -> Result<PassInput, StoreError> {
-        self.read(move |conn| {
-            let sql = format!(
-                "SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1"
-            );
-            let (segment, session_id) = conn
-                .prepare_cached(&sql)?
-                .query_row([id], |r| Ok((segment_from_row(r)?, r.get::<_, i64>(20)?)))
-                .optional()?
-                .ok_or(StoreError::SegmentNotFound(id))?;
-            let segment = segment?;
-            let mut stmt = conn.prepare_cached(
-                "SELECT seq, client_entry_id, role, content, tokens, created_at FROM entries \
-                 WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq",
-            )?;
-            let mut entries = Vec::with_capacity(segment.entry_count as usize);
-            for e in stmt.query_map(
-                params![session_id, segment.first_seq, segment.last_seq],
-                entry_from_row,
-            )? {
-                entries.push(e??);
-            }
-            Ok(PassInput { segment, entries })
+            };
+            Ok(Some((claim, pass_input(conn, id)?)))
         })
         .await
     }
@@ -996,6 +974,29 @@ fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> bool {
         // hears the store failed; what it half-wrote must not be committed.
         Err(_) => false,
     }
+}
+
+/// The segment and its entries, for a pass.
+fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError> {
+    let sql = format!("SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1");
+    let (segment, session_id) = conn
+        .prepare_cached(&sql)?
+        .query_row([id], |r| Ok((segment_from_row(r)?, r.get::<_, i64>(20)?)))
+        .optional()?
+        .ok_or(StoreError::SegmentNotFound(id))?;
+    let segment = segment?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, client_entry_id, role, content, tokens, created_at FROM entries \
+             WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 ORDER BY seq",
+    )?;
+    let mut entries = Vec::with_capacity(segment.entry_count as usize);
+    for e in stmt.query_map(
+        params![session_id, segment.first_seq, segment.last_seq],
+        entry_from_row,
+    )? {
+        entries.push(e??);
+    }
+    Ok(PassInput { segment, entries })
 }
 
 fn session_row(conn: &Connection, tenant: &str, name: &str) -> Result<Option<i64>, StoreError> {
@@ -1407,11 +1408,12 @@ mod tests {
             .expect("close")
             .expect("was open");
         let lease = Duration::from_secs(60);
-        let first = store
+        let (first, input) = store
             .claim(id, "one", lease)
             .await
             .expect("claim")
             .expect("free");
+        assert_eq!(input.entries.len(), 2);
         assert!(
             store
                 .claim(id, "two", lease)
@@ -1469,13 +1471,15 @@ mod tests {
             .claim(id, "crashed", Duration::ZERO)
             .await
             .expect("claim")
-            .expect("free");
+            .expect("free")
+            .0;
         tokio::time::sleep(Duration::from_millis(5)).await;
         let next = store
             .claim(id, "next", Duration::from_secs(60))
             .await
             .expect("claim")
-            .expect("the lease ran out");
+            .expect("the lease ran out")
+            .0;
         assert!(next.token > crashed.token);
         assert!(
             !store

@@ -188,10 +188,9 @@ impl Summariser {
     }
 
     async fn try_pass(&self, id: SegmentId) -> Result<PassOutcome, StoreError> {
-        let Some(claim) = self.store.claim(id, &self.owner, self.lease()).await? else {
+        let Some((claim, input)) = self.store.claim(id, &self.owner, self.lease()).await? else {
             return Ok(PassOutcome::NotClaimed);
         };
-        let input = self.store.pass_input(id).await?;
         Span::current().record("session", input.segment.session.as_str());
         let started = Instant::now();
         let mut tally = Tally::default();
