@@ -1,11 +1,14 @@
 //! Connecting to an archivist server, and reading the rich error details of
 //! a failed call back into plain data.
 
+use std::time::Duration;
+
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 use tonic_types::StatusExt;
 
-use crate::grpc::FAILURE_TYPE_URL;
+use crate::failure::Failure;
+use crate::grpc::{FAILURE_TYPE_URL, failure_from_pb};
 use crate::pb;
 use crate::pb::archivist_client::ArchivistClient;
 
@@ -31,48 +34,91 @@ pub async fn connect(address: &str) -> Result<ArchivistClient<Channel>, ConnectE
     Ok(ArchivistClient::new(channel))
 }
 
-/// What a failed call's status carries, decoded.
-#[derive(Clone, Debug, Default)]
-pub struct ErrorReport {
+/// A failed call, decoded from its status and rich error details: what a
+/// client acts on (the code, the reason, the typed recap failure) and what
+/// a person reads (the message and every cause, outermost first).
+#[derive(Clone, Debug)]
+pub struct CallError {
+    pub code: tonic::Code,
+    pub message: String,
+    /// ErrorInfo's reason, UPPER_SNAKE.
     pub reason: Option<String>,
     pub metadata: Vec<(String, String)>,
-    /// Field and description of each bad field.
+    /// Field and description of each bad field (BadRequest).
     pub violations: Vec<(String, String)>,
-    /// The cause chain, outermost first.
+    /// The cause chain, outermost first (DebugInfo).
     pub causes: Vec<String>,
-    pub retry_after: Option<std::time::Duration>,
-    pub failure: Option<pb::Failure>,
+    /// How long to wait before calling again (RetryInfo).
+    pub retry_after: Option<Duration>,
+    /// The recap failure, when one is the cause.
+    pub failure: Option<Failure>,
 }
 
-impl ErrorReport {
-    pub fn from_status(status: &tonic::Status) -> ErrorReport {
+impl CallError {
+    pub fn from_status(status: &tonic::Status) -> CallError {
         let details = status.get_error_details();
-        let mut report = ErrorReport::default();
-        if let Some(info) = details.error_info() {
-            report.reason = Some(info.reason.clone());
-            let mut metadata: Vec<(String, String)> = info
-                .metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            metadata.sort();
-            report.metadata = metadata;
+        let (reason, metadata) = match details.error_info() {
+            Some(info) => {
+                let mut metadata: Vec<(String, String)> = info
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                metadata.sort();
+                (Some(info.reason.clone()), metadata)
+            }
+            None => (None, Vec::new()),
+        };
+        CallError {
+            code: status.code(),
+            message: status.message().to_owned(),
+            reason,
+            metadata,
+            violations: details
+                .bad_request()
+                .map(|bad| {
+                    bad.field_violations
+                        .iter()
+                        .map(|v| (v.field.clone(), v.description.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            causes: details
+                .debug_info()
+                .map(|d| d.stack_entries.clone())
+                .unwrap_or_default(),
+            retry_after: details.retry_info().and_then(|r| r.retry_delay),
+            failure: failure_detail(status).and_then(|f| failure_from_pb(&f)),
         }
-        if let Some(bad) = details.bad_request() {
-            report.violations = bad
-                .field_violations
-                .iter()
-                .map(|v| (v.field.clone(), v.description.clone()))
-                .collect();
+    }
+
+    /// Every cause, outermost first: the recap failure's own chain where
+    /// there is one, else the status's DebugInfo.
+    pub fn chain(&self) -> &[String] {
+        match &self.failure {
+            Some(f) if !f.causes.is_empty() => &f.causes,
+            _ => &self.causes,
         }
-        if let Some(debug) = details.debug_info() {
-            report.causes = debug.stack_entries.clone();
-        }
-        report.retry_after = details.retry_info().and_then(|r| r.retry_delay);
-        report.failure = failure_detail(status);
-        report
     }
 }
+
+impl From<tonic::Status> for CallError {
+    fn from(status: tonic::Status) -> CallError {
+        CallError::from_status(&status)
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)?;
+        if let Some(reason) = &self.reason {
+            write!(f, " [{reason}]")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CallError {}
 
 /// The `archivist.v1.Failure` detail of a status, if it carries one.
 pub fn failure_detail(status: &tonic::Status) -> Option<pb::Failure> {

@@ -565,8 +565,16 @@ fn failure_status(segment_id: u64, failure: &Failure) -> Status {
     Status::with_details(code, message, rpc.encode_to_vec().into())
 }
 
+/// Most bytes of causes one status carries: details ride in the
+/// `grpc-status-details-bin` trailer, and clients refuse header blocks past
+/// 16 KiB by default.
+const MAX_CAUSES_BYTES: usize = 6 * 1024;
+
+/// Each cause cut to MAX_CAUSE_CHARS, and the list to MAX_CAUSES_BYTES by
+/// dropping middle causes (the outermost and the root say the most); every
+/// cut says so in the text.
 fn clip_causes(causes: Vec<String>) -> Vec<String> {
-    causes
+    let mut clipped: Vec<String> = causes
         .into_iter()
         .map(|c| {
             if c.chars().count() <= MAX_CAUSE_CHARS {
@@ -576,7 +584,17 @@ fn clip_causes(causes: Vec<String>) -> Vec<String> {
                 format!("{cut}… [truncated]")
             }
         })
-        .collect()
+        .collect();
+    let mut dropped = 0;
+    while clipped.iter().map(String::len).sum::<usize>() > MAX_CAUSES_BYTES && clipped.len() > 2 {
+        clipped.remove(clipped.len() / 2);
+        dropped += 1;
+    }
+    if dropped > 0 {
+        let at = clipped.len() / 2;
+        clipped.insert(at, format!("[{dropped} more causes truncated]"));
+    }
+    clipped
 }
 
 // ---- conversions ----------------------------------------------------------
@@ -661,6 +679,42 @@ pub fn failure_to_pb(f: &Failure) -> pb::Failure {
         provider: f.provider.clone(),
         model: f.model.clone(),
     }
+}
+
+/// The wire `Failure` back as the domain's; None when it names no class
+/// this build knows.
+pub fn failure_from_pb(f: &pb::Failure) -> Option<Failure> {
+    use pb::failure::Kind;
+    let mut retry_after = None;
+    let class = match f.kind.as_ref()? {
+        Kind::Transport(_) => FailureClass::Transport,
+        Kind::Timeout(_) => FailureClass::Timeout,
+        Kind::Unavailable(_) => FailureClass::Unavailable,
+        Kind::RateLimited(r) => {
+            retry_after = r.retry_after.and_then(|d| Duration::try_from(d).ok());
+            FailureClass::RateLimited
+        }
+        Kind::QuotaExhausted(_) => FailureClass::QuotaExhausted,
+        Kind::Unauthorized(_) => FailureClass::Unauthorized,
+        Kind::UnknownModel(_) => FailureClass::UnknownModel,
+        Kind::InvalidRequest(_) => FailureClass::InvalidRequest,
+        Kind::MalformedResponse(_) => FailureClass::MalformedResponse,
+        Kind::Cancelled(_) => FailureClass::Cancelled,
+        Kind::BudgetExhausted(_) => FailureClass::BudgetExhausted,
+    };
+    Some(Failure {
+        class,
+        retry_after,
+        causes: f.causes.clone(),
+        attempts: f.attempts,
+        elapsed: f
+            .elapsed
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default(),
+        http_status: f.http_status.and_then(|s| u16::try_from(s).ok()),
+        provider: f.provider.clone(),
+        model: f.model.clone(),
+    })
 }
 
 pub fn segment_to_pb(s: Segment) -> pb::Segment {

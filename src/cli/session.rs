@@ -5,7 +5,7 @@ use std::io::Read;
 
 use clap::{Args, Subcommand};
 
-use crate::client::{ErrorReport, connect};
+use crate::client::{CallError, connect};
 use crate::pb;
 
 #[derive(Debug, Args)]
@@ -240,15 +240,15 @@ fn print_segment(seg: &pb::Segment) {
 
 /// A failed call as lines for a person: the status, then every cause.
 pub fn describe(status: &tonic::Status) -> String {
-    let report = ErrorReport::from_status(status);
-    let mut out = format!("{:?}: {}", status.code(), status.message());
-    if let Some(reason) = &report.reason {
-        out.push_str(&format!(" [{reason}]"));
-    }
-    for (field, description) in &report.violations {
+    let error = CallError::from_status(status);
+    let mut out = error.to_string();
+    for (field, description) in &error.violations {
         out.push_str(&format!("\n  {field}: {description}"));
     }
-    for cause in &report.causes {
+    if let Some(wait) = error.retry_after {
+        out.push_str(&format!("\n  retry after {wait:?}"));
+    }
+    for cause in error.chain() {
         out.push_str(&format!("\ncaused by: {cause}"));
     }
     out

@@ -1,7 +1,7 @@
 //! Bad input: the right code, ErrorInfo and BadRequest details, and nothing
 //! stored or changed.
 
-use archivist::client::ErrorReport;
+use archivist::client::CallError;
 use archivist::pb;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -22,7 +22,7 @@ fn assert_invalid(status: &tonic::Status, reason: &str, field: &str) {
             .any(|v| v.field == field && v.reason == reason && !v.description.is_empty()),
         "no {reason} violation on {field}: {bad:?}"
     );
-    let report = ErrorReport::from_status(status);
+    let report = CallError::from_status(status);
     assert!(report.violations.iter().any(|(f, _)| f == field));
 }
 

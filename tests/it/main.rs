@@ -4,6 +4,7 @@
 mod binary;
 mod context;
 mod errors;
+mod failures;
 mod harness;
 mod logs;
 mod provider;
