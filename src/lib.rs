@@ -16,7 +16,9 @@
 //!   built-in extractive one; one attempt each, classified failures.
 //! - `retry`: the pass, the one bounded retry loop; knows nothing of HTTP.
 //! - `summarise`: one segment's pass end to end, and joining a running one.
-//! - `reconciler`: the background drain of due PENDING segments.
+//! - `reconciler`: the background drain of due PENDING segments, and the
+//!   schedule of passes after a failure.
+//! - `breaker`: the provider-wide circuit breaker the reconciler obeys.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc`: the tonic service, validation, conversions, status mapping.
 //! - `server`: wiring for `archivist serve`, health and reflection.
@@ -36,6 +38,7 @@
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one.
 
+pub mod breaker;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -103,6 +103,16 @@ impl Provider {
         }
     }
 
+    /// Identifies the provider configuration: kind, base URL, model and the
+    /// key's identity (a hash of it, never the key). A segment parked under
+    /// one fingerprint is due again under another.
+    pub fn fingerprint(&self) -> String {
+        match self {
+            Provider::Extractive(_) => format!("{}/{}", extractive::NAME, extractive::MODEL),
+            Provider::OpenAi(p) => p.fingerprint(),
+        }
+    }
+
     /// How many estimated tokens of entries (or parts) one request may carry,
     /// after the prompt's own share; None when there is no limit.
     pub fn content_budget(&self, max_input_tokens: u32) -> Option<u32> {

@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::breaker::Breaker;
 use crate::config::ReconcilerConfig;
 use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
 use crate::model::{Millis, SegmentId};
@@ -22,6 +23,14 @@ pub struct Reconciler {
     summariser: Arc<Summariser>,
     config: ReconcilerConfig,
     wake: Arc<Notify>,
+}
+
+/// Sleeps until the breaker's next probe, or forever when it is closed.
+async fn probe_time(breaker: &Breaker) {
+    match breaker.next_probe() {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Reconciler {
@@ -51,6 +60,7 @@ impl Reconciler {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => {}
                 _ = self.wake.notified() => {}
+                _ = probe_time(self.summariser.breaker()) => {}
                 Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
@@ -81,6 +91,11 @@ impl Reconciler {
             }
         };
         for id in due {
+            // While the provider is failing for everyone, one probe at a
+            // time instead of a pass for every due segment.
+            if !self.summariser.breaker().admit(id) {
+                break;
+            }
             let summariser = self.summariser.clone();
             running.spawn(async move { summariser.run_or_join(id).await });
         }
@@ -130,22 +145,10 @@ pub fn next_due_after(
         .interval
         .saturating_mul(1u32 << exp)
         .min(config.max_spacing);
-    let jittered = base.mul_f64(1.0 - 0.5 * jitter_unit(failure, passes));
+    let jittered = base.mul_f64(1.0 - 0.5 * rand::random::<f64>());
     let spacing = match failure.retry_after {
         Some(wait) => jittered.max(wait),
         None => jittered,
     };
     now.saturating_add(spacing)
-}
-
-/// A value in [0, 1) that differs between segments and passes. Derived
-/// from the clock's low bits: cheap, and enough to spread a batch out.
-fn jitter_unit(failure: &Failure, passes: u32) -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let mixed = (u64::from(nanos) ^ (u64::from(passes) << 32) ^ failure.elapsed.as_nanos() as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (mixed >> 11) as f64 / (1u64 << 53) as f64
 }

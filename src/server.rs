@@ -65,6 +65,13 @@ pub async fn run_with_key(
             "summarising through an OpenAI-compatible endpoint"
         ),
     }
+    let unparked = store.unpark_changed(&provider.fingerprint()).await?;
+    if unparked > 0 {
+        info!(
+            unparked,
+            "parked segments failed under another provider configuration; they are due again"
+        );
+    }
     let owner = format!("serve-{}-{}", std::process::id(), Millis::now().0);
     let summariser = Summariser::new(
         store.clone(),

@@ -150,6 +150,9 @@ pub struct FailedPass {
     /// Whether the pass counts as a failed pass and its failure is recorded
     /// (a cancelled one is neither: the segment is simply due again).
     pub counts_as_pass: bool,
+    /// The provider configuration the pass ran under; a PARKED segment is
+    /// due again once the server runs under another.
+    pub provider_fingerprint: String,
 }
 
 const MIGRATIONS: &[&str] = &[r#"
@@ -769,7 +772,7 @@ impl Store {
                      passes = passes + ?3, next_attempt_at = ?4, \
                      last_failure = CASE WHEN ?3 = 1 THEN ?5 ELSE last_failure END, \
                      failure_class = CASE WHEN ?3 = 1 THEN ?6 ELSE failure_class END, \
-                     claim_owner = NULL, claim_expires_at = NULL \
+                     provider_fingerprint = ?11, claim_owner = NULL, claim_expires_at = NULL \
                      WHERE id = ?7 AND claim_owner = ?8 AND claim_token = ?9 AND state = ?10",
                 )?
                 .execute(params![
@@ -782,9 +785,32 @@ impl Store {
                     claim.segment_id,
                     claim.owner,
                     claim.token,
-                    SegmentState::Pending.code()
+                    SegmentState::Pending.code(),
+                    pass.provider_fingerprint
                 ])?;
             Ok(changed == 1)
+        })
+        .await
+    }
+
+    /// Makes every PARKED segment that failed under a provider configuration
+    /// other than `fingerprint` due now; returns how many. Run at start-up:
+    /// a new key or model deserves a try at what the old one could not do.
+    pub async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
+        let fingerprint = fingerprint.to_owned();
+        self.write(move |conn| {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE segments SET state = ?1, next_attempt_at = ?2 \
+                     WHERE state = ?3 AND provider_fingerprint IS NOT ?4",
+                )?
+                .execute(params![
+                    SegmentState::Pending.code(),
+                    Millis::now().0,
+                    SegmentState::Parked.code(),
+                    fingerprint
+                ])?;
+            Ok(n as u64)
         })
         .await
     }

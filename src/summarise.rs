@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info_span, warn};
 
+use crate::breaker::{Breaker, MAX_PROBE_SPACING, Signal};
 use crate::config::{ReconcilerConfig, RetryConfig};
 use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
 use crate::model::{Entry, Millis, SegmentId, SegmentState, Summary, estimate_tokens};
@@ -51,6 +52,7 @@ pub struct SummariserConfig {
 pub struct Summariser {
     store: Store,
     provider: Provider,
+    breaker: Breaker,
     config: SummariserConfig,
     owner: String,
     running: Mutex<HashMap<SegmentId, watch::Receiver<Option<PassOutcome>>>>,
@@ -96,9 +98,14 @@ impl Summariser {
         config: SummariserConfig,
         owner: String,
     ) -> Arc<Summariser> {
+        let probe_spacing = config.reconciler.interval;
         Arc::new(Summariser {
             store,
             provider,
+            breaker: Breaker::new(
+                probe_spacing,
+                config.reconciler.max_spacing.min(MAX_PROBE_SPACING),
+            ),
             config,
             owner,
             running: Mutex::new(HashMap::new()),
@@ -111,11 +118,17 @@ impl Summariser {
         &self.provider
     }
 
-    /// A claim outlives the longest pass, so that a live worker never loses
-    /// its claim to an expiry while still inside the ceiling; a chunked
-    /// recap renews it before each of its passes.
+    /// The provider-wide breaker every pass reports to.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// A claim outlives the longest pass (twice its ceiling, and a margin
+    /// for the store), so that a live worker never loses its claim while
+    /// still inside the ceiling; a chunked recap renews it before each of
+    /// its passes. A crashed worker's segment is due again after this.
     pub fn lease(&self) -> Duration {
-        self.config.retry.pass_ceiling * 2 + Duration::from_secs(30)
+        self.config.retry.pass_ceiling * 2 + Duration::from_secs(5)
     }
 
     /// Runs a pass over `id`, or joins the one this process already runs.
@@ -141,6 +154,7 @@ impl Summariser {
                                 id,
                             };
                             let outcome = this.pass(id).await;
+                            this.breaker.record(id, signal(&outcome));
                             let _ = tx.send(Some(outcome));
                         }
                         .instrument(span),
@@ -234,6 +248,7 @@ impl Summariser {
                     state,
                     next_attempt_at: next,
                     counts_as_pass,
+                    provider_fingerprint: self.provider.fingerprint(),
                 };
                 Ok(match self.store.fail(&claim, pass).await? {
                     true => PassOutcome::Failed(failure),
@@ -447,6 +462,17 @@ fn plan_folds(parts: Vec<String>, budget: u32) -> Vec<Vec<String>> {
         used = used.saturating_add(cost);
     }
     groups
+}
+
+/// What a pass's outcome says of the provider.
+fn signal(outcome: &PassOutcome) -> Signal {
+    match outcome {
+        PassOutcome::Summarised => Signal::Success,
+        PassOutcome::Failed(f) => Signal::of_failure(f.class),
+        PassOutcome::NotClaimed | PassOutcome::StoreFailed(_) | PassOutcome::Panicked => {
+            Signal::Neutral
+        }
+    }
 }
 
 /// A pass's entry in the registry, removed when the pass's task ends.

@@ -131,6 +131,20 @@ impl OpenAi {
         &self.model
     }
 
+    /// A hash of kind, endpoint, model and key: equal for equal
+    /// configurations, and showing nothing of the key.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let key_identity = match &self.api_key {
+            Some(key) => hex(&Sha256::digest(key.as_bytes())),
+            None => "no-key".to_owned(),
+        };
+        let digest = Sha256::digest(
+            format!("{NAME}\n{}\n{}\n{key_identity}", self.endpoint, self.model).as_bytes(),
+        );
+        format!("{NAME}:{}", &hex(&digest)[..16])
+    }
+
     /// What must never appear in a cause, a log line or the store.
     pub fn secrets(&self) -> Vec<&str> {
         self.api_key.iter().map(String::as_str).collect()
@@ -308,4 +322,8 @@ fn render_parts(parts: &[String]) -> String {
         out.push_str(&format!("Part {}:\n{}", i + 1, part));
     }
     out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

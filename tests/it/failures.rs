@@ -237,7 +237,9 @@ async fn every_class_reaches_the_caller_typed_with_its_whole_chain() {
             let path = entry.expect("entry").path();
             // The WAL may be checkpointed into the main file and removed as
             // the store closes; what it held is then in the main file.
-            let Ok(bytes) = std::fs::read(&path) else { continue };
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
             assert!(
                 !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
                 "{name}: key in {}",

@@ -1,0 +1,276 @@
+//! The provider-wide circuit breaker: when passes fail across segments for a
+//! reason that is the provider's (down, overloaded, rate limited, out of
+//! quota, refusing the key), the reconciler stops fanning out and probes with
+//! one segment at a time, ever more sparsely, until a pass succeeds.
+//!
+//! Why a breaker and not a retry budget: a budget caps retries as a share of
+//! first tries, but every reconciler pass over a backlog *is* a first try, so
+//! with ten thousand due segments a budget still sends ten thousand. The
+//! breaker's cost while the provider is down is set by time alone: one probe
+//! pass (at most `max_attempts` sends) per probe interval, whatever the
+//! backlog.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::failure::FailureClass;
+use crate::model::SegmentId;
+
+/// Consecutive provider-wide failures that open the breaker.
+pub const TRIP_AFTER: u32 = 3;
+/// Longest wait between probes.
+pub const MAX_PROBE_SPACING: Duration = Duration::from_secs(60);
+
+/// What a finished pass tells the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    Success,
+    /// A failure that says the provider, not the segment, is in trouble.
+    ProviderFailure,
+    /// Says nothing of the provider (a bad segment, a cancelled pass, a lost
+    /// claim).
+    Neutral,
+}
+
+impl Signal {
+    pub fn of_failure(class: FailureClass) -> Signal {
+        match class {
+            FailureClass::Transport
+            | FailureClass::Timeout
+            | FailureClass::Unavailable
+            | FailureClass::MalformedResponse
+            | FailureClass::RateLimited
+            | FailureClass::QuotaExhausted
+            | FailureClass::BudgetExhausted
+            // A refused key or an unknown model fails every segment alike.
+            | FailureClass::Unauthorized
+            | FailureClass::UnknownModel => Signal::ProviderFailure,
+            FailureClass::InvalidRequest | FailureClass::Cancelled => Signal::Neutral,
+        }
+    }
+}
+
+/// The breaker's state, as metrics and logs show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    Probing,
+}
+
+#[derive(Debug)]
+enum Mode {
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+        spacing: Duration,
+    },
+    Probing {
+        segment: SegmentId,
+        spacing: Duration,
+    },
+}
+
+#[derive(Debug)]
+pub struct Breaker {
+    mode: Mutex<Mode>,
+    first_spacing: Duration,
+    max_spacing: Duration,
+}
+
+impl Breaker {
+    /// `first_spacing` is the wait before the first probe; it doubles after
+    /// each failed probe up to `max_spacing`.
+    pub fn new(first_spacing: Duration, max_spacing: Duration) -> Breaker {
+        Breaker {
+            mode: Mutex::new(Mode::Closed { failures: 0 }),
+            first_spacing: first_spacing.min(max_spacing),
+            max_spacing,
+        }
+    }
+
+    pub fn state(&self) -> BreakerState {
+        match *self.lock() {
+            Mode::Closed { .. } => BreakerState::Closed,
+            Mode::Open { .. } => BreakerState::Open,
+            Mode::Probing { .. } => BreakerState::Probing,
+        }
+    }
+
+    /// May the reconciler start a pass over `segment` now? Closed: yes.
+    /// Open: only once the probe interval is over, and then only this one
+    /// segment, as the probe.
+    pub fn admit(&self, segment: SegmentId) -> bool {
+        let mut mode = self.lock();
+        match *mode {
+            Mode::Closed { .. } => true,
+            Mode::Probing { .. } => false,
+            Mode::Open { until, spacing } => {
+                if Instant::now() < until {
+                    return false;
+                }
+                *mode = Mode::Probing { segment, spacing };
+                true
+            }
+        }
+    }
+
+    /// When the next probe may start, while the breaker is open.
+    pub fn next_probe(&self) -> Option<Instant> {
+        match *self.lock() {
+            Mode::Open { until, .. } => Some(until),
+            Mode::Closed { .. } | Mode::Probing { .. } => None,
+        }
+    }
+
+    /// Takes in how a pass over `segment` ended, wherever it was started.
+    pub fn record(&self, segment: SegmentId, signal: Signal) {
+        let mut mode = self.lock();
+        let next = match (&*mode, signal) {
+            (_, Signal::Success) => {
+                if !matches!(*mode, Mode::Closed { .. }) {
+                    info!("the provider answers again; the reconciler resumes full concurrency");
+                }
+                Mode::Closed { failures: 0 }
+            }
+            (Mode::Closed { failures }, Signal::ProviderFailure) => {
+                let failures = failures + 1;
+                if failures >= TRIP_AFTER {
+                    warn!(
+                        failures,
+                        probe_in_ms = self.first_spacing.as_millis() as u64,
+                        "the provider is failing across segments; the reconciler now probes with one segment at a time"
+                    );
+                    Mode::Open {
+                        until: Instant::now() + self.first_spacing,
+                        spacing: self.first_spacing,
+                    }
+                } else {
+                    Mode::Closed { failures }
+                }
+            }
+            (Mode::Closed { failures }, Signal::Neutral) => Mode::Closed {
+                failures: *failures,
+            },
+            (
+                Mode::Probing {
+                    segment: probe,
+                    spacing,
+                },
+                Signal::ProviderFailure,
+            ) if *probe == segment => {
+                let spacing = (*spacing * 2).min(self.max_spacing);
+                warn!(
+                    probe_in_ms = spacing.as_millis() as u64,
+                    "the probe failed; the provider is still failing"
+                );
+                Mode::Open {
+                    until: Instant::now() + spacing,
+                    spacing,
+                }
+            }
+            // A probe that said nothing of the provider: probe again soon.
+            (
+                Mode::Probing {
+                    segment: probe,
+                    spacing,
+                },
+                Signal::Neutral,
+            ) if *probe == segment => Mode::Open {
+                until: Instant::now(),
+                spacing: *spacing,
+            },
+            // Another entry point's pass while open or probing: the state
+            // stands until the probe answers.
+            (Mode::Probing { segment, spacing }, _) => Mode::Probing {
+                segment: *segment,
+                spacing: *spacing,
+            },
+            (Mode::Open { until, spacing }, _) => Mode::Open {
+                until: *until,
+                spacing: *spacing,
+            },
+        };
+        *mode = next;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Mode> {
+        self.mode.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn trips_after_consecutive_provider_failures_and_probes_one_at_a_time() {
+        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        for id in 1..TRIP_AFTER as u64 {
+            assert!(b.admit(id));
+            b.record(id, Signal::ProviderFailure);
+            assert_eq!(b.state(), BreakerState::Closed);
+        }
+        b.record(99, Signal::ProviderFailure);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(!b.admit(10), "no pass before the probe interval");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(b.admit(10), "the probe");
+        assert!(!b.admit(11), "one probe at a time");
+        b.record(11, Signal::ProviderFailure);
+        assert_eq!(
+            b.state(),
+            BreakerState::Probing,
+            "only the probe's outcome counts"
+        );
+        b.record(10, Signal::ProviderFailure);
+        assert_eq!(b.state(), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(!b.admit(12), "the spacing doubled to 10 s");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(b.admit(12));
+        b.record(12, Signal::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(b.admit(13) && b.admit(14));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spacing_is_capped_and_a_success_anywhere_closes_it() {
+        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        for id in 0..TRIP_AFTER as u64 {
+            b.record(id, Signal::ProviderFailure);
+        }
+        for _ in 0..10 {
+            tokio::time::advance(Duration::from_secs(60)).await;
+            assert!(b.admit(1));
+            b.record(1, Signal::ProviderFailure);
+        }
+        assert!(
+            b.next_probe()
+                .is_some_and(|t| t <= Instant::now() + Duration::from_secs(60))
+        );
+        b.record(2, Signal::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn neutral_outcomes_do_not_trip_it() {
+        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        for id in 0..10 {
+            b.record(id, Signal::of_failure(FailureClass::InvalidRequest));
+            b.record(id, Signal::of_failure(FailureClass::Cancelled));
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Non-consecutive failures do not add up.
+        b.record(1, Signal::ProviderFailure);
+        b.record(2, Signal::ProviderFailure);
+        b.record(3, Signal::Success);
+        b.record(4, Signal::ProviderFailure);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+}
