@@ -879,24 +879,35 @@ fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Applies the migrations this build has and the database lacks, all in one
+/// IMMEDIATE transaction: two processes opening a new database at once (a
+/// server and a backfill run) take turns, and the second finds the work done.
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if current > MIGRATIONS.len() as i64 {
+    let known = MIGRATIONS.len();
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|source| StoreError::Migration {
+            version: known,
+            source,
+        })?;
+    let current: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if current > known as i64 {
         return Err(StoreError::TooNew {
             found: current,
-            known: MIGRATIONS.len(),
+            known,
         });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
         let version = i + 1;
         let err = |source| StoreError::Migration { version, source };
-        let tx = conn.transaction().map_err(err)?;
         tx.execute_batch(sql).map_err(err)?;
         tx.pragma_update(None, "user_version", version as i64)
             .map_err(err)?;
-        tx.commit().map_err(err)?;
     }
-    Ok(())
+    tx.commit().map_err(|source| StoreError::Migration {
+        version: known,
+        source,
+    })
 }
 
 /// Wraps `f` as a job for the writer, and gives the receiver of its answer.

@@ -2,6 +2,7 @@
 //! its own data directory, and the generated client connected to it.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use archivist::config::Config;
@@ -14,7 +15,8 @@ use tonic::transport::Channel;
 pub struct TestServer {
     pub addr: SocketAddr,
     pub client: ArchivistClient<Channel>,
-    pub dir: tempfile::TempDir,
+    /// The data directory, owned here unless the server shares another's.
+    dir: Option<tempfile::TempDir>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -34,12 +36,15 @@ impl TestServer {
         };
         config.reconciler.interval = Duration::from_millis(200);
         adjust(&mut config);
-        TestServer::start_in(dir, config).await
+        TestServer::start_in(dir, config, None).await
     }
 
-    /// Starts a server on `dir` (which may hold an earlier server's data).
-    pub async fn start_in(dir: tempfile::TempDir, config: Config) -> TestServer {
-        TestServer::start_full(dir, config, None).await
+    /// Starts a server on `dir` (which may hold an earlier server's data),
+    /// with a provider key if given, as if read from its variable.
+    pub async fn start_in(dir: tempfile::TempDir, config: Config, key: Option<&str>) -> TestServer {
+        let mut server = TestServer::start_at(dir.path(), config, key).await;
+        server.dir = Some(dir);
+        server
     }
 
     /// Starts a server with a provider key, as if read from its variable.
@@ -48,16 +53,15 @@ impl TestServer {
         let mut config = Config::default();
         config.reconciler.interval = Duration::from_millis(200);
         adjust(&mut config);
-        TestServer::start_full(dir, config, Some(key.to_owned())).await
+        TestServer::start_in(dir, config, Some(key)).await
     }
 
-    async fn start_full(
-        dir: tempfile::TempDir,
-        mut config: Config,
-        key: Option<String>,
-    ) -> TestServer {
+    /// Starts a server on a data directory that another server may use at
+    /// the same time (a second worker on one database).
+    pub async fn start_at(data_dir: &Path, mut config: Config, key: Option<&str>) -> TestServer {
         crate::logs::capture();
-        config.data_dir = dir.path().to_owned();
+        config.data_dir = data_dir.to_owned();
+        let key = key.map(str::to_owned);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -76,7 +80,7 @@ impl TestServer {
         TestServer {
             addr,
             client,
-            dir,
+            dir: None,
             stop: Some(stop),
             task: Some(task),
         }
@@ -90,8 +94,9 @@ impl TestServer {
         if let Some(task) = self.task.take() {
             task.await.expect("server task");
         }
-        let dir = tempfile::tempdir().expect("placeholder");
-        std::mem::replace(&mut self.dir, dir)
+        self.dir
+            .take()
+            .expect("the server owned its data directory")
     }
 
     pub async fn append(&self, session: &str, texts: &[&str]) -> pb::AppendEntriesResponse {

@@ -8,5 +8,6 @@ mod failures;
 mod harness;
 mod logs;
 mod provider;
+mod reconciler;
 mod segments;
 mod tooling;

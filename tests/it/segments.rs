@@ -358,7 +358,7 @@ async fn a_graceful_restart_closes_open_segments_and_recaps_them_after() {
     };
     let dir = server.stop().await;
 
-    let server = TestServer::start_in(dir, config).await;
+    let server = TestServer::start_in(dir, config, None).await;
     let done = eventually(Duration::from_secs(10), || async {
         let segs = server.segments("s").await;
         segs.len() == 1 && state(&segs[0]) == pb::SegmentState::Summarised
