@@ -236,3 +236,86 @@ async fn sigterm_exits_cleanly_and_keeps_the_data() {
     .await;
     assert!(done);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
+    use crate::provider::{Script, completion};
+
+    let hanging = Script::new(vec![
+        completion("never sent").set_delay(Duration::from_secs(600)),
+    ]);
+    let hanging_mock = hanging.mount().await;
+    let healthy = Script::new(vec![completion("The recap, at last.")]);
+    let healthy_mock = healthy.mount().await;
+    let settings = |base: &str| {
+        vec![
+            ("ARCHIVIST_PROVIDER_KIND", "openai".to_owned()),
+            ("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1")),
+            ("ARCHIVIST_RETRY_PASS_CEILING", "2s".to_owned()),
+            ("ARCHIVIST_RETRY_ATTEMPT_TIMEOUT", "2s".to_owned()),
+            ("ARCHIVIST_RECONCILER_INTERVAL", "200ms".to_owned()),
+        ]
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = settings(&hanging_mock.uri());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = Process::start(dir.path(), &env).await;
+    let mut client = server.client().await;
+    client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: "s".into(),
+            entries: vec![entry("Something worth a recap.")],
+        })
+        .await
+        .expect("append");
+    client
+        .close_segment(pb::CloseSegmentRequest {
+            session_id: "s".into(),
+            wait: false,
+        })
+        .await
+        .expect("close");
+    let waiting = eventually(Duration::from_secs(10), || async { hanging.calls() == 1 }).await;
+    assert!(waiting, "the pass reached the provider");
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+
+    let env = settings(&healthy_mock.uri());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = Process::start(dir.path(), &env).await;
+    let client = server.client().await;
+    // The dead worker's claim holds until its lease (twice the ceiling and
+    // 5 s) runs out; then the segment is due again and summarised.
+    let done = eventually(Duration::from_secs(30), || {
+        let mut client = client.clone();
+        async move {
+            let backlog = client
+                .get_backlog(pb::GetBacklogRequest {})
+                .await
+                .expect("backlog")
+                .into_inner();
+            backlog.summarised == 1
+        }
+    })
+    .await;
+    assert!(done, "summarised after the lease");
+    assert_eq!(healthy.calls(), 1, "summarised exactly once");
+    assert_eq!(hanging.calls(), 1);
+    let segs = client
+        .clone()
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: "s".into(),
+            states: Vec::new(),
+            page_size: 0,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .segments;
+    assert_eq!(segs.len(), 1);
+    assert_eq!(
+        segs[0].summary.as_ref().map(|s| s.text.as_str()),
+        Some("The recap, at last.")
+    );
+}
