@@ -102,28 +102,38 @@ impl Reconciler {
     }
 
     async fn due(&self, free: usize) -> Result<Vec<SegmentId>, String> {
-        // Segments this process already runs (a flush, a waiting close) are
-        // claimed and so not due, but one may finish between the scan and
-        // the check below: ask for that many more so the slots still fill.
-        let limit = u32::try_from(free + self.summariser.running()).unwrap_or(u32::MAX);
-        let ids = self
-            .store
-            .due_segments(Millis::now(), limit)
-            .await
-            .map_err(|e| cause_chain(&e).join(": "))?;
-        Ok(ids
-            .into_iter()
-            .filter(|id| !self.summariser.is_running(*id))
-            .take(free)
-            .collect())
+        // Passes this process has just started may not have committed their
+        // claims yet, so the scan can still return them; skip those, and
+        // scan further when that left slots empty and there may be more.
+        let mut limit = free + self.summariser.running();
+        loop {
+            let ids = self
+                .store
+                .due_segments(Millis::now(), u32::try_from(limit).unwrap_or(u32::MAX))
+                .await
+                .map_err(|e| cause_chain(&e).join(": "))?;
+            let exhausted = ids.len() < limit;
+            let fresh: Vec<SegmentId> = ids
+                .into_iter()
+                .filter(|id| !self.summariser.is_running(*id))
+                .take(free)
+                .collect();
+            if fresh.len() == free || exhausted || limit > MAX_SCAN {
+                return Ok(fresh);
+            }
+            limit *= 2;
+        }
     }
 }
+
+/// The most due segments one scan reads.
+const MAX_SCAN: usize = 4096;
 
 /// When a segment whose pass failed is due again: spacing that doubles with
 /// every pass (from the reconciler's interval, with up to 50 % jitter
 /// subtracted so that a batch that failed together does not come back
-/// together), capped at `max_spacing`; never sooner than a Retry-After; `quota_delay` for an
-/// exhausted quota; at once for a cancelled pass.
+/// together), capped at `max_spacing`; never sooner than a Retry-After;
+/// `quota_delay` for an exhausted quota; at once for a cancelled pass.
 pub fn next_due_after(
     failure: &Failure,
     passes: u32,

@@ -1,0 +1,115 @@
+//! Helpers shared by the benchmarks: a fake OpenAI-compatible provider in
+//! its own process, and the CPU time of this one.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"The segment covered the billing migration and its rerun."},"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":12,"total_tokens":132}}"#;
+
+/// Runs the fake provider and returns, when this process was started as
+/// one (`--fake-provider DELAY_MS`); every bench calls this first.
+pub fn serve_if_provider() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--fake-provider") {
+        Some(i) => {
+            let delay = args.get(i + 1).and_then(|d| d.parse().ok()).unwrap_or(0);
+            fake_provider(Duration::from_millis(delay));
+            true
+        }
+        None => false,
+    }
+}
+
+/// User plus system CPU time of this whole process.
+pub fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes into the struct we hand it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    assert_eq!(rc, 0, "getrusage");
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+pub struct ProviderProcess(Child);
+
+impl Drop for ProviderProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spawn_provider(delay_ms: u64) -> (ProviderProcess, String) {
+    let mut child = Command::new(std::env::current_exe().expect("own path"))
+        .args(["--fake-provider", &delay_ms.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn fake provider");
+    let stdout = child.stdout.take().expect("stdout");
+    let process = ProviderProcess(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("port line");
+    (process, format!("http://{}", line.trim()))
+}
+
+/// A minimal HTTP/1.1 server: reads each request (head and
+/// content-length body) and answers with COMPLETION after `delay`.
+fn fake_provider(delay: Duration) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        println!("{}", listener.local_addr().expect("addr"));
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{COMPLETION}",
+            COMPLETION.len()
+        );
+        let response: Arc<[u8]> = response.into_bytes().into();
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let _ = socket.set_nodelay(true);
+            let response = response.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::with_capacity(16 * 1024);
+                let mut chunk = vec![0u8; 16 * 1024];
+                loop {
+                    let needed = loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                            let len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if buf.len() >= end + 4 + len {
+                                break end + 4 + len;
+                            }
+                        }
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    buf.drain(..needed);
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if socket.write_all(&response).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
