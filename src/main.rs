@@ -118,8 +118,18 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on the first SIGINT or SIGTERM; a second one ends the process at
+/// once (every acknowledged write is already committed).
 async fn shutdown_signal() {
+    first_signal().await;
+    tokio::spawn(async {
+        first_signal().await;
+        eprintln!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+}
+
+async fn first_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
@@ -132,38 +134,64 @@ pub async fn run_with_key(
             Instant::now() + config.shutdown.ceiling
         }
         () = shutdown => {
-            info!(ceiling = ?config.shutdown.ceiling, "shutting down");
+            info!(ceiling = ?config.shutdown.ceiling, "shutting down: no new calls; running calls and passes get until the ceiling");
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
             health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;
-            if tokio::time::timeout_at(deadline, &mut server).await.is_err() {
-                warn!("calls still running at the shutdown ceiling were cut off");
-            }
+            // No new passes from here; running ones carry on.
+            background.cancel();
             deadline
         }
     };
-    background.cancel();
     let _ = reconciler_task.await;
-    match store.close_all_open_segments().await {
-        Ok(n) if n > 0 => info!(
-            closed = n,
-            "closed open segments; their recaps run after restart"
-        ),
-        Ok(_) => {}
-        Err(e) => warn!(error = %e, "could not close open segments at shutdown"),
-    }
+    // Leave room at the end for cancelled passes to release their claims,
+    // so that the whole shutdown stays within its ceiling.
+    let grace = (config.shutdown.ceiling / 4).min(Duration::from_secs(1));
     let tracker = summariser.tracker();
     tracker.close();
-    if tokio::time::timeout_at(deadline, tracker.wait())
-        .await
-        .is_err()
-    {
+    let mut segments_closed = false;
+    let settled_in_time = {
+        let calls_then_close = async {
+            let _ = (&mut server).await;
+            close_open_segments(&store).await;
+            segments_closed = true;
+        };
+        let settled = async { tokio::join!(calls_then_close, tracker.wait()) };
+        tokio::time::timeout_at(deadline - grace, settled)
+            .await
+            .is_ok()
+    };
+    if !settled_in_time {
         warn!(
-            "recap passes still running at the shutdown ceiling were left; their segments stay PENDING"
+            "cancelling recap passes still running at the shutdown ceiling; their segments stay PENDING for the next start"
         );
+        summariser.cancel_all();
+        let finish = async {
+            let _ = (&mut server).await;
+            if !segments_closed {
+                close_open_segments(&store).await;
+            }
+            tracker.wait().await;
+        };
+        if tokio::time::timeout_at(deadline, finish).await.is_err() {
+            warn!(
+                "shutdown ceiling reached with work still running; claims run out and their segments are due again"
+            );
+        }
     }
     info!("archivist stopped");
     Ok(())
+}
+
+/// Closes every open segment at shutdown, once appends have stopped, so that
+/// its recap is owed (and done after the restart) rather than waiting for
+/// entries that are not coming.
+async fn close_open_segments(store: &Store) {
+    match store.close_all_open_segments().await {
+        Ok(0) => {}
+        Ok(n) => info!(closed = n, "closed open segments; their recaps run after restart"),
+        Err(e) => warn!(error = %e, "could not close open segments at shutdown"),
+    }
 }
 
 /// Reflection over our service, health, and the google.rpc error details, so

@@ -17,6 +17,10 @@ use crate::model::{
 use crate::store::{SegmentFilter, Store, StoreError};
 use crate::summarise::{PassOutcome, Summariser};
 
+/// How long before a flush answers the passes it started are cancelled, so
+/// their claims are released by the time it does.
+const RELEASE_ALLOWANCE: Duration = Duration::from_millis(200);
+
 /// How often a caller waiting on a pass run by another process looks again.
 const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
 
@@ -132,6 +136,9 @@ impl Service {
     ) -> Result<Flushed, ServiceError> {
         let ceiling = Instant::now() + self.flush_ceiling;
         let until = deadline.map_or(ceiling, |d| d.min(ceiling));
+        // Passes this flush starts are cancelled a little before `until`, so
+        // that their claims are let go by the time the answer is sent.
+        let cancel_at = until.checked_sub(RELEASE_ALLOWANCE).unwrap_or(until);
         self.store.close_open_segment(tenant, session).await?;
         let segments = self.store.session_segments(tenant, session).await?;
         // Only what is due (or already running, to join it): a segment
@@ -146,7 +153,7 @@ impl Service {
             })
             .map(|s| s.id)
             .collect();
-        let _ = tokio::time::timeout_at(until, self.run_all(pending, until)).await;
+        let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
         let segments = self.store.session_segments(tenant, session).await?;
         let complete = segments.iter().all(|s| s.state == SegmentState::Summarised);
         if !complete {
@@ -155,7 +162,7 @@ impl Service {
         Ok(Flushed { segments, complete })
     }
 
-    async fn run_all(&self, ids: Vec<SegmentId>, until: Instant) {
+    async fn run_all(&self, ids: Vec<SegmentId>, cancel_at: Instant, until: Instant) {
         let mut set = JoinSet::new();
         let mut ids = ids.into_iter();
         loop {
@@ -163,7 +170,9 @@ impl Service {
                 let Some(id) = ids.next() else { break };
                 let summariser = self.summariser.clone();
                 let store = self.store.clone();
-                set.spawn(async move { await_pass_with(&summariser, &store, id, until).await });
+                set.spawn(async move {
+                    await_pass_with(&summariser, &store, id, Some(cancel_at), until).await
+                });
             }
             if set.join_next().await.is_none() {
                 return;
@@ -178,7 +187,7 @@ impl Service {
         id: SegmentId,
         deadline: Instant,
     ) -> Result<Option<Failure>, ServiceError> {
-        await_pass_with(&self.summariser, &self.store, id, deadline).await
+        await_pass_with(&self.summariser, &self.store, id, None, deadline).await
     }
 
     pub async fn segment(&self, tenant: &Tenant, id: SegmentId) -> Result<Segment, ServiceError> {
@@ -252,16 +261,21 @@ impl Service {
     }
 }
 
+/// Runs or joins the pass over `id` until it ends or `deadline`; a pass
+/// started here is cancelled at `cancel_at`. Returns the failure of a pass
+/// that failed.
 async fn await_pass_with(
     summariser: &Arc<Summariser>,
     store: &Store,
     id: SegmentId,
+    cancel_at: Option<Instant>,
     deadline: Instant,
 ) -> Result<Option<Failure>, ServiceError> {
     // Passes so far, to tell a pass that ended elsewhere from an older one.
     let passes_before = store.segment_any(id).await?.0.passes;
     loop {
-        let outcome = match tokio::time::timeout_at(deadline, summariser.run_or_join(id)).await {
+        let pass = summariser.run_or_join_until(id, cancel_at);
+        let outcome = match tokio::time::timeout_at(deadline, pass).await {
             Ok(outcome) => outcome,
             // The pass goes on in its own task; the caller gets the state as is.
             Err(_) => return Ok(None),

@@ -135,6 +135,18 @@ impl Summariser {
     /// The pass itself runs in its own task: a waiter that gives up (a
     /// deadline, a client gone) does not cancel it.
     pub async fn run_or_join(self: &Arc<Self>, id: SegmentId) -> PassOutcome {
+        self.run_or_join_until(id, None).await
+    }
+
+    /// As `run_or_join`, but a pass this call starts is cancelled at
+    /// `cancel_at` (its segment released, due again at once, nothing counted
+    /// against it), so that the call's answer comes with the claim let go.
+    /// A pass joined here keeps its own bounds.
+    pub async fn run_or_join_until(
+        self: &Arc<Self>,
+        id: SegmentId,
+        cancel_at: Option<Instant>,
+    ) -> PassOutcome {
         let mut rx = {
             let mut running = lock(&self.running);
             match running.get(&id) {
@@ -153,7 +165,21 @@ impl Summariser {
                                 summariser: &this,
                                 id,
                             };
-                            let outcome = this.pass(id).await;
+                            let cancel = this.cancel.child_token();
+                            let pass = this.pass(id, &cancel);
+                            let outcome = match cancel_at {
+                                None => pass.await,
+                                Some(at) => {
+                                    tokio::pin!(pass);
+                                    tokio::select! {
+                                        outcome = &mut pass => outcome,
+                                        () = tokio::time::sleep_until(at) => {
+                                            cancel.cancel();
+                                            pass.await
+                                        }
+                                    }
+                                }
+                            };
                             this.breaker.record(id, signal(&outcome));
                             let _ = tx.send(Some(outcome));
                         }
@@ -191,8 +217,8 @@ impl Summariser {
         self.cancel.cancel();
     }
 
-    async fn pass(&self, id: SegmentId) -> PassOutcome {
-        match self.try_pass(id).await {
+    async fn pass(&self, id: SegmentId, cancel: &CancellationToken) -> PassOutcome {
+        match self.try_pass(id, cancel).await {
             Ok(outcome) => outcome,
             Err(e) => {
                 warn!(error = %cause_chain(&e).join(": "), "recap pass could not use the store");
@@ -201,14 +227,18 @@ impl Summariser {
         }
     }
 
-    async fn try_pass(&self, id: SegmentId) -> Result<PassOutcome, StoreError> {
+    async fn try_pass(
+        &self,
+        id: SegmentId,
+        cancel: &CancellationToken,
+    ) -> Result<PassOutcome, StoreError> {
         let Some((claim, input)) = self.store.claim(id, &self.owner, self.lease()).await? else {
             return Ok(PassOutcome::NotClaimed);
         };
         Span::current().record("session", input.segment.session.as_str());
         let started = Instant::now();
         let mut tally = Tally::default();
-        let result = self.recap(&claim, &input.entries, &mut tally).await;
+        let result = self.recap(&claim, &input.entries, &mut tally, cancel).await;
         match result {
             Ok(Some(recap)) => {
                 let summary = Summary {
@@ -266,6 +296,7 @@ impl Summariser {
         claim: &Claim,
         entries: &[Entry],
         tally: &mut Tally,
+        cancel: &CancellationToken,
     ) -> Result<Option<Recap>, PassEnd<ProviderError>> {
         let budget = self.provider.content_budget(self.config.max_input_tokens);
         let chunks = match budget {
@@ -274,7 +305,7 @@ impl Summariser {
         };
         if let [only] = chunks.as_slice() {
             return self
-                .one_pass(RecapInput::Entries(only), tally)
+                .one_pass(RecapInput::Entries(only), tally, cancel)
                 .await
                 .map(Some);
         }
@@ -284,14 +315,14 @@ impl Summariser {
             if !self.renew(claim).await {
                 return Ok(None);
             }
-            parts.push(self.one_pass(RecapInput::Entries(chunk), tally).await?.text);
+            parts.push(self.one_pass(RecapInput::Entries(chunk), tally, cancel).await?.text);
         }
         loop {
             if let [_] = parts.as_slice() {
                 // Not reached by construction (each round keeps two or more
                 // parts until the last fold), but never loop on one part.
                 return self
-                    .one_pass(RecapInput::Parts(&parts), tally)
+                    .one_pass(RecapInput::Parts(&parts), tally, cancel)
                     .await
                     .map(Some);
             }
@@ -307,7 +338,7 @@ impl Summariser {
                 if !self.renew(claim).await {
                     return Ok(None);
                 }
-                let folded = self.one_pass(RecapInput::Parts(&group), tally).await?;
+                let folded = self.one_pass(RecapInput::Parts(&group), tally, cancel).await?;
                 if last_round {
                     return Ok(Some(folded));
                 }
@@ -331,9 +362,10 @@ impl Summariser {
         &self,
         input: RecapInput<'_>,
         tally: &mut Tally,
+        cancel: &CancellationToken,
     ) -> Result<Recap, PassEnd<ProviderError>> {
         let max_output = self.config.max_output_tokens;
-        let report = run_pass(&self.config.retry, &self.cancel, |_, _| {
+        let report = run_pass(&self.config.retry, cancel, |_, _| {
             self.provider.summarise(input, max_output)
         })
         .await;
