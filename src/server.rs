@@ -6,9 +6,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -149,10 +149,13 @@ pub async fn run_with_key(
     let grace = (config.shutdown.ceiling / 4).min(Duration::from_secs(1));
     let tracker = summariser.tracker();
     tracker.close();
+    // The server future must not be polled again once it has finished.
+    let mut calls_done = false;
     let mut segments_closed = false;
     let settled_in_time = {
         let calls_then_close = async {
             let _ = (&mut server).await;
+            calls_done = true;
             close_open_segments(&store).await;
             segments_closed = true;
         };
@@ -167,7 +170,9 @@ pub async fn run_with_key(
         );
         summariser.cancel_all();
         let finish = async {
-            let _ = (&mut server).await;
+            if !calls_done {
+                let _ = (&mut server).await;
+            }
             if !segments_closed {
                 close_open_segments(&store).await;
             }
@@ -189,7 +194,10 @@ pub async fn run_with_key(
 async fn close_open_segments(store: &Store) {
     match store.close_all_open_segments().await {
         Ok(0) => {}
-        Ok(n) => info!(closed = n, "closed open segments; their recaps run after restart"),
+        Ok(n) => info!(
+            closed = n,
+            "closed open segments; their recaps run after restart"
+        ),
         Err(e) => warn!(error = %e, "could not close open segments at shutdown"),
     }
 }

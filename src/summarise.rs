@@ -315,7 +315,11 @@ impl Summariser {
             if !self.renew(claim).await {
                 return Ok(None);
             }
-            parts.push(self.one_pass(RecapInput::Entries(chunk), tally, cancel).await?.text);
+            parts.push(
+                self.one_pass(RecapInput::Entries(chunk), tally, cancel)
+                    .await?
+                    .text,
+            );
         }
         loop {
             if let [_] = parts.as_slice() {
@@ -338,7 +342,9 @@ impl Summariser {
                 if !self.renew(claim).await {
                     return Ok(None);
                 }
-                let folded = self.one_pass(RecapInput::Parts(&group), tally, cancel).await?;
+                let folded = self
+                    .one_pass(RecapInput::Parts(&group), tally, cancel)
+                    .await?;
                 if last_round {
                     return Ok(Some(folded));
                 }

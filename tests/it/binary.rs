@@ -319,3 +319,98 @@ async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
         Some("The recap, at last.")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothing() {
+    use crate::provider::{Script, completion};
+
+    let hanging = Script::new(vec![
+        completion("never").set_delay(Duration::from_secs(600)),
+    ]);
+    let hanging_mock = hanging.mount().await;
+    let healthy = Script::new(vec![completion("Recap after the restart.")]);
+    let healthy_mock = healthy.mount().await;
+    let settings = |base: &str| {
+        vec![
+            ("ARCHIVIST_PROVIDER_KIND", "openai".to_owned()),
+            ("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1")),
+            ("ARCHIVIST_SHUTDOWN_CEILING", "2s".to_owned()),
+            ("ARCHIVIST_RECONCILER_INTERVAL", "200ms".to_owned()),
+            ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "3".to_owned()),
+        ]
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = settings(&hanging_mock.uri());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut server = Process::start(dir.path(), &env).await;
+    let mut client = server.client().await;
+    // One closed segment (its pass hangs) and one open one.
+    let texts = ["first", "second", "third", "fourth"];
+    let resp = client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: "s".into(),
+            entries: texts.iter().map(|t| entry(t)).collect(),
+        })
+        .await
+        .expect("append")
+        .into_inner();
+    assert_eq!(resp.closed_segment_ids.len(), 1);
+    let waiting = eventually(Duration::from_secs(10), || async { hanging.calls() == 1 }).await;
+    assert!(waiting, "the pass reached the provider");
+
+    let started = std::time::Instant::now();
+    let sent = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait().expect("wait");
+        (status, server)
+    })
+    .await
+    .expect("join")
+    .0;
+    let took = started.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(4), "{took:?} for a 2 s ceiling");
+
+    let env = settings(&healthy_mock.uri());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = Process::start(dir.path(), &env).await;
+    let client = server.client().await;
+    // Both segments are owed a recap (the open one was closed at shutdown)
+    // and neither waits out a lease: the cancelled pass let its claim go.
+    let done = eventually(Duration::from_secs(4), || {
+        let mut client = client.clone();
+        async move {
+            let backlog = client
+                .get_backlog(pb::GetBacklogRequest {})
+                .await
+                .expect("backlog")
+                .into_inner();
+            backlog.summarised == 2
+        }
+    })
+    .await;
+    assert!(done, "both segments summarised after the restart");
+    assert_eq!(healthy.calls(), 2);
+    let mut client = client.clone();
+    let segs = client
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: "s".into(),
+            states: Vec::new(),
+            page_size: 0,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .segments;
+    let covered: Vec<(u64, u64)> = segs.iter().map(|s| (s.first_seq, s.last_seq)).collect();
+    assert_eq!(
+        covered,
+        vec![(1, 3), (4, 4)],
+        "every acknowledged entry is there"
+    );
+}

@@ -11,3 +11,4 @@ mod provider;
 mod reconciler;
 mod segments;
 mod tooling;
+mod winddown;
