@@ -21,7 +21,9 @@
 //! - `breaker`: the provider-wide circuit breaker the reconciler obeys.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc`: the tonic service, validation, conversions, status mapping.
-//! - `server`: wiring for `archivist serve`, health and reflection.
+//! - `server`: wiring for `archivist serve`, health and reflection, and
+//!   the bounded shutdown.
+//! - `backfill`: the operator's drain of unsummarised segments and its report.
 //! - `client`: connecting to a server (the terminal client uses it).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //!
@@ -38,6 +40,7 @@
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one.
 
+pub mod backfill;
 pub mod breaker;
 pub mod cli;
 pub mod client;

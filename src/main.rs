@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::session::{self, SessionArgs};
 use archivist::config::{self, LogFormat, Overrides};
 use archivist::failure::cause_chain;
@@ -41,6 +42,9 @@ enum Command {
     },
     /// Talk to a running server from a terminal.
     Session(SessionArgs),
+    /// Drain unsummarised segments, beside a running server or not; exits
+    /// 0 when nothing is left, 2 when something is, 1 on an error.
+    Backfill(BackfillArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,8 +69,12 @@ fn main() -> ExitCode {
             listen,
             data_dir,
         })),
+        Command::Backfill(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(backfill::run(args))
+        }
         Command::Session(args) => {
-            init_logging(LogFormat::Text);
+            init_logging(LogFormat::Text, "warn");
             match runtime.block_on(session::run(args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -89,7 +97,7 @@ async fn serve(overrides: Overrides) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(config.log_format);
+    init_logging(config.log_format, "info");
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -97,7 +105,7 @@ async fn serve(overrides: Overrides) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match archivist::server::run(config, listener, shutdown_signal()).await {
+    match archivist::server::run(config, listener, archivist::cli::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %cause_chain(&e).join(": "), "archivist failed");
@@ -106,8 +114,9 @@ async fn serve(overrides: Overrides) -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+fn init_logging(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -115,38 +124,5 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// Resolves on the first SIGINT or SIGTERM; a second one ends the process at
-/// once (every acknowledged write is already committed).
-async fn shutdown_signal() {
-    first_signal().await;
-    tokio::spawn(async {
-        first_signal().await;
-        eprintln!("second signal: exiting at once");
-        std::process::exit(130);
-    });
-}
-
-async fn first_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -140,6 +140,16 @@ pub struct SegmentFilter {
     pub ids: Vec<SegmentId>,
 }
 
+/// Which segments a backfill run takes: any tenant's, by session and by
+/// when they were closed.
+#[derive(Clone, Debug, Default)]
+pub struct BackfillFilter {
+    pub session: Option<SessionName>,
+    pub closed_before: Option<Millis>,
+    pub closed_after: Option<Millis>,
+    pub states: Vec<SegmentState>,
+}
+
 /// What a failed pass leaves on its segment.
 #[derive(Clone, Debug)]
 pub struct FailedPass {
@@ -642,6 +652,70 @@ impl Store {
             );
             let n = conn.execute(&sql, rusqlite::params_from_iter(values))?;
             Ok(n as u64)
+        })
+        .await
+    }
+
+    /// Segments a backfill run covers, in id order, each with whether a live
+    /// claim holds it now.
+    pub async fn backfill_segments(
+        &self,
+        filter: BackfillFilter,
+    ) -> Result<Vec<(Segment, bool)>, StoreError> {
+        self.read(move |conn| {
+            use rusqlite::types::Value;
+            let mut values = vec![Value::Integer(Millis::now().0)];
+            let mut clause = String::from("1 = 1");
+            if let Some(session) = &filter.session {
+                values.push(Value::Text(session.as_str().to_owned()));
+                clause.push_str(&format!(" AND x.name = ?{}", values.len()));
+            }
+            if let Some(before) = filter.closed_before {
+                values.push(Value::Integer(before.0));
+                clause.push_str(&format!(" AND s.closed_at < ?{}", values.len()));
+            }
+            if let Some(after) = filter.closed_after {
+                values.push(Value::Integer(after.0));
+                clause.push_str(&format!(" AND s.closed_at > ?{}", values.len()));
+            }
+            // State codes are our own integers, never caller text.
+            let codes: Vec<String> = filter.states.iter().map(|s| s.code().to_string()).collect();
+            clause.push_str(&format!(" AND s.state IN ({})", codes.join(",")));
+            let sql = format!(
+                "SELECT {SEGMENT_COLUMNS}, coalesce(s.claim_expires_at > ?1, 0) FROM {SEGMENT_FROM} \
+                 WHERE {clause} ORDER BY s.id"
+            );
+            let mut stmt = conn.prepare(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(values), |r| {
+                Ok((segment_from_row(r)?, r.get::<_, bool>(20)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (segment, claimed) = row?;
+                out.push((segment?, claimed));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Makes the given PARKED segments PENDING and due now; returns how many.
+    pub async fn unpark(&self, ids: Vec<SegmentId>) -> Result<u64, StoreError> {
+        self.write(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "UPDATE segments SET state = ?1, next_attempt_at = ?2 WHERE id = ?3 AND state = ?4",
+            )?;
+            let now = Millis::now().0;
+            let mut n = 0;
+            for id in ids {
+                n += stmt.execute(params![
+                    SegmentState::Pending.code(),
+                    now,
+                    id,
+                    SegmentState::Parked.code()
+                ])? as u64;
+            }
+            Ok(n)
         })
         .await
     }

@@ -1,6 +1,7 @@
 //! Integration tests through the real server and the generated client, and
 //! through the real binary where a process boundary matters.
 
+mod backfill;
 mod binary;
 mod context;
 mod errors;

@@ -39,8 +39,15 @@ impl Respond for Outage {
 /// Counts requests per segment (by the marker each segment's entry
 /// carries) and how many of each were in flight at once.
 #[derive(Clone, Default)]
-struct PerSegment {
+pub struct PerSegment {
     sent: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl PerSegment {
+    /// Requests per segment marker so far.
+    pub fn sent(&self) -> HashMap<String, usize> {
+        self.sent.lock().expect("lock").clone()
+    }
 }
 
 impl Respond for PerSegment {
@@ -71,7 +78,7 @@ async fn backlog(server: &TestServer) -> pb::Backlog {
 }
 
 /// Appends `n` entries with `max_entries = 1`, closing `n` segments.
-async fn closed_segments(server: &TestServer, session: &str, n: usize) {
+pub async fn closed_segments(server: &TestServer, session: &str, n: usize) {
     let texts: Vec<String> = (0..n)
         .map(|i| format!("Entry marker-{i} of the backlog."))
         .collect();
@@ -184,7 +191,7 @@ async fn two_workers_on_one_database_summarise_each_segment_once() {
     })
     .await;
     assert!(done, "{:?}", backlog(&a).await);
-    let sent = counter.sent.lock().expect("lock").clone();
+    let sent = counter.sent();
     assert_eq!(sent.len(), segments, "every segment was sent");
     for (marker, n) in &sent {
         assert_eq!(*n, 1, "segment marker-{marker} sent {n} times");

@@ -1,0 +1,222 @@
+//! `archivist backfill`'s drain: every unsummarised segment that matches the
+//! operator's filters gets one pass, through the same summariser, claims
+//! and breaker as the server, so it can run beside a live server on the
+//! same database. Ends with a report of what is summarised and what is left.
+//! The terminal side (flags, progress bar, printing) is in `cli/backfill.rs`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::breaker::BreakerState;
+use crate::model::{Millis, SegmentId, SegmentState, SessionName};
+use crate::store::{BackfillFilter, Store, StoreError};
+use crate::summarise::{PassOutcome, Summariser};
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub session: Option<SessionName>,
+    pub closed_before: Option<Millis>,
+    pub closed_after: Option<Millis>,
+    pub concurrency: usize,
+    pub include_parked: bool,
+    pub dry_run: bool,
+}
+
+/// How far a run has got, for a progress display.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    pub total: u64,
+    pub done: u64,
+    pub summarised: u64,
+}
+
+/// One segment as the report lists it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Listed {
+    pub id: SegmentId,
+    pub session: String,
+    pub state: String,
+    pub attempts: u32,
+    /// The class of its last failure, if any.
+    pub class: Option<String>,
+}
+
+/// What a run did and what is left.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub dry_run: bool,
+    /// Ctrl-C (or SIGTERM) ended the run early.
+    pub interrupted: bool,
+    /// Why the run stopped starting passes before the end, if it did.
+    pub stopped_early: Option<String>,
+    /// Unsummarised segments that matched the filters.
+    pub matched: u64,
+    /// Segments this run summarised.
+    pub summarised: u64,
+    /// Left PENDING, by the class of the last failure (`not_attempted`,
+    /// `claimed_elsewhere` when another worker held it).
+    pub pending: u64,
+    pub pending_by_class: BTreeMap<String, u64>,
+    /// Left PARKED, by class.
+    pub parked: u64,
+    pub parked_by_class: BTreeMap<String, u64>,
+    /// The matched segments (a dry run lists what it would do).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Listed>,
+}
+
+impl Report {
+    /// Segments still without a summary.
+    pub fn left(&self) -> u64 {
+        self.pending + self.parked
+    }
+}
+
+/// Runs the backfill. `progress` is called as passes end; `cancel` stops it
+/// cleanly (running passes are cancelled and release their claims).
+pub async fn run(
+    store: &Store,
+    summariser: &Arc<Summariser>,
+    options: &Options,
+    cancel: &CancellationToken,
+    mut progress: impl FnMut(Progress),
+) -> Result<Report, StoreError> {
+    let filter = |states: Vec<SegmentState>| BackfillFilter {
+        session: options.session.clone(),
+        closed_before: options.closed_before,
+        closed_after: options.closed_after,
+        states,
+    };
+    let mut report = Report {
+        dry_run: options.dry_run,
+        ..Report::default()
+    };
+    if options.dry_run {
+        let states = vec![SegmentState::Pending, SegmentState::Parked];
+        for (segment, claimed) in store.backfill_segments(filter(states)).await? {
+            let class = if claimed && segment.state == SegmentState::Pending {
+                Some("claimed_elsewhere".to_owned())
+            } else {
+                segment
+                    .last_failure
+                    .as_ref()
+                    .map(|f| f.class.as_str().to_owned())
+            };
+            tally(&mut report, segment.state, class.clone());
+            report.segments.push(Listed {
+                id: segment.id,
+                session: segment.session,
+                state: segment.state.as_str().to_owned(),
+                attempts: segment.attempts,
+                class,
+            });
+        }
+        report.matched = report.pending + report.parked;
+        return Ok(report);
+    }
+
+    if options.include_parked {
+        let parked = store
+            .backfill_segments(filter(vec![SegmentState::Parked]))
+            .await?;
+        store
+            .unpark(parked.into_iter().map(|(s, _)| s.id).collect())
+            .await?;
+    }
+    let candidates: Vec<SegmentId> = store
+        .backfill_segments(filter(vec![SegmentState::Pending]))
+        .await?
+        .into_iter()
+        .map(|(s, _)| s.id)
+        .collect();
+    let mut state = Progress {
+        total: candidates.len() as u64,
+        ..Progress::default()
+    };
+    progress(state);
+
+    let mut running = JoinSet::new();
+    let mut queue = candidates.iter().copied();
+    let concurrency = options.concurrency.max(1);
+    loop {
+        while running.len() < concurrency
+            && report.stopped_early.is_none()
+            && !cancel.is_cancelled()
+        {
+            if summariser.breaker().state() != BreakerState::Closed {
+                report.stopped_early = Some(
+                    "the provider is failing for every segment (the circuit breaker opened); \
+                     the server's reconciler keeps probing"
+                        .to_owned(),
+                );
+                break;
+            }
+            let Some(id) = queue.next() else { break };
+            let summariser = summariser.clone();
+            running.spawn(async move { summariser.run_or_join(id).await });
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            () = cancel.cancelled(), if !report.interrupted => {
+                // Running passes stop at once and let their claims go.
+                report.interrupted = true;
+                summariser.cancel_all();
+            }
+            Some(outcome) = running.join_next() => {
+                state.done += 1;
+                if matches!(outcome, Ok(PassOutcome::Summarised)) {
+                    state.summarised += 1;
+                }
+                progress(state);
+            }
+        }
+    }
+
+    // The report reads the segments back, so what another worker did while
+    // this run went on counts too; what matches and is still unsummarised is
+    // left, whether or not this run took it up.
+    let mut still = 0u64;
+    let left = store
+        .backfill_segments(filter(vec![SegmentState::Pending, SegmentState::Parked]))
+        .await?;
+    let candidates: HashSet<SegmentId> = candidates.into_iter().collect();
+    for (segment, claimed) in left {
+        if candidates.contains(&segment.id) {
+            still += 1;
+        }
+        let class = match (segment.state, claimed, &segment.last_failure) {
+            (SegmentState::Pending, true, _) => Some("claimed_elsewhere".to_owned()),
+            (_, _, Some(f)) => Some(f.class.as_str().to_owned()),
+            (SegmentState::Pending, false, None) => Some("not_attempted".to_owned()),
+            _ => None,
+        };
+        tally(&mut report, segment.state, class);
+    }
+    report.summarised = candidates.len() as u64 - still;
+    report.matched = report.summarised + report.pending + report.parked;
+    Ok(report)
+}
+
+fn tally(report: &mut Report, state: SegmentState, class: Option<String>) {
+    let class = class.unwrap_or_else(|| "unknown".to_owned());
+    match state {
+        // Counted from the candidates, not listed one by one.
+        SegmentState::Summarised => {}
+        SegmentState::Pending => {
+            report.pending += 1;
+            *report.pending_by_class.entry(class).or_default() += 1;
+        }
+        SegmentState::Parked => {
+            report.parked += 1;
+            *report.parked_by_class.entry(class).or_default() += 1;
+        }
+        SegmentState::Open => {}
+    }
+}

@@ -1,0 +1,175 @@
+//! `archivist backfill` through the real binary: the report, the exit code,
+//! the dry run, and running beside a live server on the same database.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use archivist::pb;
+use serde_json::Value;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::harness::{TestServer, eventually};
+use crate::provider::{Script, append_and_close, completion, error_json, fast};
+
+/// Runs `archivist backfill` on `data_dir` against the provider at `base`;
+/// returns the exit code and standard output.
+async fn backfill(data_dir: &Path, base: &str, args: &[&str]) -> (i32, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
+    command
+        .arg("backfill")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .env("ARCHIVIST_PROVIDER_KIND", "openai")
+        .env("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1"))
+        .env("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms")
+        .env("ARCHIVIST_RETRY_MAX_BACKOFF", "40ms");
+    // The fake provider answers on this runtime: wait for the child on a
+    // blocking thread.
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run backfill"))
+        .await
+        .expect("joined");
+    let code = out.status.code().expect("exit code");
+    (code, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[tokio::test]
+async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
+    // A database with two summarised segments, one pending (the provider
+    // was unavailable) and one parked (the key was refused).
+    let script = Script::new(vec![
+        completion("a"),
+        completion("b"),
+        ResponseTemplate::new(503),
+        ResponseTemplate::new(503),
+        ResponseTemplate::new(503),
+        error_json(401, "invalid_api_key", "Incorrect API key"),
+    ]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    append_and_close(&server, "a").await.expect("summarised");
+    append_and_close(&server, "a").await.expect("summarised");
+    append_and_close(&server, "b")
+        .await
+        .expect_err("unavailable");
+    append_and_close(&server, "c").await.expect_err("refused");
+    let dir = server.stop().await;
+
+    let down = Script::new(vec![ResponseTemplate::new(503)]);
+    let down_mock = down.mount().await;
+
+    // A dry run lists the two and changes nothing.
+    let (code, out) = backfill(dir.path(), &down_mock.uri(), &["--dry-run", "--json"]).await;
+    assert_eq!(code, 2, "{out}");
+    let report = json(&out);
+    assert_eq!(report["dry_run"], true);
+    assert_eq!(report["matched"], 2);
+    assert_eq!(report["pending"], 1);
+    assert_eq!(report["pending_by_class"]["unavailable"], 1);
+    assert_eq!(report["parked"], 1);
+    assert_eq!(report["parked_by_class"]["unauthorized"], 1);
+    assert_eq!(report["segments"].as_array().map(Vec::len), Some(2));
+    assert_eq!(down.calls(), 0, "a dry run sends nothing");
+    let (_, again) = backfill(dir.path(), &down_mock.uri(), &["--dry-run", "--json"]).await;
+    assert_eq!(
+        json(&again)["segments"],
+        report["segments"],
+        "and changes nothing"
+    );
+
+    // Filters narrow it.
+    let (code, out) = backfill(
+        dir.path(),
+        &down_mock.uri(),
+        &["--dry-run", "--json", "--session", "c"],
+    )
+    .await;
+    assert_eq!(code, 2);
+    assert_eq!(json(&out)["matched"], 1);
+    let (code, out) = backfill(
+        dir.path(),
+        &down_mock.uri(),
+        &["--dry-run", "--json", "--closed-before", "1h"],
+    )
+    .await;
+    assert_eq!(code, 0, "nothing closed an hour ago: {out}");
+
+    // A real run with the provider still down: one pass for the pending
+    // segment, the parked one left alone.
+    let (code, out) = backfill(dir.path(), &down_mock.uri(), &["--json"]).await;
+    assert_eq!(code, 2, "{out}");
+    let report = json(&out);
+    assert_eq!(report["summarised"], 0);
+    assert_eq!(report["pending_by_class"]["unavailable"], 1);
+    assert_eq!(report["parked_by_class"]["unauthorized"], 1);
+    assert_eq!(down.calls(), 3, "one pass: max_attempts sends");
+
+    // With a healthy provider and --include-parked, nothing is left.
+    let up = Script::new(vec![completion("Recap at last.")]);
+    let up_mock = up.mount().await;
+    let (code, out) = backfill(dir.path(), &up_mock.uri(), &["--json", "--include-parked"]).await;
+    assert_eq!(code, 0, "{out}");
+    let report = json(&out);
+    assert_eq!(report["summarised"], 2);
+    assert_eq!(
+        (report["pending"].clone(), report["parked"].clone()),
+        (Value::from(0), Value::from(0))
+    );
+    assert_eq!(up.calls(), 2);
+
+    let (code, out) = backfill(dir.path(), &up_mock.uri(), &[]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("summarised: 0"), "{out}");
+    assert_eq!(up.calls(), 2);
+}
+
+#[tokio::test]
+async fn beside_a_live_server_each_recap_is_sent_once() {
+    let counter = crate::reconciler::PerSegment::default();
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(counter.clone())
+        .mount(&mock)
+        .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = archivist::config::Config::default();
+    fast(&mut config, &mock.uri());
+    config.segment.max_entries = 1;
+    config.reconciler.interval = Duration::from_millis(100);
+    config.reconciler.concurrency = 1;
+    let server = TestServer::start_at(dir.path(), config, None).await;
+    let segments = 60;
+    crate::reconciler::closed_segments(&server, "s", segments).await;
+
+    let (code, out) = backfill(dir.path(), &mock.uri(), &["--json", "--concurrency", "4"]).await;
+    let report = json(&out);
+    assert!(code == 0 || code == 2, "{out}");
+    let done = eventually(Duration::from_secs(30), || async {
+        let b = server
+            .client
+            .clone()
+            .get_backlog(pb::GetBacklogRequest {})
+            .await
+            .expect("backlog")
+            .into_inner();
+        b.summarised == segments as u64
+    })
+    .await;
+    assert!(done);
+    let sent = counter.sent();
+    assert_eq!(sent.len(), segments);
+    for (marker, n) in &sent {
+        assert_eq!(*n, 1, "segment marker-{marker} sent {n} times");
+    }
+    assert!(
+        report["summarised"].as_u64().unwrap_or(0) > 0,
+        "the backfill took a share: {out}"
+    );
+}
