@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::BreakerState;
-use crate::model::{Millis, SegmentId, SegmentState, SessionName};
+use crate::model::{Millis, Segment, SegmentId, SegmentState, SessionName};
 use crate::store::{BackfillFilter, Store, StoreError};
 use crate::summarise::{PassOutcome, Summariser};
 
@@ -191,17 +191,23 @@ pub async fn run(
         if candidates.contains(&segment.id) {
             still += 1;
         }
-        let class = match (segment.state, claimed, &segment.last_failure) {
-            (SegmentState::Pending, true, _) => Some("claimed_elsewhere".to_owned()),
-            (_, _, Some(f)) => Some(f.class.as_str().to_owned()),
-            (SegmentState::Pending, false, None) => Some("not_attempted".to_owned()),
-            _ => None,
-        };
+        let class = class_of(&segment, claimed);
         tally(&mut report, segment.state, class);
     }
     report.summarised = candidates.len() as u64 - still;
     report.matched = report.summarised + report.pending + report.parked;
     Ok(report)
+}
+
+/// What the report files an unsummarised segment under: another worker's
+/// claim, its last failure's class, or not attempted yet.
+fn class_of(segment: &Segment, claimed: bool) -> Option<String> {
+    match (segment.state, claimed, &segment.last_failure) {
+        (SegmentState::Pending, true, _) => Some("claimed_elsewhere".to_owned()),
+        (_, _, Some(f)) => Some(f.class.as_str().to_owned()),
+        (SegmentState::Pending, false, None) => Some("not_attempted".to_owned()),
+        _ => None,
+    }
 }
 
 fn tally(report: &mut Report, state: SegmentState, class: Option<String>) {

@@ -173,3 +173,62 @@ async fn beside_a_live_server_each_recap_is_sent_once() {
         "the backfill took a share: {out}"
     );
 }
+
+#[tokio::test]
+async fn ctrl_c_stops_a_backfill_cleanly() {
+    // A segment left open at shutdown is closed then, after the reconciler
+    // has stopped: one PENDING segment for the backfill.
+    let server = TestServer::start().await;
+    server.append("s", &["something owed a recap"]).await;
+    let dir = server.stop().await;
+    interrupt(dir).await;
+}
+
+async fn interrupt(dir: tempfile::TempDir) {
+    let hanging = Script::new(vec![
+        completion("never").set_delay(Duration::from_secs(600)),
+    ]);
+    let hanging_mock = hanging.mount().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_archivist"))
+        .arg("backfill")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--json")
+        .env("ARCHIVIST_PROVIDER_KIND", "openai")
+        .env(
+            "ARCHIVIST_PROVIDER_BASE_URL",
+            format!("{}/v1", hanging_mock.uri()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn backfill");
+    let started = eventually(Duration::from_secs(10), || async { hanging.calls() == 1 }).await;
+    assert!(started, "the pass reached the provider");
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            std::io::Read::read_to_string(&mut stdout, &mut out).expect("read");
+        }
+        (child.wait().expect("wait"), out)
+    })
+    .await
+    .expect("joined");
+    let (status, out) = out;
+    assert_eq!(status.code(), Some(2), "{out}");
+    let report = json(&out);
+    assert_eq!(report["interrupted"], true);
+    assert_eq!(report["pending"], 1);
+    // Nothing half-done: the claim was released, so a second run takes the
+    // segment at once and finishes it.
+    let up = Script::new(vec![completion("Recap.")]);
+    let up_mock = up.mount().await;
+    let (code, out) = backfill(dir.path(), &up_mock.uri(), &["--json"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json(&out)["summarised"], 1);
+}
