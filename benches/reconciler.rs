@@ -84,12 +84,7 @@ fn main() {
         let summariser = Summariser::new(
             store.clone(),
             provider,
-            SummariserConfig {
-                retry: config.retry.clone(),
-                reconciler: config.reconciler.clone(),
-                max_input_tokens: config.provider.max_input_tokens,
-                max_output_tokens: config.provider.max_output_tokens,
-            },
+            SummariserConfig::from(&config),
             "bench".to_owned(),
         );
         let wake = Arc::new(Notify::new());

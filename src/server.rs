@@ -78,12 +78,7 @@ pub async fn run_with_key(
     let summariser = Summariser::new(
         store.clone(),
         provider,
-        SummariserConfig {
-            retry: config.retry.clone(),
-            reconciler: config.reconciler.clone(),
-            max_input_tokens: config.provider.max_input_tokens,
-            max_output_tokens: config.provider.max_output_tokens,
-        },
+        SummariserConfig::from(&config),
         owner,
     );
     let wake = Arc::new(Notify::new());

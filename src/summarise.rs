@@ -17,7 +17,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span, info_span, warn};
 
 use crate::breaker::{Breaker, MAX_PROBE_SPACING, Signal};
-use crate::config::{ReconcilerConfig, RetryConfig};
+use crate::config::{Config, ReconcilerConfig, RetryConfig};
 use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
 use crate::model::{Entry, Millis, SegmentId, SegmentState, Summary, estimate_tokens};
 use crate::provider::{Provider, ProviderError, Recap, RecapInput};
@@ -47,6 +47,17 @@ pub struct SummariserConfig {
     pub reconciler: ReconcilerConfig,
     pub max_input_tokens: u32,
     pub max_output_tokens: u32,
+}
+
+impl From<&Config> for SummariserConfig {
+    fn from(config: &Config) -> SummariserConfig {
+        SummariserConfig {
+            retry: config.retry.clone(),
+            reconciler: config.reconciler.clone(),
+            max_input_tokens: config.provider.max_input_tokens,
+            max_output_tokens: config.provider.max_output_tokens,
+        }
+    }
 }
 
 pub struct Summariser {

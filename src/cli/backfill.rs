@@ -110,12 +110,7 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
     let summariser = Summariser::new(
         store.clone(),
         provider,
-        SummariserConfig {
-            retry: config.retry.clone(),
-            reconciler: config.reconciler.clone(),
-            max_input_tokens: config.provider.max_input_tokens,
-            max_output_tokens: config.provider.max_output_tokens,
-        },
+        SummariserConfig::from(&config),
         format!("backfill-{}-{}", std::process::id(), Millis::now().0),
     );
 

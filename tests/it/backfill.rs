@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use archivist::pb;
 use serde_json::Value;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -152,13 +151,7 @@ async fn beside_a_live_server_each_recap_is_sent_once() {
     let report = json(&out);
     assert!(code == 0 || code == 2, "{out}");
     let done = eventually(Duration::from_secs(30), || async {
-        let b = server
-            .client
-            .clone()
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .expect("backlog")
-            .into_inner();
+        let b = server.backlog().await;
         b.summarised == segments as u64
     })
     .await;

@@ -61,6 +61,37 @@ impl Process {
         process
     }
 
+    /// Starts the binary against an OpenAI-compatible provider at `base`.
+    async fn start_openai(
+        data_dir: &std::path::Path,
+        base: &str,
+        extra: &[(&str, &str)],
+    ) -> Process {
+        let url = format!("{base}/v1");
+        let mut env = vec![
+            ("ARCHIVIST_PROVIDER_KIND", "openai"),
+            ("ARCHIVIST_PROVIDER_BASE_URL", url.as_str()),
+            ("ARCHIVIST_RECONCILER_INTERVAL", "200ms"),
+        ];
+        env.extend_from_slice(extra);
+        Process::start(data_dir, &env).await
+    }
+
+    /// Waits up to `limit` for `n` segments to be SUMMARISED.
+    async fn summarised(&self, n: u64, limit: Duration) -> bool {
+        let client = self.client().await;
+        eventually(limit, || {
+            let mut client = client.clone();
+            async move {
+                client
+                    .get_backlog(pb::GetBacklogRequest {})
+                    .await
+                    .is_ok_and(|b| b.into_inner().summarised == n)
+            }
+        })
+        .await
+    }
+
     async fn client(&self) -> pb::archivist_client::ArchivistClient<tonic::transport::Channel> {
         archivist::client::connect(&self.address)
             .await
@@ -247,19 +278,12 @@ async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
     let hanging_mock = hanging.mount().await;
     let healthy = Script::new(vec![completion("The recap, at last.")]);
     let healthy_mock = healthy.mount().await;
-    let settings = |base: &str| {
-        vec![
-            ("ARCHIVIST_PROVIDER_KIND", "openai".to_owned()),
-            ("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1")),
-            ("ARCHIVIST_RETRY_PASS_CEILING", "2s".to_owned()),
-            ("ARCHIVIST_RETRY_ATTEMPT_TIMEOUT", "2s".to_owned()),
-            ("ARCHIVIST_RECONCILER_INTERVAL", "200ms".to_owned()),
-        ]
-    };
+    let settings = [
+        ("ARCHIVIST_RETRY_PASS_CEILING", "2s"),
+        ("ARCHIVIST_RETRY_ATTEMPT_TIMEOUT", "2s"),
+    ];
     let dir = tempfile::tempdir().expect("temp dir");
-    let env = settings(&hanging_mock.uri());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = Process::start(dir.path(), &env).await;
+    let mut server = Process::start_openai(dir.path(), &hanging_mock.uri(), &settings).await;
     let mut client = server.client().await;
     client
         .append_entries(pb::AppendEntriesRequest {
@@ -280,24 +304,11 @@ async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
     server.child.kill().expect("SIGKILL");
     server.child.wait().expect("reaped");
 
-    let env = settings(&healthy_mock.uri());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let server = Process::start(dir.path(), &env).await;
+    let server = Process::start_openai(dir.path(), &healthy_mock.uri(), &settings).await;
     let client = server.client().await;
     // The dead worker's claim holds until its lease (twice the ceiling and
     // 5 s) runs out; then the segment is due again and summarised.
-    let done = eventually(Duration::from_secs(30), || {
-        let mut client = client.clone();
-        async move {
-            let backlog = client
-                .get_backlog(pb::GetBacklogRequest {})
-                .await
-                .expect("backlog")
-                .into_inner();
-            backlog.summarised == 1
-        }
-    })
-    .await;
+    let done = server.summarised(1, Duration::from_secs(30)).await;
     assert!(done, "summarised after the lease");
     assert_eq!(healthy.calls(), 1, "summarised exactly once");
     assert_eq!(hanging.calls(), 1);
@@ -330,19 +341,12 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
     let hanging_mock = hanging.mount().await;
     let healthy = Script::new(vec![completion("Recap after the restart.")]);
     let healthy_mock = healthy.mount().await;
-    let settings = |base: &str| {
-        vec![
-            ("ARCHIVIST_PROVIDER_KIND", "openai".to_owned()),
-            ("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1")),
-            ("ARCHIVIST_SHUTDOWN_CEILING", "2s".to_owned()),
-            ("ARCHIVIST_RECONCILER_INTERVAL", "200ms".to_owned()),
-            ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "3".to_owned()),
-        ]
-    };
+    let settings = [
+        ("ARCHIVIST_SHUTDOWN_CEILING", "2s"),
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "3"),
+    ];
     let dir = tempfile::tempdir().expect("temp dir");
-    let env = settings(&hanging_mock.uri());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut server = Process::start(dir.path(), &env).await;
+    let mut server = Process::start_openai(dir.path(), &hanging_mock.uri(), &settings).await;
     let mut client = server.client().await;
     // One closed segment (its pass hangs) and one open one.
     let texts = ["first", "second", "third", "fourth"];
@@ -375,24 +379,11 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
     assert!(status.success(), "{status:?}");
     assert!(took < Duration::from_secs(4), "{took:?} for a 2 s ceiling");
 
-    let env = settings(&healthy_mock.uri());
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let server = Process::start(dir.path(), &env).await;
+    let server = Process::start_openai(dir.path(), &healthy_mock.uri(), &settings).await;
     let client = server.client().await;
     // Both segments are owed a recap (the open one was closed at shutdown)
     // and neither waits out a lease: the cancelled pass let its claim go.
-    let done = eventually(Duration::from_secs(4), || {
-        let mut client = client.clone();
-        async move {
-            let backlog = client
-                .get_backlog(pb::GetBacklogRequest {})
-                .await
-                .expect("backlog")
-                .into_inner();
-            backlog.summarised == 2
-        }
-    })
-    .await;
+    let done = server.summarised(2, Duration::from_secs(4)).await;
     assert!(done, "both segments summarised after the restart");
     assert_eq!(healthy.calls(), 2);
     let mut client = client.clone();

@@ -108,6 +108,39 @@ impl TestServer {
             .into_inner()
     }
 
+    pub async fn close(
+        &self,
+        session: &str,
+        wait: bool,
+    ) -> Result<pb::CloseSegmentResponse, tonic::Status> {
+        self.client
+            .clone()
+            .close_segment(pb::CloseSegmentRequest {
+                session_id: session.to_owned(),
+                wait,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    pub async fn segment(&self, id: u64) -> pb::Segment {
+        self.client
+            .clone()
+            .get_segment(pb::GetSegmentRequest { segment_id: id })
+            .await
+            .expect("get segment")
+            .into_inner()
+    }
+
+    pub async fn backlog(&self) -> pb::Backlog {
+        self.client
+            .clone()
+            .get_backlog(pb::GetBacklogRequest {})
+            .await
+            .expect("backlog")
+            .into_inner()
+    }
+
     pub async fn segments(&self, session: &str) -> Vec<pb::Segment> {
         let mut out = Vec::new();
         let mut token = String::new();

@@ -114,14 +114,9 @@ pub async fn append_and_close(
         )
         .await;
     server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: session.to_owned(),
-            wait: true,
-        })
+        .close(session, true)
         .await
-        .map(|r| r.into_inner().segment.expect("a segment was open"))
+        .map(|r| r.segment.expect("a segment was open"))
 }
 
 async fn only_segment(server: &TestServer, session: &str) -> pb::Segment {
@@ -487,15 +482,9 @@ async fn an_oversized_segment_is_summarised_in_chunks_that_fit_the_budget() {
     let huge = "word ".repeat(1000);
     server.append("s", &[&huge]).await;
     let seg = server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: true,
-        })
+        .close("s", true)
         .await
         .expect("summarised")
-        .into_inner()
         .segment
         .expect("segment");
     assert_eq!(state(&seg), pb::SegmentState::Summarised);
@@ -578,22 +567,10 @@ async fn appends_and_plain_closes_never_wait_on_the_provider() {
     let resp = server.append("s", &["first", "second"]).await;
     let closed = resp.closed_segment_ids[0];
     // The append came back while the recap is still at the provider.
-    let seg = server
-        .client
-        .clone()
-        .get_segment(pb::GetSegmentRequest { segment_id: closed })
-        .await
-        .expect("get")
-        .into_inner();
+    let seg = server.segment(closed).await;
     assert_eq!(state(&seg), pb::SegmentState::Pending);
     let done = eventually(Duration::from_secs(10), || async {
-        let seg = server
-            .client
-            .clone()
-            .get_segment(pb::GetSegmentRequest { segment_id: closed })
-            .await
-            .expect("get")
-            .into_inner();
+        let seg = server.segment(closed).await;
         state(&seg) == pb::SegmentState::Summarised
     })
     .await;

@@ -67,16 +67,6 @@ impl Respond for PerSegment {
     }
 }
 
-async fn backlog(server: &TestServer) -> pb::Backlog {
-    server
-        .client
-        .clone()
-        .get_backlog(pb::GetBacklogRequest {})
-        .await
-        .expect("backlog")
-        .into_inner()
-}
-
 /// Appends `n` entries with `max_entries = 1`, closing `n` segments.
 pub async fn closed_segments(server: &TestServer, session: &str, n: usize) {
     let texts: Vec<String> = (0..n)
@@ -123,7 +113,7 @@ async fn an_outage_costs_few_requests_and_every_segment_is_summarised_after() {
     let window = Duration::from_secs(3);
     let started = Instant::now();
     tokio::time::sleep(window).await;
-    let b = backlog(&server).await;
+    let b = server.backlog().await;
     assert_eq!(b.pending, segments as u64);
     assert_eq!(b.summarised, 0);
     assert!(b.oldest_pending_age.is_some());
@@ -148,11 +138,11 @@ async fn an_outage_costs_few_requests_and_every_segment_is_summarised_after() {
 
     outage.down.store(false, Ordering::SeqCst);
     let done = eventually(Duration::from_secs(20), || async {
-        backlog(&server).await.summarised == segments as u64
+        server.backlog().await.summarised == segments as u64
     })
     .await;
-    assert!(done, "{:?}", backlog(&server).await);
-    let b = backlog(&server).await;
+    assert!(done, "{:?}", server.backlog().await);
+    let b = server.backlog().await;
     assert_eq!((b.pending, b.parked), (0, 0));
     assert!(b.oldest_pending_age.is_none());
     // One answered request, one summary, per segment.
@@ -187,10 +177,10 @@ async fn two_workers_on_one_database_summarise_each_segment_once() {
     let segments = 200;
     closed_segments(&a, "s", segments).await;
     let done = eventually(Duration::from_secs(60), || async {
-        backlog(&b).await.summarised == segments as u64
+        b.backlog().await.summarised == segments as u64
     })
     .await;
-    assert!(done, "{:?}", backlog(&a).await);
+    assert!(done, "{:?}", a.backlog().await);
     let sent = counter.sent();
     assert_eq!(sent.len(), segments, "every segment was sent");
     for (marker, n) in &sent {
@@ -229,21 +219,13 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = TestServer::start_in(dir, config(), Some("sk-bad-key-111111")).await;
     server.append("s", &["one thing to remember"]).await;
-    server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: false,
-        })
-        .await
-        .expect("close");
+    server.close("s", false).await.expect("close");
     let parked = eventually(Duration::from_secs(10), || async {
-        backlog(&server).await.parked == 1
+        server.backlog().await.parked == 1
     })
     .await;
     assert!(parked);
-    let b = backlog(&server).await;
+    let b = server.backlog().await;
     assert_eq!(b.parked_by_class.get("unauthorized"), Some(&1));
     // Many ticks later, still one request: a parked segment is not retried.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -267,10 +249,10 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     let dir = server.stop().await;
     let server = TestServer::start_in(dir, config(), Some("sk-good-key-000000")).await;
     let done = eventually(Duration::from_secs(10), || async {
-        backlog(&server).await.summarised == 1
+        server.backlog().await.summarised == 1
     })
     .await;
-    assert!(done, "{:?}", backlog(&server).await);
+    assert!(done, "{:?}", server.backlog().await);
     assert_eq!(refusals.calls(), 1);
 
     // A segment parked under a key the provider refuses once:
@@ -293,15 +275,7 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     )
     .await;
     server.append("t", &["another thing"]).await;
-    let status = server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "t".into(),
-            wait: true,
-        })
-        .await
-        .expect_err("refused");
+    let status = server.close("t", true).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(script.calls(), 1, "parked: no retry");
@@ -319,7 +293,7 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
         .requeued;
     assert_eq!(requeued, 1);
     let done = eventually(Duration::from_secs(10), || async {
-        backlog(&server).await.summarised == 1
+        server.backlog().await.summarised == 1
     })
     .await;
     assert!(done);
@@ -340,17 +314,9 @@ async fn a_retry_after_is_honoured_across_passes() {
     })
     .await;
     server.append("s", &["rate limited"]).await;
-    server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: false,
-        })
-        .await
-        .expect("close");
+    server.close("s", false).await.expect("close");
     let done = eventually(Duration::from_secs(20), || async {
-        backlog(&server).await.summarised == 1
+        server.backlog().await.summarised == 1
     })
     .await;
     assert!(done);

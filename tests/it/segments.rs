@@ -151,15 +151,9 @@ async fn close_with_wait_returns_a_summarised_segment() {
         )
         .await;
     let seg = server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: true,
-        })
+        .close("s", true)
         .await
         .expect("close")
-        .into_inner()
         .segment
         .expect("a segment was open");
     assert_eq!(state(&seg), pb::SegmentState::Summarised);
@@ -171,16 +165,7 @@ async fn close_with_wait_returns_a_summarised_segment() {
     assert!(seg.last_failure.is_none());
 
     // Nothing open now: closing again is a no-op.
-    let again = server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: true,
-        })
-        .await
-        .expect("close")
-        .into_inner();
+    let again = server.close("s", true).await.expect("close");
     assert!(again.segment.is_none());
 }
 
@@ -191,15 +176,9 @@ async fn closed_segments_are_summarised_in_the_background() {
         .append("s", &["a first thing", "a second thing", "a third"])
         .await;
     let closed = server
-        .client
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: false,
-        })
+        .close("s", false)
         .await
         .expect("close")
-        .into_inner()
         .segment
         .expect("closed");
     assert_ne!(state(&closed), pb::SegmentState::Open);
@@ -308,24 +287,12 @@ async fn backlog_counts_match_the_segments() {
     let server = TestServer::start_with(|c| c.segment.max_entries = 2).await;
     server.append("s", &["a", "b", "c", "d", "e"]).await;
     let settled = eventually(Duration::from_secs(10), || async {
-        let b = server
-            .client
-            .clone()
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .expect("backlog")
-            .into_inner();
+        let b = server.backlog().await;
         b.open == 1 && b.summarised == 2 && b.pending == 0 && b.parked == 0
     })
     .await;
     assert!(settled);
-    let b = server
-        .client
-        .clone()
-        .get_backlog(pb::GetBacklogRequest {})
-        .await
-        .expect("backlog")
-        .into_inner();
+    let b = server.backlog().await;
     assert!(b.oldest_pending_age.is_none());
     assert!(b.parked_by_class.is_empty());
 
