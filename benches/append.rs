@@ -19,9 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use archivist::pb;
-use archivist::pb::archivist_client::ArchivistClient;
 use prost::Message;
-use tonic::transport::Channel;
 
 const CLIENTS: usize = 8;
 
@@ -126,7 +124,7 @@ async fn throughput(server: &Server, batch: usize, seconds: u64) -> (f64, f64) {
     (calls as f64 / secs, (calls as usize * batch) as f64 / secs)
 }
 
-async fn latencies(client: &mut ArchivistClient<Channel>, session: &str, n: u64) -> Vec<Duration> {
+async fn latencies(client: &mut archivist::client::Client, session: &str, n: u64) -> Vec<Duration> {
     let mut out = Vec::with_capacity(n as usize);
     for i in 0..n {
         let t = Instant::now();

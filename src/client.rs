@@ -4,7 +4,12 @@
 use std::time::Duration;
 
 use prost::Message;
-use tonic::transport::{Channel, Endpoint};
+use std::path::PathBuf;
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_types::StatusExt;
 
 use crate::failure::Failure;
@@ -20,18 +25,103 @@ pub enum ConnectError {
     BadAddress(String, #[source] tonic::transport::Error),
     #[error("cannot connect to {0}")]
     Connect(String, #[source] tonic::transport::Error),
+    #[error("cannot set up TLS for {0}")]
+    Tls(String, #[source] tonic::transport::Error),
+    #[error("cannot read {0}")]
+    Read(PathBuf, #[source] std::io::Error),
+    #[error("a client certificate needs its key, and a key its certificate")]
+    HalfIdentity,
+    #[error("the token is not valid header text")]
+    BadToken,
 }
 
-/// Connects to the server at `address` (`http://host:port`).
-pub async fn connect(address: &str) -> Result<ArchivistClient<Channel>, ConnectError> {
-    let endpoint = Endpoint::from_shared(address.to_owned())
+/// A connected client; every call carries the bearer token, if one is set.
+pub type Client = ArchivistClient<InterceptedService<Channel, BearerToken>>;
+
+/// How to reach a server.
+#[derive(Clone, Debug, Default)]
+pub struct ClientOptions {
+    /// `http://host:port`, or `https://host:port` for TLS.
+    pub address: String,
+    /// The tenant's token, sent as `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// PEM CA certificate(s) to trust for the server's certificate (the
+    /// public web roots are trusted otherwise).
+    pub ca_cert: Option<PathBuf>,
+    /// PEM certificate and key to present, for mutual TLS.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+/// Adds the bearer token to every call.
+#[derive(Clone)]
+pub struct BearerToken(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Connects to the server at `address` (`http://host:port`), with no token.
+pub async fn connect(address: &str) -> Result<Client, ConnectError> {
+    connect_with(&ClientOptions {
+        address: address.to_owned(),
+        ..ClientOptions::default()
+    })
+    .await
+}
+
+/// Connects as `options` say: TLS for `https://`, a token on every call.
+pub async fn connect_with(options: &ClientOptions) -> Result<Client, ConnectError> {
+    let address = options.address.as_str();
+    let mut endpoint = Endpoint::from_shared(address.to_owned())
         .map_err(|e| ConnectError::BadAddress(address.to_owned(), e))?
         .tcp_nodelay(true);
+    if address.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new().with_webpki_roots();
+        if let Some(ca) = &options.ca_cert {
+            tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        match (&options.client_cert, &options.client_key) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            (None, None) => {}
+            _ => return Err(ConnectError::HalfIdentity),
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| ConnectError::Tls(address.to_owned(), e))?;
+    }
+    let token = match &options.token {
+        Some(token) => Some(
+            format!("Bearer {token}")
+                .parse::<MetadataValue<Ascii>>()
+                .map_err(|_| ConnectError::BadToken)?,
+        ),
+        None => None,
+    };
     let channel = endpoint
         .connect()
         .await
         .map_err(|e| ConnectError::Connect(address.to_owned(), e))?;
-    Ok(ArchivistClient::new(channel))
+    Ok(ArchivistClient::with_interceptor(
+        channel,
+        BearerToken(token),
+    ))
+}
+
+fn read(path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {
+    std::fs::read(path).map_err(|e| ConnectError::Read(path.to_owned(), e))
 }
 
 /// A failed call, decoded from its status and rich error details: what a

@@ -14,8 +14,8 @@ use crate::model::SegmentPolicy;
 /// The environment variable naming a configuration file.
 pub const CONFIG_ENV: &str = "ARCHIVIST_CONFIG";
 /// `ARCHIVIST_*` variables that are not configuration keys: the file's
-/// name, and the terminal client's server address.
-const NOT_KEYS: &[&str] = &[CONFIG_ENV, "ARCHIVIST_SERVER"];
+/// name, and the terminal client's server address and token.
+const NOT_KEYS: &[&str] = &[CONFIG_ENV, "ARCHIVIST_SERVER", "ARCHIVIST_TOKEN"];
 const ENV_PREFIX: &str = "ARCHIVIST_";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +31,56 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     pub flush: FlushConfig,
     pub shutdown: ShutdownConfig,
+    pub auth: AuthConfig,
+    pub tls: TlsConfig,
+    pub metrics: MetricsConfig,
+    /// Set by `--insecure-open`: serve a non-loopback address with no
+    /// tenants configured. Never read from a file.
+    #[serde(skip)]
+    pub insecure_open: bool,
+}
+
+/// Bearer-token tenants. With none, the server runs open (one tenant).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub tenants: Vec<TenantConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// The hex SHA-256 of the tenant's token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+    /// The name of an environment variable holding the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_env: Option<String>,
+}
+
+/// TLS for the gRPC listener; off unless `cert` and `key` are set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates; when set, clients must present a certificate
+    /// signed by one of them (mutual TLS).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The Prometheus endpoint; off unless `listen` is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +105,13 @@ pub struct LimitsConfig {
     pub max_content_bytes: u32,
     /// Most entries in one AppendEntries call.
     pub max_entries_per_call: u32,
+    /// Largest gRPC message the server reads.
+    pub max_message_bytes: u32,
+    /// Calls served at once; more are refused with RESOURCE_EXHAUSTED.
+    pub max_concurrent_calls: u32,
+    /// Content bytes one tenant may store; appends past it are refused with
+    /// RESOURCE_EXHAUSTED. 0: no cap.
+    pub max_tenant_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +190,10 @@ impl Default for Config {
             reconciler: ReconcilerConfig::default(),
             flush: FlushConfig::default(),
             shutdown: ShutdownConfig::default(),
+            auth: AuthConfig::default(),
+            tls: TlsConfig::default(),
+            metrics: MetricsConfig::default(),
+            insecure_open: false,
         }
     }
 }
@@ -151,6 +212,9 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_content_bytes: 64 * 1024,
             max_entries_per_call: 1000,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_concurrent_calls: 256,
+            max_tenant_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -243,6 +307,53 @@ impl Config {
         if self.limits.max_entries_per_call == 0 {
             return invalid("limits.max_entries_per_call", "must be at least 1");
         }
+        if self.limits.max_message_bytes < 1024 {
+            return invalid("limits.max_message_bytes", "must be at least 1024");
+        }
+        if self.limits.max_concurrent_calls == 0 {
+            return invalid("limits.max_concurrent_calls", "must be at least 1");
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, t) in self.auth.tenants.iter().enumerate() {
+            let key = format!("auth.tenants[{i}]");
+            if crate::model::SessionName::parse(&t.name).is_err() {
+                return invalid(
+                    &format!("{key}.name"),
+                    "must be 1 to 128 characters of letters, digits and . _ : -",
+                );
+            }
+            if !names.insert(t.name.as_str()) {
+                return invalid(&format!("{key}.name"), "names a tenant already configured");
+            }
+            match (&t.token_sha256, &t.token_env) {
+                (Some(hex), None) => {
+                    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                        return invalid(
+                            &format!("{key}.token_sha256"),
+                            "must be 64 hex digits (the SHA-256 of the token)",
+                        );
+                    }
+                }
+                (None, Some(var)) if !var.is_empty() => {}
+                _ => {
+                    return invalid(&key, "needs exactly one of token_sha256 and token_env");
+                }
+            }
+        }
+        match (&self.tls.cert, &self.tls.key) {
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(_), None) => return invalid("tls.key", "is needed with tls.cert"),
+            (None, Some(_)) => return invalid("tls.cert", "is needed with tls.key"),
+        }
+        if self.tls.client_ca.is_some() && self.tls.cert.is_none() {
+            return invalid("tls.client_ca", "needs tls.cert and tls.key");
+        }
+        if self.auth.tenants.is_empty() && !self.listen.ip().is_loopback() && !self.insecure_open {
+            return invalid(
+                "listen",
+                "a non-loopback address with no [[auth.tenants]] would let anyone on the network read every session; configure tenants, or pass --insecure-open",
+            );
+        }
         if self.provider.kind == ProviderKind::Openai {
             if !(self.provider.base_url.starts_with("http://")
                 || self.provider.base_url.starts_with("https://"))
@@ -322,6 +433,7 @@ pub struct Overrides {
     pub config_file: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
+    pub insecure_open: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -404,6 +516,7 @@ pub fn load(
     if let Some(dir) = &overrides.data_dir {
         config.data_dir = dir.clone();
     }
+    config.insecure_open = overrides.insecure_open;
     config.validate()?;
     Ok(config)
 }
@@ -439,6 +552,18 @@ fn leaves_of_defaults() -> Vec<(Vec<String>, toml::Value)> {
     // Serialising the defaults cannot fail: every field is a plain value.
     if let Ok(table) = toml::Table::try_from(Config::default()) {
         walk(&[], &table, &mut out);
+    }
+    // Keys with no default are not serialised; they take strings.
+    for key in [
+        ["tls", "cert"],
+        ["tls", "key"],
+        ["tls", "client_ca"],
+        ["metrics", "listen"],
+    ] {
+        out.push((
+            key.iter().map(|k| (*k).to_owned()).collect(),
+            toml::Value::String(String::new()),
+        ));
     }
     out
 }

@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use prost::Message;
 use tokio::time::Instant;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
+use crate::auth::{Auth, AuthError};
 use crate::config::LimitsConfig;
 use crate::failure::{Failure, FailureClass, cause_chain};
 use crate::model::{
@@ -50,15 +53,61 @@ impl GrpcService {
         GrpcService { service, limits }
     }
 
-    pub fn into_server(self) -> pb::archivist_server::ArchivistServer<GrpcService> {
-        pb::archivist_server::ArchivistServer::new(self)
+    /// The service as tonic serves it: reading messages up to
+    /// `max_message_bytes`, every call authenticated first.
+    pub fn into_server(
+        self,
+        auth: Arc<Auth>,
+        max_message_bytes: usize,
+    ) -> InterceptedService<pb::archivist_server::ArchivistServer<GrpcService>, Authenticator> {
+        let server = pb::archivist_server::ArchivistServer::new(self)
+            .max_decoding_message_size(max_message_bytes);
+        InterceptedService::new(server, Authenticator { auth })
     }
 }
 
-/// The caller's tenant. Every caller is the default tenant until
-/// authentication is configured.
-fn tenant<T>(_request: &Request<T>) -> Tenant {
-    Tenant::default()
+/// Resolves each call's tenant from its bearer token before the call runs;
+/// a call without a valid token goes no further.
+#[derive(Clone)]
+pub struct Authenticator {
+    auth: Arc<Auth>,
+}
+
+impl Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match self.auth.tenant(header) {
+            Ok(tenant) => {
+                request.extensions_mut().insert(tenant);
+                Ok(request)
+            }
+            Err(e) => {
+                let reason = match e {
+                    AuthError::Missing => "MISSING_TOKEN",
+                    AuthError::Invalid => "INVALID_TOKEN",
+                };
+                let mut details = ErrorDetails::new();
+                details.set_error_info(reason, ERROR_DOMAIN, HashMap::new());
+                Err(Status::with_error_details(
+                    Code::Unauthenticated,
+                    e.to_string(),
+                    details,
+                ))
+            }
+        }
+    }
+}
+
+/// The caller's tenant, as the authenticator resolved it.
+fn tenant<T>(request: &Request<T>) -> Tenant {
+    request
+        .extensions()
+        .get::<Tenant>()
+        .cloned()
+        .unwrap_or_default()
 }
 
 #[tonic::async_trait]

@@ -40,6 +40,7 @@
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one.
 
+pub mod auth;
 pub mod backfill;
 pub mod breaker;
 pub mod cli;

@@ -39,6 +39,10 @@ enum Command {
         /// Directory holding the database.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Allow a non-loopback listen address with no tenants configured
+        /// (anyone who can reach it reads every session).
+        #[arg(long)]
+        insecure_open: bool,
     },
     /// Talk to a running server from a terminal.
     Session(SessionArgs),
@@ -64,10 +68,12 @@ fn main() -> ExitCode {
             config,
             listen,
             data_dir,
+            insecure_open,
         } => runtime.block_on(serve(Overrides {
             config_file: config,
             listen,
             data_dir,
+            insecure_open,
         })),
         Command::Backfill(args) => {
             init_logging(LogFormat::Text, "warn");

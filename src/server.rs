@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tracing::{info, warn};
 
+use crate::auth::{Auth, AuthSetupError};
 use crate::config::{Config, ProviderKind};
 use crate::grpc::GrpcService;
 use crate::model::Millis;
@@ -31,6 +32,8 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error("cannot set up the provider")]
     Provider(#[from] ProviderSetupError),
+    #[error("cannot set up authentication")]
+    Auth(#[from] AuthSetupError),
     #[error("cannot build the reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("the gRPC server failed")]
@@ -100,7 +103,19 @@ pub async fn run_with_key(
     );
     let reconciler_task = tokio::spawn(reconciler.run(background.clone()));
 
-    let archivist = GrpcService::new(service, config.limits.clone()).into_server();
+    let auth = Arc::new(Auth::from_config(&config.auth.tenants, |var| {
+        std::env::var(var).ok()
+    })?);
+    if auth.is_open() {
+        warn!("no [[auth.tenants]] configured: running open, every caller is one tenant");
+    } else {
+        info!(
+            tenants = config.auth.tenants.len(),
+            "bearer-token authentication is on"
+        );
+    }
+    let archivist = GrpcService::new(service, config.limits.clone())
+        .into_server(auth, config.limits.max_message_bytes as usize);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::archivist_server::ArchivistServer<GrpcService>>()

@@ -72,6 +72,9 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
         config_file: args.config.clone(),
         listen: None,
         data_dir: args.data_dir.clone(),
+        // The backfill serves nothing: where the server listens is not its
+        // concern.
+        insecure_open: true,
     })?;
     let options = Options {
         session: args

@@ -5,14 +5,26 @@ use std::io::Read;
 
 use clap::{Args, Subcommand};
 
-use crate::client::{CallError, connect};
+use crate::client::{CallError, ClientOptions, connect_with};
 use crate::pb;
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
-    /// The server to talk to.
+    /// The server to talk to (https:// for TLS).
     #[arg(long, env = "ARCHIVIST_SERVER", default_value = crate::client::DEFAULT_SERVER, global = true)]
     pub server: String,
+    /// The tenant's bearer token.
+    #[arg(long, env = "ARCHIVIST_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// PEM CA certificate to trust for the server (TLS).
+    #[arg(long, global = true)]
+    pub ca_cert: Option<std::path::PathBuf>,
+    /// PEM client certificate, for mutual TLS.
+    #[arg(long, global = true, requires = "client_key")]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// PEM client key, for mutual TLS.
+    #[arg(long, global = true, requires = "client_cert")]
+    pub client_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: SessionCommand,
 }
@@ -52,9 +64,15 @@ pub enum SessionCommand {
 
 /// Runs the command; the error is the text to print, already formatted.
 pub async fn run(args: SessionArgs) -> Result<(), String> {
-    let mut client = connect(&args.server)
-        .await
-        .map_err(|e| crate::failure::cause_chain(&e).join(": "))?;
+    let mut client = connect_with(&ClientOptions {
+        address: args.server.clone(),
+        token: args.token.clone(),
+        ca_cert: args.ca_cert.clone(),
+        client_cert: args.client_cert.clone(),
+        client_key: args.client_key.clone(),
+    })
+    .await
+    .map_err(|e| crate::failure::cause_chain(&e).join(": "))?;
     match args.command {
         SessionCommand::Append {
             session,

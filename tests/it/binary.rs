@@ -36,6 +36,9 @@ impl Process {
         // blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !line.contains("archivist is serving") {
+                    continue;
+                }
                 if let Some(rest) = line.split("listen=").nth(1) {
                     let addr = rest
                         .split_whitespace()
@@ -92,7 +95,7 @@ impl Process {
         .await
     }
 
-    async fn client(&self) -> pb::archivist_client::ArchivistClient<tonic::transport::Channel> {
+    async fn client(&self) -> archivist::client::Client {
         archivist::client::connect(&self.address)
             .await
             .expect("connect")

@@ -7,14 +7,12 @@ use std::time::Duration;
 
 use archivist::config::Config;
 use archivist::pb;
-use archivist::pb::archivist_client::ArchivistClient;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
 
 pub struct TestServer {
     pub addr: SocketAddr,
-    pub client: ArchivistClient<Channel>,
+    pub client: archivist::client::Client,
     /// The data directory, owned here unless the server shares another's.
     dir: Option<tempfile::TempDir>,
     stop: Option<oneshot::Sender<()>>,
