@@ -55,7 +55,8 @@ pub struct Report {
     pub stopped_early: Option<String>,
     /// Unsummarised segments that matched the filters.
     pub matched: u64,
-    /// Segments this run summarised.
+    /// Segments taken up by this run that are now summarised (by this run,
+    /// or by a server working beside it).
     pub summarised: u64,
     /// Left PENDING, by the class of the last failure (`not_attempted`,
     /// `claimed_elsewhere` when another worker held it).

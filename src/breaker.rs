@@ -73,6 +73,7 @@ enum Mode {
     Probing {
         segment: SegmentId,
         spacing: Duration,
+        since: Instant,
     },
 }
 
@@ -81,16 +82,20 @@ pub struct Breaker {
     mode: Mutex<Mode>,
     first_spacing: Duration,
     max_spacing: Duration,
+    /// A probe that has not reported back after this long is taken as lost
+    /// (its pass died), so the breaker never waits on it for ever.
+    probe_timeout: Duration,
 }
 
 impl Breaker {
     /// `first_spacing` is the wait before the first probe; it doubles after
     /// each failed probe up to `max_spacing`.
-    pub fn new(first_spacing: Duration, max_spacing: Duration) -> Breaker {
+    pub fn new(first_spacing: Duration, max_spacing: Duration, probe_timeout: Duration) -> Breaker {
         Breaker {
             mode: Mutex::new(Mode::Closed { failures: 0 }),
             first_spacing: first_spacing.min(max_spacing),
             max_spacing,
+            probe_timeout,
         }
     }
 
@@ -107,24 +112,31 @@ impl Breaker {
     /// segment, as the probe.
     pub fn admit(&self, segment: SegmentId) -> bool {
         let mut mode = self.lock();
-        match *mode {
-            Mode::Closed { .. } => true,
-            Mode::Probing { .. } => false,
-            Mode::Open { until, spacing } => {
-                if Instant::now() < until {
-                    return false;
-                }
-                *mode = Mode::Probing { segment, spacing };
-                true
+        let now = Instant::now();
+        let spacing = match *mode {
+            Mode::Closed { .. } => return true,
+            Mode::Probing { since, spacing, .. } if now - since >= self.probe_timeout => {
+                warn!("a probe never reported back; probing again");
+                spacing
             }
-        }
+            Mode::Probing { .. } => return false,
+            Mode::Open { until, .. } if now < until => return false,
+            Mode::Open { spacing, .. } => spacing,
+        };
+        *mode = Mode::Probing {
+            segment,
+            spacing,
+            since: now,
+        };
+        true
     }
 
-    /// When the next probe may start, while the breaker is open.
+    /// When the next probe may start, while the breaker is open and that
+    /// time is still to come (a past one is no reason to wake again).
     pub fn next_probe(&self) -> Option<Instant> {
         match *self.lock() {
-            Mode::Open { until, .. } => Some(until),
-            Mode::Closed { .. } | Mode::Probing { .. } => None,
+            Mode::Open { until, .. } if until > Instant::now() => Some(until),
+            Mode::Open { .. } | Mode::Closed { .. } | Mode::Probing { .. } => None,
         }
     }
 
@@ -161,6 +173,7 @@ impl Breaker {
                 Mode::Probing {
                     segment: probe,
                     spacing,
+                    ..
                 },
                 Signal::ProviderFailure,
             ) if *probe == segment => {
@@ -179,6 +192,7 @@ impl Breaker {
                 Mode::Probing {
                     segment: probe,
                     spacing,
+                    ..
                 },
                 Signal::Neutral,
             ) if *probe == segment => Mode::Open {
@@ -187,9 +201,17 @@ impl Breaker {
             },
             // Another entry point's pass while open or probing: the state
             // stands until the probe answers.
-            (Mode::Probing { segment, spacing }, _) => Mode::Probing {
+            (
+                Mode::Probing {
+                    segment,
+                    spacing,
+                    since,
+                },
+                _,
+            ) => Mode::Probing {
                 segment: *segment,
                 spacing: *spacing,
+                since: *since,
             },
             (Mode::Open { until, spacing }, _) => Mode::Open {
                 until: *until,
@@ -210,7 +232,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn trips_after_consecutive_provider_failures_and_probes_one_at_a_time() {
-        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        let b = Breaker::new(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        );
         for id in 1..TRIP_AFTER as u64 {
             assert!(b.admit(id));
             b.record(id, Signal::ProviderFailure);
@@ -241,7 +267,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn spacing_is_capped_and_a_success_anywhere_closes_it() {
-        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        let b = Breaker::new(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        );
         for id in 0..TRIP_AFTER as u64 {
             b.record(id, Signal::ProviderFailure);
         }
@@ -258,9 +288,32 @@ mod tests {
         assert_eq!(b.state(), BreakerState::Closed);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_probe_does_not_stall_it() {
+        let b = Breaker::new(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(70),
+        );
+        for id in 0..TRIP_AFTER as u64 {
+            b.record(id, Signal::ProviderFailure);
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(b.admit(1));
+        assert!(b.next_probe().is_none());
+        tokio::time::advance(Duration::from_secs(69)).await;
+        assert!(!b.admit(2));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(b.admit(2), "the probe that never answered is given up");
+    }
+
     #[test]
     fn neutral_outcomes_do_not_trip_it() {
-        let b = Breaker::new(Duration::from_secs(5), Duration::from_secs(60));
+        let b = Breaker::new(
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        );
         for id in 0..10 {
             b.record(id, Signal::of_failure(FailureClass::InvalidRequest));
             b.record(id, Signal::of_failure(FailureClass::Cancelled));

@@ -227,11 +227,12 @@ impl ErrorBody {
             "spend_limit_exceeded",
         ];
         let [code, kind, message] = self.markers();
-        CODES.contains(&code.as_str())
-            || CODES.contains(&kind.as_str())
-            || message.contains("exceeded your current quota")
-            || message.contains("insufficient_quota")
-            || message.contains("billing")
+        if !code.is_empty() || !kind.is_empty() {
+            // A typed code says what it is; a plain rate limit may still
+            // mention billing in its text.
+            return CODES.contains(&code.as_str()) || CODES.contains(&kind.as_str());
+        }
+        message.contains("exceeded your current quota") || message.contains("insufficient_quota")
     }
 
     pub fn is_unknown_model(&self) -> bool {
@@ -243,6 +244,9 @@ impl ErrorBody {
     }
 }
 
+/// The longest wait a Retry-After is taken to ask for.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// The wait a response asks for: `retry-after-ms` (milliseconds), else
 /// `retry-after` as seconds or as an HTTP date.
 pub fn parse_retry_after(
@@ -250,15 +254,24 @@ pub fn parse_retry_after(
     retry_after: Option<&str>,
     now: SystemTime,
 ) -> Option<Duration> {
-    if let Some(ms) = retry_after_ms.and_then(|v| v.trim().parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
+    // The values are the provider's: anything absurd is capped, never a
+    // panic.
+    let seconds = |secs: f64| {
+        (secs.is_finite() && secs >= 0.0).then(|| {
+            Duration::try_from_secs_f64(secs)
+                .unwrap_or(MAX_RETRY_AFTER)
+                .min(MAX_RETRY_AFTER)
+        })
+    };
+    if let Some(wait) = retry_after_ms
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|ms| seconds(ms / 1000.0))
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(wait);
     }
     let raw = retry_after?.trim();
     if let Ok(secs) = raw.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return seconds(secs);
     }
     let at = httpdate::parse_http_date(raw).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -381,7 +394,7 @@ mod tests {
     fn http_statuses_and_bodies_classify() {
         use FailureClass::*;
         let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
-        let rate = r#"{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}"#;
+        let rate = r#"{"error":{"message":"Rate limit reached for requests. Visit https://platform.openai.com/account/billing to raise it","type":"requests","code":"rate_limit_exceeded"}}"#;
         let model = r#"{"error":{"message":"The model `gpt-9` does not exist","type":"invalid_request_error","code":"model_not_found"}}"#;
         let context = r#"{"error":{"message":"maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#;
         let ollama = r#"{"error":"model \"llama9\" not found, try pulling it first"}"#;
@@ -437,6 +450,14 @@ mod tests {
         );
         assert_eq!(parse_retry_after(None, Some("soon"), now), None);
         assert_eq!(parse_retry_after(None, Some("-3"), now), None);
+        assert_eq!(
+            parse_retry_after(Some("1e30"), None, now),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(
+            parse_retry_after(None, Some("99999999999999999999"), now),
+            Some(MAX_RETRY_AFTER)
+        );
         assert_eq!(parse_retry_after(None, None, now), None);
     }
 

@@ -211,9 +211,13 @@ where
     }
 }
 
+/// The least time worth a send: a wait that leaves less than this before
+/// the ceiling ends the pass instead of sending one that cannot answer.
+const MIN_SEND: Duration = Duration::from_millis(100);
+
 /// Whether waiting `wait` still leaves time for another attempt.
 fn fits(wait: Duration, deadline: Instant) -> bool {
-    Instant::now() + wait < deadline
+    Instant::now() + wait + MIN_SEND <= deadline
 }
 
 async fn sleep_or_cancel(wait: Duration, cancel: &CancellationToken) -> Result<(), ()> {

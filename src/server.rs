@@ -65,7 +65,7 @@ pub async fn run_with_key(
             "summarising with the built-in extractive provider (no LLM); set provider.kind = \"openai\" to use one"
         ),
         ProviderKind::Openai => info!(
-            base_url = %config.provider.base_url,
+            base_url = %crate::failure::redact(&config.provider.base_url, &[]),
             model = %config.provider.model,
             "summarising through an OpenAI-compatible endpoint"
         ),
@@ -137,10 +137,13 @@ pub async fn run_with_key(
         .serve_with_incoming_shutdown(incoming, stop_accepting.clone().cancelled_owned());
     tokio::pin!(server);
 
+    // The server future must not be polled again once it has finished.
+    let mut calls_done = false;
     let deadline = tokio::select! {
         result = &mut server => {
             background.cancel();
             result?;
+            calls_done = true;
             Instant::now() + config.shutdown.ceiling
         }
         () = shutdown => {
@@ -153,19 +156,24 @@ pub async fn run_with_key(
             deadline
         }
     };
-    let _ = reconciler_task.await;
+    if tokio::time::timeout_at(deadline, reconciler_task)
+        .await
+        .is_err()
+    {
+        warn!("the reconciler did not stop in time");
+    }
     // Leave room at the end for cancelled passes to release their claims,
     // so that the whole shutdown stays within its ceiling.
     let grace = (config.shutdown.ceiling / 4).min(Duration::from_secs(1));
     let tracker = summariser.tracker();
     tracker.close();
-    // The server future must not be polled again once it has finished.
-    let mut calls_done = false;
     let mut segments_closed = false;
     let settled_in_time = {
         let calls_then_close = async {
-            let _ = (&mut server).await;
-            calls_done = true;
+            if !calls_done {
+                let _ = (&mut server).await;
+                calls_done = true;
+            }
             close_open_segments(&store).await;
             segments_closed = true;
         };

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::failure::Failure;
+use crate::failure::{Failure, FailureClass};
 use crate::model::{
     AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionName, Tenant,
@@ -282,6 +282,13 @@ async fn await_pass_with(
         };
         match outcome {
             PassOutcome::Summarised => return Ok(None),
+            // A pass someone else started and then cancelled (a flush at its
+            // bound) says nothing of this caller's: run it again while there
+            // is time, unless the server itself is stopping.
+            PassOutcome::Failed(failure)
+                if failure.class == FailureClass::Cancelled
+                    && cancel_at.is_none()
+                    && !summariser.is_stopping() => {}
             PassOutcome::Failed(failure) => return Ok(Some(failure)),
             PassOutcome::StoreFailed(e) => {
                 return Err(ServiceError::Store(StoreError::Shared(e)));

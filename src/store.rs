@@ -843,7 +843,9 @@ impl Store {
             let changed = conn
                 .prepare_cached(
                     "UPDATE segments SET state = ?1, attempts = attempts + ?2, \
-                     passes = passes + ?3, next_attempt_at = ?4, \
+                     passes = passes + ?3, \
+                     next_attempt_at = CASE WHEN ?3 = 1 THEN ?4 \
+                         ELSE max(?4, coalesce(next_attempt_at, ?4)) END, \
                      last_failure = CASE WHEN ?3 = 1 THEN ?5 ELSE last_failure END, \
                      failure_class = CASE WHEN ?3 = 1 THEN ?6 ELSE failure_class END, \
                      provider_fingerprint = ?11, claim_owner = NULL, claim_expires_at = NULL \

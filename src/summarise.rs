@@ -116,6 +116,7 @@ impl Summariser {
             breaker: Breaker::new(
                 probe_spacing,
                 config.reconciler.max_spacing.min(MAX_PROBE_SPACING),
+                config.retry.pass_ceiling * 2 + Duration::from_secs(5),
             ),
             config,
             owner,
@@ -192,6 +193,9 @@ impl Summariser {
                                 }
                             };
                             this.breaker.record(id, signal(&outcome));
+                            // Out of the registry before the answer, so that
+                            // nobody joins a pass that has already reported.
+                            lock(&this.running).remove(&id);
                             let _ = tx.send(Some(outcome));
                         }
                         .instrument(span),
@@ -220,6 +224,11 @@ impl Summariser {
     /// Every pass task this summariser started; for shutdown.
     pub fn tracker(&self) -> &TaskTracker {
         &self.tracker
+    }
+
+    /// Whether `cancel_all` was called (the process is stopping).
+    pub fn is_stopping(&self) -> bool {
+        self.cancel.is_cancelled()
     }
 
     /// Cancels every running pass: sleeps and sends stop at once, and their
