@@ -119,7 +119,7 @@ impl Bench {
                 .collect();
             let out = self
                 .store
-                .append(&tenant, &session, entries, policy)
+                .append(&tenant, &session, entries, policy, 0)
                 .await
                 .expect("append");
             ids.extend(out.closed_segment_ids);

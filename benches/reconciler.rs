@@ -195,7 +195,7 @@ async fn closed_segments(store: &Store, n: usize) {
             })
             .collect();
         store
-            .append(&Tenant::default(), &session, entries, policy)
+            .append(&Tenant::default(), &session, entries, policy, 0)
             .await
             .expect("append");
     }

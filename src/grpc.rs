@@ -8,7 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
+use std::task::{Context as TaskContext, Poll};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+use tonic::codegen::{BoxFuture, Service as TowerService, http};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
@@ -17,6 +21,7 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 use crate::auth::{Auth, AuthError};
 use crate::config::LimitsConfig;
 use crate::failure::{Failure, FailureClass, cause_chain};
+use crate::metrics::Metrics;
 use crate::model::{
     Backlog, Context, ContextItem, Entry, Millis, NewEntry, Role, Segment, SegmentState,
     SessionName, Summary, Tenant,
@@ -63,6 +68,98 @@ impl GrpcService {
         let server = pb::archivist_server::ArchivistServer::new(self)
             .max_decoding_message_size(max_message_bytes);
         InterceptedService::new(server, Authenticator { auth })
+    }
+}
+
+/// Caps the calls served at once: a call past the cap is answered at once
+/// with RESOURCE_EXHAUSTED (and a RetryInfo) instead of waiting in a queue
+/// that would grow without bound under overload. Also counts every call by
+/// method and status code.
+#[derive(Clone)]
+pub struct CallGate {
+    permits: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+impl CallGate {
+    pub fn new(max_concurrent_calls: usize, metrics: Arc<Metrics>) -> CallGate {
+        CallGate {
+            permits: Arc::new(Semaphore::new(max_concurrent_calls)),
+            metrics,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for CallGate {
+    type Service = Gated<S>;
+
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            gate: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gated<S> {
+    inner: S,
+    gate: CallGate,
+}
+
+impl<S, ReqBody, ResBody> TowerService<http::Request<ReqBody>> for Gated<S>
+where
+    S: TowerService<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let method = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let metrics = self.gate.metrics.clone();
+        let Ok(permit) = self.gate.permits.clone().try_acquire_owned() else {
+            metrics.grpc_call(&method, Code::ResourceExhausted);
+            let mut details = ErrorDetails::new();
+            details.set_error_info("TOO_MANY_CALLS", ERROR_DOMAIN, HashMap::new());
+            details.set_retry_info(Some(Duration::from_millis(100)));
+            let status = Status::with_error_details(
+                Code::ResourceExhausted,
+                "the server is at its limit of concurrent calls; retry shortly",
+                details,
+            );
+            let response = status.into_http::<ResBody>();
+            return Box::pin(async move { Ok(response) });
+        };
+        let call = self.inner.call(request);
+        Box::pin(async move {
+            let response = call.await;
+            drop(permit);
+            if let Ok(r) = &response {
+                // An error status travels in the headers of a trailers-only
+                // response; a success's status comes in the trailers.
+                let code = r
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i32>().ok())
+                    .map_or(Code::Ok, Code::from_i32);
+                metrics.grpc_call(&method, code);
+            }
+            response
+        })
     }
 }
 
@@ -526,6 +623,11 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Shared(inner) => return store_status(inner),
         StoreError::Closed => (Code::Unavailable, "SHUTTING_DOWN", Vec::new()),
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
+        StoreError::TenantFull { limit, .. } => (
+            Code::ResourceExhausted,
+            "TENANT_STORAGE_FULL",
+            vec![("limit_bytes".to_owned(), limit.to_string())],
+        ),
         StoreError::Open { .. }
         | StoreError::DataDir { .. }
         | StoreError::Migration { .. }
@@ -545,9 +647,15 @@ fn store_status(err: &StoreError) -> Status {
         ERROR_DOMAIN,
         metadata.into_iter().collect::<HashMap<_, _>>(),
     );
-    match code {
-        Code::NotFound => {}
-        Code::ResourceExhausted => {
+    match (code, err) {
+        (Code::NotFound, _) => {}
+        (_, StoreError::TenantFull { tenant, limit, .. }) => {
+            details.add_quota_failure_violation(
+                format!("tenant:{tenant}"),
+                format!("stored content is capped at {limit} bytes (limits.max_tenant_bytes)"),
+            );
+        }
+        (Code::ResourceExhausted, _) => {
             details.set_retry_info(Some(Duration::from_millis(100)));
         }
         _ => {

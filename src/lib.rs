@@ -48,6 +48,7 @@ pub mod client;
 pub mod config;
 pub mod failure;
 pub mod grpc;
+pub mod metrics;
 pub mod model;
 pub mod provider;
 pub mod reconciler;

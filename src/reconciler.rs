@@ -107,6 +107,7 @@ impl Reconciler {
         // scan further when that left slots empty and there may be more.
         let mut limit = free + self.summariser.running();
         loop {
+            self.summariser.metrics().scan();
             let ids = self
                 .store
                 .due_segments(Millis::now(), u32::try_from(limit).unwrap_or(u32::MAX))

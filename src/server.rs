@@ -13,11 +13,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::auth::{Auth, AuthSetupError};
 use crate::config::{Config, ProviderKind};
-use crate::grpc::GrpcService;
+use crate::grpc::{CallGate, GrpcService};
 use crate::model::Millis;
 use crate::pb;
 use crate::provider::{Provider, ProviderSetupError};
@@ -34,6 +35,18 @@ pub enum ServeError {
     Provider(#[from] ProviderSetupError),
     #[error("cannot set up authentication")]
     Auth(#[from] AuthSetupError),
+    #[error("cannot read the TLS file {path}")]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen for metrics on {at}")]
+    MetricsListen {
+        at: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot build the reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("the gRPC server failed")]
@@ -90,6 +103,7 @@ pub async fn run_with_key(
         summariser.clone(),
         wake.clone(),
         config.segment_policy(),
+        config.limits.max_tenant_bytes,
         config.flush.ceiling,
         config.reconciler.concurrency as usize,
     ));
@@ -129,7 +143,21 @@ pub async fn run_with_key(
     info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop_accepting = CancellationToken::new();
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls_config(&config)? {
+        builder = builder.tls_config(tls)?;
+        info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
+    }
+    if let Some(at) = config.metrics.listen {
+        let metrics = metrics_endpoint(at, store.clone(), summariser.clone()).await?;
+        tokio::spawn(metrics.serve(background.clone()));
+    }
+    let gate = CallGate::new(
+        config.limits.max_concurrent_calls as usize,
+        summariser.metrics().clone(),
+    );
+    let server = builder
+        .layer(gate)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -204,6 +232,67 @@ pub async fn run_with_key(
     }
     info!("archivist stopped");
     Ok(())
+}
+
+/// The TLS settings, when `[tls]` sets a certificate.
+fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>, ServeError> {
+    let (Some(cert), Some(key)) = (&config.tls.cert, &config.tls.key) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| ServeError::TlsFile {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = &config.tls.client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
+    }
+    Ok(Some(tls))
+}
+
+/// The Prometheus endpoint: `GET /metrics` on its own listener.
+struct MetricsEndpoint {
+    listener: TcpListener,
+    router: axum::Router,
+}
+
+async fn metrics_endpoint(
+    at: std::net::SocketAddr,
+    store: Store,
+    summariser: Arc<Summariser>,
+) -> Result<MetricsEndpoint, ServeError> {
+    let listener = TcpListener::bind(at)
+        .await
+        .map_err(|source| ServeError::MetricsListen { at, source })?;
+    info!(listen = %listener.local_addr().map_or(at, |a| a), "metrics at /metrics");
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let store = store.clone();
+            let summariser = summariser.clone();
+            async move {
+                let backlog = store.backlog_all().await.unwrap_or_default();
+                let body = summariser
+                    .metrics()
+                    .render(&backlog, summariser.breaker().state());
+                ([("content-type", "text/plain; version=0.0.4")], body)
+            }
+        }),
+    );
+    Ok(MetricsEndpoint { listener, router })
+}
+
+impl MetricsEndpoint {
+    async fn serve(self, stop: CancellationToken) {
+        let served = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            warn!(error = %e, "the metrics endpoint stopped");
+        }
+    }
 }
 
 /// Closes every open segment at shutdown, once appends have stopped, so that

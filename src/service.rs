@@ -44,6 +44,7 @@ pub struct Service {
     summariser: Arc<Summariser>,
     wake: Arc<Notify>,
     policy: SegmentPolicy,
+    max_tenant_bytes: u64,
     flush_ceiling: Duration,
     flush_concurrency: usize,
 }
@@ -66,6 +67,7 @@ impl Service {
         summariser: Arc<Summariser>,
         wake: Arc<Notify>,
         policy: SegmentPolicy,
+        max_tenant_bytes: u64,
         flush_ceiling: Duration,
         flush_concurrency: usize,
     ) -> Service {
@@ -74,6 +76,7 @@ impl Service {
             summariser,
             wake,
             policy,
+            max_tenant_bytes,
             flush_ceiling,
             flush_concurrency: flush_concurrency.max(1),
         }
@@ -91,7 +94,7 @@ impl Service {
     ) -> Result<AppendOutcome, ServiceError> {
         let outcome = self
             .store
-            .append(tenant, session, entries, self.policy)
+            .append(tenant, session, entries, self.policy, self.max_tenant_bytes)
             .await?;
         if !outcome.closed_segment_ids.is_empty() {
             // Recaps run in the background; the append never waits on them.

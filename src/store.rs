@@ -70,6 +70,12 @@ pub enum StoreError {
     Batch(#[source] BatchFailure),
     #[error("the store's write queue is full")]
     Busy,
+    #[error("tenant {tenant:?} would store {wanted} bytes, over its cap of {limit}")]
+    TenantFull {
+        tenant: String,
+        wanted: u64,
+        limit: u64,
+    },
     #[error("stored data is not valid: {0}")]
     Corrupt(String),
     #[error("the store is shut down")]
@@ -165,7 +171,8 @@ pub struct FailedPass {
     pub provider_fingerprint: String,
 }
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sessions (
     id              INTEGER PRIMARY KEY,
     tenant          TEXT    NOT NULL,
@@ -228,7 +235,21 @@ CREATE TABLE summaries (
     output_tokens  INTEGER NOT NULL,
     created_at     INTEGER NOT NULL
 );
-"#];
+"#,
+    r#"
+-- Bytes of entry content each tenant stores, kept in step by every append,
+-- so the per-tenant cap is checked without summing the entries.
+CREATE TABLE tenant_usage (
+    tenant       TEXT    PRIMARY KEY,
+    stored_bytes INTEGER NOT NULL
+) WITHOUT ROWID;
+
+INSERT INTO tenant_usage (tenant, stored_bytes)
+    SELECT x.tenant, sum(length(CAST(e.content AS BLOB)))
+    FROM entries e JOIN sessions x ON x.id = e.session_id
+    GROUP BY x.tenant;
+"#,
+];
 
 const SEGMENT_COLUMNS: &str = "s.id, x.name, s.ordinal, s.state, s.first_seq, s.last_seq, \
      s.entry_count, s.token_estimate, s.attempts, s.passes, s.next_attempt_at, s.closed_at, \
@@ -344,17 +365,22 @@ impl Store {
     /// Appends `entries` in order to the session's open segment, creating
     /// the session and segments as needed, and closes each segment that
     /// reaches a bound of `policy`, all in one transaction.
+    /// `max_tenant_bytes` (0: none) caps the content bytes the tenant
+    /// stores; an append that would pass it stores nothing.
     pub async fn append(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         entries: Vec<NewEntry>,
         policy: SegmentPolicy,
+        max_tenant_bytes: u64,
     ) -> Result<AppendOutcome, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
-        self.write_or_busy(move |conn| append_tx(conn, &tenant, &session, entries, policy))
-            .await
+        self.write_or_busy(move |conn| {
+            append_tx(conn, &tenant, &session, entries, policy, max_tenant_bytes)
+        })
+        .await
     }
 
     /// Closes the session's open segment, if any, and returns its id.
@@ -593,12 +619,21 @@ impl Store {
 
     /// Counts per state, the oldest PENDING age and parked counts per class.
     pub async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, StoreError> {
-        let tenant = tenant.0.clone();
+        self.backlog_where(Some(tenant.0.clone())).await
+    }
+
+    /// The backlog across every tenant (for metrics and operators).
+    pub async fn backlog_all(&self) -> Result<Backlog, StoreError> {
+        self.backlog_where(None).await
+    }
+
+    async fn backlog_where(&self, tenant: Option<String>) -> Result<Backlog, StoreError> {
         self.read(move |conn| {
             let mut backlog = Backlog::default();
             let mut stmt = conn.prepare_cached(
                 "SELECT s.state, count(*), min(s.closed_at) FROM segments s \
-                 JOIN sessions x ON x.id = s.session_id WHERE x.tenant = ?1 GROUP BY s.state",
+                 JOIN sessions x ON x.id = s.session_id WHERE (?1 IS NULL OR x.tenant = ?1) \
+                 GROUP BY s.state",
             )?;
             let now = Millis::now();
             let rows = stmt.query_map([&tenant], |r| {
@@ -624,7 +659,7 @@ impl Store {
             let mut stmt = conn.prepare_cached(
                 "SELECT coalesce(s.failure_class, 'unknown'), count(*) FROM segments s \
                  JOIN sessions x ON x.id = s.session_id \
-                 WHERE x.tenant = ?1 AND s.state = ?2 GROUP BY 1 ORDER BY 1",
+                 WHERE (?1 IS NULL OR x.tenant = ?1) AND s.state = ?2 GROUP BY 1 ORDER BY 1",
             )?;
             let rows = stmt.query_map(params![tenant, SegmentState::Parked.code()], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
@@ -1147,6 +1182,7 @@ fn append_tx(
     name: &str,
     entries: Vec<NewEntry>,
     policy: SegmentPolicy,
+    max_tenant_bytes: u64,
 ) -> Result<AppendOutcome, StoreError> {
     let now = Millis::now();
     let existing = conn
@@ -1202,6 +1238,7 @@ fn append_tx(
         "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, entry_count, \
          token_estimate, created_at) VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
     )?;
+    let mut added_bytes = 0u64;
     let mut outcome = AppendOutcome {
         entries: Vec::with_capacity(entries.len()),
         open_segment_id: None,
@@ -1223,6 +1260,7 @@ fn append_tx(
         }
         let seq = next_seq;
         next_seq += 1;
+        added_bytes += entry.content.len() as u64;
         let tokens = estimate_tokens(&entry.content);
         insert_entry.execute(params![
             session_id,
@@ -1287,6 +1325,23 @@ fn append_tx(
         outcome.open_segment_id,
         session_id
     ])?;
+    if added_bytes > 0 {
+        let stored: u64 = conn
+            .prepare_cached(
+                "INSERT INTO tenant_usage (tenant, stored_bytes) VALUES (?1, ?2) \
+                 ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + ?2 \
+                 RETURNING stored_bytes",
+            )?
+            .query_row(params![tenant, added_bytes], |r| r.get(0))?;
+        if max_tenant_bytes > 0 && stored > max_tenant_bytes {
+            // The job's savepoint rolls every write of this append back.
+            return Err(StoreError::TenantFull {
+                tenant: tenant.to_owned(),
+                wanted: stored,
+                limit: max_tenant_bytes,
+            });
+        }
+    }
     Ok(outcome)
 }
 
@@ -1435,7 +1490,13 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let name = format!("s{i}");
                 let ok = store
-                    .append(&Tenant::default(), &session(&name), entries(&["x"]), POLICY)
+                    .append(
+                        &Tenant::default(),
+                        &session(&name),
+                        entries(&["x"]),
+                        POLICY,
+                        0,
+                    )
                     .await
                     .is_ok();
                 (name, ok)
@@ -1457,6 +1518,7 @@ mod tests {
                 &session("after"),
                 entries(&["y"]),
                 POLICY,
+                0,
             )
             .await
             .expect("the writer still works");
@@ -1512,7 +1574,7 @@ mod tests {
         let (_dir, store) = open().await;
         let t = Tenant::default();
         store
-            .append(&t, &session("s"), entries(&["a", "b"]), POLICY)
+            .append(&t, &session("s"), entries(&["a", "b"]), POLICY, 0)
             .await
             .expect("append");
         let id = store
@@ -1572,7 +1634,7 @@ mod tests {
         let (_dir, store) = open().await;
         let t = Tenant::default();
         store
-            .append(&t, &session("s"), entries(&["a"]), POLICY)
+            .append(&t, &session("s"), entries(&["a"]), POLICY, 0)
             .await
             .expect("append");
         let id = store

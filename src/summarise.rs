@@ -19,6 +19,7 @@ use tracing::{Instrument, Span, info_span, warn};
 use crate::breaker::{Breaker, MAX_PROBE_SPACING, Signal};
 use crate::config::{Config, ReconcilerConfig, RetryConfig};
 use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
+use crate::metrics::{Metrics, Outcome};
 use crate::model::{Entry, Millis, SegmentId, SegmentState, Summary, estimate_tokens};
 use crate::provider::{Provider, ProviderError, Recap, RecapInput};
 use crate::reconciler::next_due_after;
@@ -67,6 +68,7 @@ pub struct Summariser {
     config: SummariserConfig,
     owner: String,
     running: Mutex<HashMap<SegmentId, watch::Receiver<Option<PassOutcome>>>>,
+    metrics: Arc<Metrics>,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -98,6 +100,8 @@ enum PassCause {
 #[derive(Default)]
 struct Tally {
     attempts: u32,
+    /// Provider passes run (more than one for a chunked segment).
+    passes: u32,
     input_tokens: u32,
     output_tokens: u32,
 }
@@ -121,6 +125,7 @@ impl Summariser {
             config,
             owner,
             running: Mutex::new(HashMap::new()),
+            metrics: Arc::new(Metrics::new()),
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
         })
@@ -128,6 +133,11 @@ impl Summariser {
 
     pub fn provider(&self) -> &Provider {
         &self.provider
+    }
+
+    /// The metrics every pass updates.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The provider-wide breaker every pass reports to.
@@ -259,8 +269,18 @@ impl Summariser {
         let started = Instant::now();
         let mut tally = Tally::default();
         let result = self.recap(&claim, &input.entries, &mut tally, cancel).await;
+        let outcome = match &result {
+            Ok(_) => Outcome::Success,
+            Err(end) => Outcome::Failure(end.class()),
+        };
+        self.metrics.pass(
+            outcome,
+            started.elapsed().as_secs_f64(),
+            tally.attempts.saturating_sub(tally.passes),
+        );
         match result {
             Ok(Some(recap)) => {
+                self.metrics.tokens(tally.input_tokens, tally.output_tokens);
                 let summary = Summary {
                     text: recap.text,
                     provider: self.provider.name().to_owned(),
@@ -391,11 +411,24 @@ impl Summariser {
         cancel: &CancellationToken,
     ) -> Result<Recap, PassEnd<ProviderError>> {
         let max_output = self.config.max_output_tokens;
-        let report = run_pass(&self.config.retry, cancel, |_, _| {
-            self.provider.summarise(input, max_output)
+        let answered = std::sync::atomic::AtomicU32::new(0);
+        let report = run_pass(&self.config.retry, cancel, |_, _| async {
+            let result = self.provider.summarise(input, max_output).await;
+            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics.attempt(match &result {
+                Ok(_) => Outcome::Success,
+                Err(e) => Outcome::Failure(e.class),
+            });
+            result
         })
         .await;
+        // Sends cut off by their timeout never answered.
+        for _ in answered.into_inner()..report.attempts {
+            self.metrics
+                .attempt(Outcome::Failure(FailureClass::Timeout));
+        }
         tally.attempts += report.attempts;
+        tally.passes += 1;
         let recap = report.result?;
         tally.input_tokens = tally.input_tokens.saturating_add(recap.input_tokens);
         tally.output_tokens = tally.output_tokens.saturating_add(recap.output_tokens);
