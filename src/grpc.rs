@@ -74,18 +74,25 @@ impl GrpcService {
 /// Caps the calls served at once: a call past the cap is answered at once
 /// with RESOURCE_EXHAUSTED (and a RetryInfo) instead of waiting in a queue
 /// that would grow without bound under overload. Also counts every call by
-/// method and status code.
+/// method and status code, and gives a message over the size limit the
+/// code gRPC defines for it.
 #[derive(Clone)]
 pub struct CallGate {
     permits: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    max_message_bytes: usize,
 }
 
 impl CallGate {
-    pub fn new(max_concurrent_calls: usize, metrics: Arc<Metrics>) -> CallGate {
+    pub fn new(
+        max_concurrent_calls: usize,
+        max_message_bytes: usize,
+        metrics: Arc<Metrics>,
+    ) -> CallGate {
         CallGate {
             permits: Arc::new(Semaphore::new(max_concurrent_calls)),
             metrics,
+            max_message_bytes,
         }
     }
 }
@@ -144,18 +151,39 @@ where
             return Box::pin(async move { Ok(response) });
         };
         let call = self.inner.call(request);
+        let limit = self.gate.max_message_bytes;
         Box::pin(async move {
-            let response = call.await;
+            let mut response = call.await;
             drop(permit);
-            if let Ok(r) = &response {
+            if let Ok(r) = &mut response {
                 // An error status travels in the headers of a trailers-only
                 // response; a success's status comes in the trailers.
-                let code = r
+                let mut code = r
                     .headers()
                     .get("grpc-status")
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse::<i32>().ok())
                     .map_or(Code::Ok, Code::from_i32);
+                // No handler here answers OUT_OF_RANGE: it is tonic refusing
+                // a message over max_decoding_message_size, which gRPC
+                // names RESOURCE_EXHAUSTED.
+                if code == Code::OutOfRange {
+                    code = Code::ResourceExhausted;
+                    let mut details = ErrorDetails::new();
+                    details.set_error_info(
+                        "MESSAGE_TOO_LARGE",
+                        ERROR_DOMAIN,
+                        HashMap::from([("limit_bytes".to_owned(), limit.to_string())]),
+                    );
+                    *r = Status::with_error_details(
+                        code,
+                        format!(
+                            "the request message is larger than the server's limit of {limit} bytes"
+                        ),
+                        details,
+                    )
+                    .into_http::<ResBody>();
+                }
                 metrics.grpc_call(&method, code);
             }
             response

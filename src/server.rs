@@ -150,10 +150,16 @@ pub async fn run_with_key(
     }
     if let Some(at) = config.metrics.listen {
         let metrics = metrics_endpoint(at, store.clone(), summariser.clone()).await?;
+        info!(
+            metrics = %metrics.listener.local_addr().map_or(at, |a| a),
+            data_dir = %config.data_dir.display(),
+            "metrics at /metrics"
+        );
         tokio::spawn(metrics.serve(background.clone()));
     }
     let gate = CallGate::new(
         config.limits.max_concurrent_calls as usize,
+        config.limits.max_message_bytes as usize,
         summariser.metrics().clone(),
     );
     let server = builder
@@ -266,7 +272,6 @@ async fn metrics_endpoint(
     let listener = TcpListener::bind(at)
         .await
         .map_err(|source| ServeError::MetricsListen { at, source })?;
-    info!(listen = %listener.local_addr().map_or(at, |a| a), "metrics at /metrics");
     let router = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {

@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 pub struct TestServer {
     pub addr: SocketAddr,
     pub client: archivist::client::Client,
+    data_dir: std::path::PathBuf,
     /// The data directory, owned here unless the server shares another's.
     dir: Option<tempfile::TempDir>,
     stop: Option<oneshot::Sender<()>>,
@@ -78,6 +79,7 @@ impl TestServer {
         TestServer {
             addr,
             client,
+            data_dir: data_dir.to_owned(),
             dir: None,
             stop: Some(stop),
             task: Some(task),
@@ -104,6 +106,10 @@ impl TestServer {
             .await
             .expect("append")
             .into_inner()
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
     }
 
     pub async fn close(

@@ -10,6 +10,7 @@ mod harness;
 mod logs;
 mod provider;
 mod reconciler;
+mod security;
 mod segments;
 mod tooling;
 mod winddown;
