@@ -25,6 +25,8 @@
 //!   the bounded shutdown.
 //! - `backfill`: the operator's drain of unsummarised segments and its report.
 //! - `client`: connecting to a server (the terminal client uses it).
+//! - `auth`: tenants and their bearer tokens (hashes, constant-time).
+//! - `metrics`: the Prometheus metrics, one registry per server.
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //!
 //! # Invariants

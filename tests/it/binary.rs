@@ -408,3 +408,17 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
         "every acknowledged entry is there"
     );
 }
+
+#[test]
+fn a_public_address_without_tenants_needs_insecure_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_archivist"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run archivist");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--insecure-open"), "{stderr}");
+    assert!(stderr.contains("listen"), "{stderr}");
+}
