@@ -63,6 +63,13 @@ fn main() {
             let dir = tempfile::tempdir().expect("temp dir");
             seed(dir.path(), summarised, PENDING).await;
             let store = Store::open(dir.path()).await.expect("store");
+            let t = Instant::now();
+            let backlog = store.backlog_all().await.expect("backlog");
+            println!(
+                "  {summarised:>9} SUMMARISED, GetBacklog counts: {:>9.1} µs ({} pending)",
+                t.elapsed().as_secs_f64() * 1e6,
+                backlog.pending
+            );
             for limit in [4u32, PENDING as u32] {
                 let (median, p99) = time_scans(&store, limit).await;
                 println!(

@@ -249,6 +249,44 @@ INSERT INTO tenant_usage (tenant, stored_bytes)
     FROM entries e JOIN sessions x ON x.id = e.session_id
     GROUP BY x.tenant;
 "#,
+    r#"
+-- Segments per tenant and state, kept in step by triggers, so that
+-- GetBacklog and every metrics scrape cost the same with a million
+-- summarised segments as with none.
+CREATE TABLE segment_counts (
+    tenant TEXT    NOT NULL,
+    state  INTEGER NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (tenant, state)
+) WITHOUT ROWID;
+
+INSERT INTO segment_counts (tenant, state, n)
+    SELECT x.tenant, s.state, count(*)
+    FROM segments s JOIN sessions x ON x.id = s.session_id
+    GROUP BY x.tenant, s.state;
+
+CREATE TRIGGER segments_counted_on_insert AFTER INSERT ON segments
+BEGIN
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+
+CREATE TRIGGER segments_counted_on_state AFTER UPDATE OF state ON segments
+WHEN OLD.state != NEW.state
+BEGIN
+    UPDATE segment_counts SET n = n - 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = OLD.session_id)
+          AND state = OLD.state;
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+"#,
 ];
 
 const SEGMENT_COLUMNS: &str = "s.id, x.name, s.ordinal, s.state, s.first_seq, s.last_seq, \
@@ -630,32 +668,35 @@ impl Store {
     async fn backlog_where(&self, tenant: Option<String>) -> Result<Backlog, StoreError> {
         self.read(move |conn| {
             let mut backlog = Backlog::default();
+            // Counts from the trigger-kept table; the oldest PENDING and the
+            // parked classes read only PENDING and PARKED rows (through the
+            // state index), so the cost follows the backlog.
             let mut stmt = conn.prepare_cached(
-                "SELECT s.state, count(*), min(s.closed_at) FROM segments s \
-                 JOIN sessions x ON x.id = s.session_id WHERE (?1 IS NULL OR x.tenant = ?1) \
-                 GROUP BY s.state",
+                "SELECT state, sum(n) FROM segment_counts \
+                 WHERE (?1 IS NULL OR tenant = ?1) GROUP BY state",
             )?;
-            let now = Millis::now();
             let rows = stmt.query_map([&tenant], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, u64>(1)?,
-                    r.get::<_, Option<i64>>(2)?,
-                ))
+                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
             })?;
             for row in rows {
-                let (state, count, oldest) = row?;
+                let (state, count) = row?;
+                let count = u64::try_from(count).unwrap_or(0);
                 match SegmentState::from_code(state) {
                     Some(SegmentState::Open) => backlog.open = count,
-                    Some(SegmentState::Pending) => {
-                        backlog.pending = count;
-                        backlog.oldest_pending_age = oldest.map(|t| Millis(t).age_at(now));
-                    }
+                    Some(SegmentState::Pending) => backlog.pending = count,
                     Some(SegmentState::Summarised) => backlog.summarised = count,
                     Some(SegmentState::Parked) => backlog.parked = count,
                     None => return Err(StoreError::Corrupt(format!("segment state {state}"))),
                 }
             }
+            let oldest: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT min(s.closed_at) FROM segments s \
+                     JOIN sessions x ON x.id = s.session_id \
+                     WHERE s.state = ?2 AND (?1 IS NULL OR x.tenant = ?1)",
+                )?
+                .query_row(params![tenant, SegmentState::Pending.code()], |r| r.get(0))?;
+            backlog.oldest_pending_age = oldest.map(|t| Millis(t).age_at(Millis::now()));
             let mut stmt = conn.prepare_cached(
                 "SELECT coalesce(s.failure_class, 'unknown'), count(*) FROM segments s \
                  JOIN sessions x ON x.id = s.session_id \
@@ -1627,6 +1668,100 @@ mod tests {
         let seg = store.segment(&t, id).await.expect("segment");
         assert_eq!(seg.state, SegmentState::Summarised);
         assert_eq!((seg.attempts, seg.passes), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn backlog_counts_follow_every_state_change() {
+        let (dir, store) = open().await;
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        let small = SegmentPolicy {
+            max_entries: 1,
+            max_tokens: 1_000_000,
+        };
+        store
+            .append(&t, &session("s"), entries(&["a", "b", "c", "d"]), small, 0)
+            .await
+            .expect("append");
+        store
+            .append(&other, &session("s"), entries(&["x", "y"]), POLICY, 0)
+            .await
+            .expect("append");
+        let due = store.due_segments(Millis::now(), 10).await.expect("due");
+        let (first, _) = store
+            .claim(due[0], "w", Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .expect("free");
+        let summary = Summary {
+            text: "r".to_owned(),
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+            prompt_version: "v".to_owned(),
+            input_tokens: 1,
+            output_tokens: 1,
+            created_at: Millis::now(),
+        };
+        assert!(store.complete(&first, summary, 1).await.expect("complete"));
+        let (second, _) = store
+            .claim(due[1], "w", Duration::from_secs(60))
+            .await
+            .expect("claim")
+            .expect("free");
+        let failure = Failure {
+            class: crate::failure::FailureClass::Unauthorized,
+            retry_after: None,
+            causes: vec!["401".to_owned()],
+            attempts: 1,
+            elapsed: Duration::ZERO,
+            http_status: Some(401),
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+        };
+        let parked = FailedPass {
+            failure,
+            attempts: 1,
+            state: SegmentState::Parked,
+            next_attempt_at: Millis::now(),
+            counts_as_pass: true,
+            provider_fingerprint: "f".to_owned(),
+        };
+        assert!(store.fail(&second, parked).await.expect("fail"));
+        let b = store.backlog(&t).await.expect("backlog");
+        assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 2, 1, 1));
+        assert_eq!(b.parked_by_class, vec![("unauthorized".to_owned(), 1)]);
+        assert!(b.oldest_pending_age.is_some());
+        let o = store.backlog(&other).await.expect("backlog");
+        assert_eq!((o.open, o.pending, o.summarised, o.parked), (1, 0, 0, 0));
+        let all = store.backlog_all().await.expect("backlog");
+        assert_eq!(
+            (all.open, all.pending, all.summarised, all.parked),
+            (1, 2, 1, 1)
+        );
+
+        store.unpark(vec![due[1]]).await.expect("unpark");
+        let b = store.backlog(&t).await.expect("backlog");
+        assert_eq!((b.pending, b.parked), (3, 0));
+        // The kept counts equal a recount.
+        let conn = Connection::open(dir.path().join("archivist.sqlite3")).expect("open");
+        let recount: Vec<(String, i64, i64)> = conn
+            .prepare(
+                "SELECT x.tenant, s.state, count(*) FROM segments s \
+                 JOIN sessions x ON x.id = s.session_id GROUP BY 1, 2 ORDER BY 1, 2",
+            )
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        let kept: Vec<(String, i64, i64)> = conn
+            .prepare("SELECT tenant, state, n FROM segment_counts WHERE n > 0 ORDER BY 1, 2")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(kept, recount);
     }
 
     #[tokio::test]
