@@ -34,6 +34,14 @@ pub enum AuthSetupError {
     },
     #[error("auth.tenants[{index}] ({name}): token_sha256 is not 64 hex digits")]
     BadDigest { index: usize, name: String },
+    #[error(
+        "auth.tenants[{index}] ({name}) has the same token as {other}: each tenant needs its own"
+    )]
+    SharedToken {
+        index: usize,
+        name: String,
+        other: String,
+    },
 }
 
 impl std::fmt::Debug for Auth {
@@ -52,7 +60,7 @@ impl Auth {
         tenants: &[TenantConfig],
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Auth, AuthSetupError> {
-        let mut table = Vec::with_capacity(tenants.len());
+        let mut table: Vec<(Tenant, [u8; 32])> = Vec::with_capacity(tenants.len());
         for (index, t) in tenants.iter().enumerate() {
             let digest = match (&t.token_sha256, &t.token_env) {
                 (Some(hex), _) => parse_hex(hex).ok_or_else(|| AuthSetupError::BadDigest {
@@ -77,6 +85,14 @@ impl Auth {
                     });
                 }
             };
+            // A token two tenants share would let one act as the other.
+            if let Some((other, _)) = table.iter().find(|(_, d)| *d == digest) {
+                return Err(AuthSetupError::SharedToken {
+                    index,
+                    name: t.name.clone(),
+                    other: other.0.clone(),
+                });
+            }
             table.push((Tenant(t.name.clone()), digest));
         }
         Ok(Auth { tenants: table })
@@ -179,6 +195,18 @@ mod tests {
     fn an_unset_token_variable_is_refused_by_name() {
         let e = Auth::from_config(&tenants(), |_| None).expect_err("unset");
         assert!(e.to_string().contains("BETA_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn two_tenants_cannot_share_a_token() {
+        let mut t = tenants();
+        t[1] = TenantConfig {
+            name: "beta".into(),
+            token_sha256: Some(token_sha256("alpha-token")),
+            token_env: None,
+        };
+        let e = Auth::from_config(&t, |_| None).expect_err("shared");
+        assert!(e.to_string().contains("alpha"), "{e}");
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum ConnectError {
     HalfIdentity,
     #[error("the token is not valid header text")]
     BadToken,
+    #[error("TLS options were given but {0} is not an https:// address")]
+    TlsNeedsHttps(String),
 }
 
 /// A connected client; every call carries the bearer token, if one is set.
@@ -86,6 +88,10 @@ pub async fn connect_with(options: &ClientOptions) -> Result<Client, ConnectErro
     let mut endpoint = Endpoint::from_shared(address.to_owned())
         .map_err(|e| ConnectError::BadAddress(address.to_owned(), e))?
         .tcp_nodelay(true);
+    let tls_asked = options.ca_cert.is_some() || options.client_cert.is_some();
+    if tls_asked && !address.starts_with("https://") {
+        return Err(ConnectError::TlsNeedsHttps(address.to_owned()));
+    }
     if address.starts_with("https://") {
         let mut tls = ClientTlsConfig::new().with_webpki_roots();
         if let Some(ca) = &options.ca_cert {

@@ -348,6 +348,15 @@ impl Config {
         if self.tls.client_ca.is_some() && self.tls.cert.is_none() {
             return invalid("tls.client_ca", "needs tls.cert and tls.key");
         }
+        if let Some(at) = self.metrics.listen
+            && !at.ip().is_loopback()
+            && !self.insecure_open
+        {
+            return invalid(
+                "metrics.listen",
+                "metrics on a non-loopback address show every tenant's totals over plain HTTP; keep it on loopback, or pass --insecure-open",
+            );
+        }
         if self.auth.tenants.is_empty() && !self.listen.ip().is_loopback() && !self.insecure_open {
             return invalid(
                 "listen",

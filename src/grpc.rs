@@ -71,6 +71,29 @@ impl GrpcService {
     }
 }
 
+const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
+
+/// The metrics label for a request path: one of ours, or "other", so that
+/// callers (even unauthenticated ones) cannot mint label values.
+fn method_label(path: &str) -> &'static str {
+    const METHODS: [&str; 8] = [
+        "AppendEntries",
+        "CloseSegment",
+        "FlushSession",
+        "GetSegment",
+        "ListSegments",
+        "GetContext",
+        "RequeueSegments",
+        "GetBacklog",
+    ];
+    match path.strip_prefix(ARCHIVIST_PATH) {
+        Some(name) => METHODS.into_iter().find(|m| *m == name).unwrap_or("other"),
+        None if path.starts_with("/grpc.health.") => "health",
+        None if path.starts_with("/grpc.reflection.") => "reflection",
+        None => "other",
+    }
+}
+
 /// Caps the calls served at once: a call past the cap is answered at once
 /// with RESOURCE_EXHAUSTED (and a RetryInfo) instead of waiting in a queue
 /// that would grow without bound under overload. Also counts every call by
@@ -129,16 +152,22 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let method = request
-            .uri()
-            .path()
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let path = request.uri().path();
+        let method = method_label(path);
         let metrics = self.gate.metrics.clone();
+        // Health and reflection stay out of the cap: probes must get through
+        // an overload, and their streams would hold a permit only until
+        // their headers anyway.
+        if !path.starts_with(ARCHIVIST_PATH) {
+            let call = self.inner.call(request);
+            return Box::pin(async move {
+                let response = call.await;
+                metrics.grpc_call(method, Code::Ok);
+                response
+            });
+        }
         let Ok(permit) = self.gate.permits.clone().try_acquire_owned() else {
-            metrics.grpc_call(&method, Code::ResourceExhausted);
+            metrics.grpc_call(method, Code::ResourceExhausted);
             let mut details = ErrorDetails::new();
             details.set_error_info("TOO_MANY_CALLS", ERROR_DOMAIN, HashMap::new());
             details.set_retry_info(Some(Duration::from_millis(100)));
@@ -184,7 +213,7 @@ where
                     )
                     .into_http::<ResBody>();
                 }
-                metrics.grpc_call(&method, code);
+                metrics.grpc_call(method, code);
             }
             response
         })
@@ -226,13 +255,15 @@ impl Interceptor for Authenticator {
     }
 }
 
-/// The caller's tenant, as the authenticator resolved it.
-fn tenant<T>(request: &Request<T>) -> Tenant {
+/// The caller's tenant, as the authenticator resolved it. A call that
+/// reached a handler without passing the authenticator is a wiring bug: it
+/// fails closed rather than running as the default tenant.
+fn tenant<T>(request: &Request<T>) -> Result<Tenant, Status> {
     request
         .extensions()
         .get::<Tenant>()
         .cloned()
-        .unwrap_or_default()
+        .ok_or_else(|| Status::internal("the call was not authenticated"))
 }
 
 #[tonic::async_trait]
@@ -241,7 +272,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let (session, entries) = parse_append(request.into_inner(), &self.limits)?;
         let outcome = self
             .service
@@ -267,7 +298,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::CloseSegmentRequest>,
     ) -> Result<Response<pb::CloseSegmentResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let deadline = call_deadline(&request);
         let req = request.into_inner();
         let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
@@ -289,7 +320,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::FlushSessionRequest>,
     ) -> Result<Response<pb::FlushSessionResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let deadline = call_deadline(&request);
         let req = request.into_inner();
         let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
@@ -308,7 +339,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::GetSegmentRequest>,
     ) -> Result<Response<pb::Segment>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let id = request.into_inner().segment_id;
         let segment = self
             .service
@@ -322,7 +353,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::ListSegmentsRequest>,
     ) -> Result<Response<pb::ListSegmentsResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let req = request.into_inner();
         let mut violations = Vec::new();
         let session = match req.session_id.as_str() {
@@ -384,7 +415,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::GetContextRequest>,
     ) -> Result<Response<pb::GetContextResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let req = request.into_inner();
         let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
         let context = self
@@ -399,7 +430,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::RequeueSegmentsRequest>,
     ) -> Result<Response<pb::RequeueSegmentsResponse>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let req = request.into_inner();
         let session = match req.session_id.as_str() {
             "" => None,
@@ -427,7 +458,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         &self,
         request: Request<pb::GetBacklogRequest>,
     ) -> Result<Response<pb::Backlog>, Status> {
-        let tenant = tenant(&request);
+        let tenant = tenant(&request)?;
         let backlog = self
             .service
             .backlog(&tenant)

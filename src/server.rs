@@ -251,7 +251,10 @@ fn tls_config(config: &Config) -> Result<Option<ServerTlsConfig>, ServeError> {
             source,
         })
     };
-    let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(read(cert)?, read(key)?));
+    // A handshake that stalls is dropped rather than held for ever.
+    let mut tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(cert)?, read(key)?))
+        .timeout(std::time::Duration::from_secs(10));
     if let Some(ca) = &config.tls.client_ca {
         tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
     }

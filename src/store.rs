@@ -28,6 +28,11 @@ use crate::model::{
     SegmentId, SegmentPolicy, SegmentState, SessionName, Summary, Tenant, estimate_tokens,
 };
 
+/// What a tenant's byte cap counts for each stored entry and session on top
+/// of its text (content, id, name): the row and index space around it, so
+/// that many tiny entries cannot store far more than the cap says.
+const ROW_OVERHEAD_BYTES: u64 = 64;
+
 /// Most jobs committed in one transaction.
 const MAX_BATCH: usize = 512;
 /// Jobs waiting for the writer before callers wait to enqueue.
@@ -1240,9 +1245,26 @@ fn append_tx(
             ))
         })
         .optional()?;
+    let mut added_bytes = 0u64;
+    if max_tenant_bytes > 0 {
+        // A tenant already at its cap is refused before any write.
+        let stored: u64 = conn
+            .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
+            .query_row([tenant], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        if stored >= max_tenant_bytes {
+            return Err(StoreError::TenantFull {
+                tenant: tenant.to_owned(),
+                wanted: stored,
+                limit: max_tenant_bytes,
+            });
+        }
+    }
     let (session_id, mut next_seq, mut next_ordinal, open_id) = match existing {
         Some(row) => row,
         None => {
+            added_bytes += name.len() as u64 + ROW_OVERHEAD_BYTES;
             let id = conn
                 .prepare_cached(
                     "INSERT INTO sessions (tenant, name, created_at) VALUES (?1, ?2, ?3) RETURNING id",
@@ -1279,7 +1301,6 @@ fn append_tx(
         "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, entry_count, \
          token_estimate, created_at) VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
     )?;
-    let mut added_bytes = 0u64;
     let mut outcome = AppendOutcome {
         entries: Vec::with_capacity(entries.len()),
         open_segment_id: None,
@@ -1301,7 +1322,9 @@ fn append_tx(
         }
         let seq = next_seq;
         next_seq += 1;
-        added_bytes += entry.content.len() as u64;
+        added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
+            as u64
+            + ROW_OVERHEAD_BYTES;
         let tokens = estimate_tokens(&entry.content);
         insert_entry.execute(params![
             session_id,

@@ -210,7 +210,8 @@ async fn over_limit_messages_calls_and_bytes_get_their_codes_and_store_nothing()
         fast(c, &mock.uri());
         c.limits.max_message_bytes = 2048;
         c.limits.max_concurrent_calls = 1;
-        c.limits.max_tenant_bytes = 100;
+        // A session and an entry cost their text plus 64 bytes each.
+        c.limits.max_tenant_bytes = 400;
     })
     .await;
     let mut client = server.client.clone();
@@ -223,13 +224,14 @@ async fn over_limit_messages_calls_and_bytes_get_their_codes_and_store_nothing()
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert_eq!(reason(&status), "MESSAGE_TOO_LARGE");
 
-    // Bytes over the tenant's cap: the first append fits, the second not.
+    // Bytes over the tenant's cap: the first append fits (1 + 64 for the
+    // session, 60 + 64 for the entry), the second would pass 400.
     client
         .append_entries(append("s", &"y".repeat(60)))
         .await
         .expect("within the cap");
     let status = client
-        .append_entries(append("s", &"z".repeat(50)))
+        .append_entries(append("s", &"z".repeat(250)))
         .await
         .expect_err("over the cap");
     assert_eq!(status.code(), Code::ResourceExhausted);
