@@ -241,18 +241,8 @@ async fn sigterm_exits_cleanly_and_keeps_the_data() {
     assert!(status.success(), "{status:?}");
 
     let server = Process::start(dir.path(), &[]).await;
-    let mut client = server.client().await;
-    let segs = client
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: "s".into(),
-            states: Vec::new(),
-            page_size: 0,
-            page_token: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .segments;
+    let client = server.client().await;
+    let segs = crate::harness::list_segments(&mut client.clone(), "s").await;
     // The open segment was closed at shutdown and its recap ran after restart.
     assert_eq!(segs.len(), 1);
     let id = segs[0].id;
@@ -315,18 +305,7 @@ async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
     assert!(done, "summarised after the lease");
     assert_eq!(healthy.calls(), 1, "summarised exactly once");
     assert_eq!(hanging.calls(), 1);
-    let segs = client
-        .clone()
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: "s".into(),
-            states: Vec::new(),
-            page_size: 0,
-            page_token: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .segments;
+    let segs = crate::harness::list_segments(&mut client.clone(), "s").await;
     assert_eq!(segs.len(), 1);
     assert_eq!(
         segs[0].summary.as_ref().map(|s| s.text.as_str()),
@@ -389,18 +368,7 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
     let done = server.summarised(2, Duration::from_secs(4)).await;
     assert!(done, "both segments summarised after the restart");
     assert_eq!(healthy.calls(), 2);
-    let mut client = client.clone();
-    let segs = client
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: "s".into(),
-            states: Vec::new(),
-            page_size: 0,
-            page_token: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .segments;
+    let segs = crate::harness::list_segments(&mut client.clone(), "s").await;
     let covered: Vec<(u64, u64)> = segs.iter().map(|s| (s.first_seq, s.last_seq)).collect();
     assert_eq!(
         covered,

@@ -125,17 +125,7 @@ async fn bad_appends_are_refused_and_store_nothing() {
     assert_eq!(next.entries[0].seq, 2);
     // No session or segment was created by a refused call: "s" is the only
     // session, with its one open segment.
-    let all = client
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: String::new(),
-            states: Vec::new(),
-            page_size: 0,
-            page_token: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .segments;
+    let all = crate::harness::list_segments(&mut client.clone(), "").await;
     let sessions: Vec<&str> = all.iter().map(|s| s.session_id.as_str()).collect();
     assert_eq!(sessions, vec!["s"]);
     assert_eq!(all[0].entry_count, 2);

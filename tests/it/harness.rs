@@ -146,27 +146,7 @@ impl TestServer {
     }
 
     pub async fn segments(&self, session: &str) -> Vec<pb::Segment> {
-        let mut out = Vec::new();
-        let mut token = String::new();
-        loop {
-            let page = self
-                .client
-                .clone()
-                .list_segments(pb::ListSegmentsRequest {
-                    session_id: session.to_owned(),
-                    states: Vec::new(),
-                    page_size: 0,
-                    page_token: token,
-                })
-                .await
-                .expect("list")
-                .into_inner();
-            out.extend(page.segments);
-            if page.next_page_token.is_empty() {
-                return out;
-            }
-            token = page.next_page_token;
-        }
+        list_segments(&mut self.client.clone(), session).await
     }
 
     pub async fn context(&self, session: &str, max_tokens: u32) -> pb::GetContextResponse {
@@ -179,6 +159,32 @@ impl TestServer {
             .await
             .expect("context")
             .into_inner()
+    }
+}
+
+/// Every segment of `session` ("" for all), through every page.
+pub async fn list_segments(
+    client: &mut archivist::client::Client,
+    session: &str,
+) -> Vec<pb::Segment> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: session.to_owned(),
+                states: Vec::new(),
+                page_size: 0,
+                page_token: token,
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        out.extend(page.segments);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
     }
 }
 

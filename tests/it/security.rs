@@ -138,17 +138,8 @@ async fn one_tenant_cannot_see_or_touch_anothers_sessions() {
         .await
         .expect_err("hidden"),
     );
-    let listed = b
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: String::new(),
-            states: Vec::new(),
-            page_size: 0,
-            page_token: String::new(),
-        })
-        .await
-        .expect("list")
-        .into_inner();
-    assert!(listed.segments.is_empty(), "{:?}", listed.segments);
+    let listed = crate::harness::list_segments(&mut b, "").await;
+    assert!(listed.is_empty(), "{listed:?}");
     let requeued = b
         .requeue_segments(pb::RequeueSegmentsRequest {
             session_id: String::new(),
