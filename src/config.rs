@@ -25,6 +25,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub log_format: LogFormat,
     pub segment: SegmentConfig,
+    pub storage: StorageConfig,
     pub limits: LimitsConfig,
     pub provider: ProviderConfig,
     pub retry: RetryConfig,
@@ -95,6 +96,23 @@ pub enum LogFormat {
 pub struct SegmentConfig {
     pub max_entries: u32,
     pub max_tokens: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// What an acknowledged write survives.
+    pub durability: DurabilityConfig,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityConfig {
+    /// The process being killed (kill -9, a crash).
+    #[default]
+    Process,
+    /// Power loss and operating-system crashes too: an fsync per commit.
+    Power,
 }
 
 /// Bounds on what one call may carry.
@@ -184,6 +202,7 @@ impl Default for Config {
             data_dir: PathBuf::from("archivist-data"),
             log_format: LogFormat::Text,
             segment: SegmentConfig::default(),
+            storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             provider: ProviderConfig::default(),
             retry: RetryConfig::default(),
@@ -279,6 +298,13 @@ impl Config {
         SegmentPolicy {
             max_entries: self.segment.max_entries,
             max_tokens: self.segment.max_tokens,
+        }
+    }
+
+    pub fn durability(&self) -> crate::store::Durability {
+        match self.storage.durability {
+            DurabilityConfig::Process => crate::store::Durability::Process,
+            DurabilityConfig::Power => crate::store::Durability::Power,
         }
     }
 
@@ -681,6 +707,8 @@ log_format = "text"
 [segment]
 max_entries = 50
 max_tokens = 4000
+[storage]
+durability = "power"
 [provider]
 kind = "openai"
 base_url = "http://127.0.0.1:11434/v1"
@@ -710,6 +738,7 @@ ceiling = "15s"
         );
         let c = load(&o, env(&[])).expect("design file loads");
         assert_eq!(c.provider.kind, ProviderKind::Openai);
+        assert_eq!(c.durability(), crate::store::Durability::Power);
         assert_eq!(c.shutdown.ceiling, Duration::from_secs(15));
     }
 

@@ -71,7 +71,7 @@ pub async fn run_with_key(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let store = Store::open(&config.data_dir).await?;
+    let store = Store::open_with(&config.data_dir, config.durability()).await?;
     let provider = Provider::from_config(&config.provider, api_key)?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(

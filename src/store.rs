@@ -9,11 +9,12 @@
 //! work durable. Reads run on a small pool of read-only connections on
 //! tokio's blocking threads, so no SQLite call ever runs on an async thread.
 //!
-//! Durability: WAL with `synchronous = NORMAL`. A committed transaction is in
-//! the WAL file before its caller is answered, so it survives the process
-//! being killed (kill -9); only an operating-system crash or power loss can
-//! lose the last commits, which `synchronous = FULL` would prevent at the cost
-//! of an fsync per commit.
+//! Durability: WAL, by default with `synchronous = NORMAL`. A committed
+//! transaction is in the WAL file before its caller is answered, so it
+//! survives the process being killed (kill -9); only an operating-system
+//! crash or power loss can lose the last commits. `Durability::Power`
+//! (`storage.durability = "power"`) prevents that with an fsync per commit,
+//! shared by every write of a group commit.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -114,6 +115,27 @@ struct Ran {
 /// A write job: runs inside the batch's transaction (or learns that the
 /// transaction could not start).
 type Job = Box<dyn FnOnce(Result<&Connection, BatchFailure>) -> Ran + Send>;
+
+/// What survives once a write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// The process being killed (`synchronous = NORMAL` in WAL mode): the
+    /// commit is in the WAL file, in the operating system's hands.
+    #[default]
+    Process,
+    /// Power loss and operating-system crashes too (`synchronous = FULL`):
+    /// an fsync at every commit, shared by the writes committed together.
+    Power,
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Process => "NORMAL",
+            Durability::Power => "FULL",
+        }
+    }
+}
 
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
@@ -305,13 +327,18 @@ impl Store {
     /// Opens (creating as needed) the database in `data_dir`, migrates it to
     /// the current schema and starts the writer thread.
     pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with(data_dir, Durability::Process).await
+    }
+
+    /// As `open`, committing with the given durability.
+    pub async fn open_with(data_dir: &Path, durability: Durability) -> Result<Store, StoreError> {
         let data_dir = data_dir.to_owned();
-        tokio::task::spawn_blocking(move || Store::open_blocking(&data_dir))
+        tokio::task::spawn_blocking(move || Store::open_blocking(&data_dir, durability))
             .await
             .map_err(StoreError::Worker)?
     }
 
-    fn open_blocking(data_dir: &Path) -> Result<Store, StoreError> {
+    fn open_blocking(data_dir: &Path, durability: Durability) -> Result<Store, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
             path: data_dir.to_owned(),
             source,
@@ -323,6 +350,10 @@ impl Store {
         };
         let mut writer = Connection::open(&path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
+        // Only the writer commits, so only its setting matters.
+        writer
+            .pragma_update(None, "synchronous", durability.pragma())
+            .map_err(open_err)?;
         writer
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
@@ -1785,6 +1816,21 @@ mod tests {
             .collect::<Result<_, _>>()
             .expect("rows");
         assert_eq!(kept, recount);
+    }
+
+    #[tokio::test]
+    async fn the_writer_commits_with_the_durability_asked_for() {
+        for (durability, level) in [(Durability::Process, 1), (Durability::Power, 2)] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = Store::open_with(dir.path(), durability)
+                .await
+                .expect("open");
+            let synchronous: i64 = store
+                .write(|conn| Ok(conn.pragma_query_value(None, "synchronous", |r| r.get(0))?))
+                .await
+                .expect("pragma");
+            assert_eq!(synchronous, level, "{durability:?}");
+        }
     }
 
     #[tokio::test]

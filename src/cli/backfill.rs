@@ -104,7 +104,7 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
     if options.concurrency == 0 {
         return Err("--concurrency must be at least 1".to_owned());
     }
-    let store = Store::open(&config.data_dir)
+    let store = Store::open_with(&config.data_dir, config.durability())
         .await
         .map_err(|e| cause_chain(&e).join(": "))?;
     let api_key = std::env::var(&config.provider.api_key_env).ok();
