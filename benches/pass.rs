@@ -13,11 +13,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Instant;
 
-use archivist::config::{Config, ProviderKind};
 use archivist::model::{NewEntry, Role, SegmentId, SessionName, Tenant};
-use archivist::provider::Provider;
 use archivist::store::Store;
-use archivist::summarise::{PassOutcome, Summariser, SummariserConfig};
+use archivist::summarise::{PassOutcome, Summariser};
 use tokio::sync::Semaphore;
 
 use common::{cpu_time, spawn_provider};
@@ -76,17 +74,7 @@ struct Bench {
 impl Bench {
     async fn new(base: &str) -> Bench {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut config = Config::default();
-        config.provider.kind = ProviderKind::Openai;
-        config.provider.base_url = format!("{base}/v1");
-        let store = Store::open(dir.path()).await.expect("store");
-        let provider = Provider::from_config(&config.provider, None).expect("provider");
-        let summariser = Summariser::new(
-            store.clone(),
-            provider,
-            SummariserConfig::from(&config),
-            "bench".to_owned(),
-        );
+        let (_, store, summariser) = common::openai_summariser(dir.path(), base).await;
         Bench {
             store,
             summariser,

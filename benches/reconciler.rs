@@ -18,12 +18,10 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use archivist::config::{Config, ProviderKind};
 use archivist::model::{Millis, NewEntry, Role, SegmentPolicy, SessionName, Tenant};
-use archivist::provider::Provider;
 use archivist::reconciler::Reconciler;
 use archivist::store::Store;
-use archivist::summarise::{Summariser, SummariserConfig};
+
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -82,18 +80,8 @@ fn main() {
 
         let (_provider, base) = spawn_provider(latency_ms);
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut config = Config::default();
-        config.provider.kind = ProviderKind::Openai;
-        config.provider.base_url = format!("{base}/v1");
-        let store = Store::open(dir.path()).await.expect("store");
+        let (config, store, summariser) = common::openai_summariser(dir.path(), &base).await;
         closed_segments(&store, drain).await;
-        let provider = Provider::from_config(&config.provider, None).expect("provider");
-        let summariser = Summariser::new(
-            store.clone(),
-            provider,
-            SummariserConfig::from(&config),
-            "bench".to_owned(),
-        );
         let wake = Arc::new(Notify::new());
         let reconciler = Reconciler::new(store.clone(), summariser, config.reconciler.clone(), wake.clone());
         let cancel = CancellationToken::new();

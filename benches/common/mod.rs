@@ -8,9 +8,33 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use archivist::config::{Config, ProviderKind};
+use archivist::provider::Provider;
+use archivist::store::Store;
+use archivist::summarise::{Summariser, SummariserConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"The segment covered the billing migration and its rerun."},"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":12,"total_tokens":132}}"#;
+
+/// A store in `dir` and a summariser over it that talks to the
+/// OpenAI-compatible provider at `base`, with the default configuration.
+pub async fn openai_summariser(
+    dir: &std::path::Path,
+    base: &str,
+) -> (Config, Store, Arc<Summariser>) {
+    let mut config = Config::default();
+    config.provider.kind = ProviderKind::Openai;
+    config.provider.base_url = format!("{base}/v1");
+    let store = Store::open(dir).await.expect("store");
+    let provider = Provider::from_config(&config.provider, None).expect("provider");
+    let summariser = Summariser::new(
+        store.clone(),
+        provider,
+        SummariserConfig::from(&config),
+        "bench".to_owned(),
+    );
+    (config, store, summariser)
+}
 
 /// Runs the fake provider and returns, when this process was started as
 /// one (`--fake-provider DELAY_MS`); every bench calls this first.
