@@ -1564,6 +1564,20 @@ mod tests {
         SessionName::parse(name).expect("valid name")
     }
 
+    /// One closed (PENDING) segment of `texts` in session "s".
+    async fn closed_segment(store: &Store, texts: &[&str]) -> SegmentId {
+        let t = Tenant::default();
+        store
+            .append(&t, &session("s"), entries(texts), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .close_open_segment(&t, &session("s"))
+            .await
+            .expect("close")
+            .expect("was open")
+    }
+
     async fn count_entries(store: &Store, name: &str) -> usize {
         match store.context(&Tenant::default(), &session(name), 0).await {
             Ok(ctx) => ctx.items.len(),
@@ -1668,15 +1682,7 @@ mod tests {
     async fn claims_are_exclusive_and_fenced() {
         let (_dir, store) = open().await;
         let t = Tenant::default();
-        store
-            .append(&t, &session("s"), entries(&["a", "b"]), POLICY, 0)
-            .await
-            .expect("append");
-        let id = store
-            .close_open_segment(&t, &session("s"))
-            .await
-            .expect("close")
-            .expect("was open");
+        let id = closed_segment(&store, &["a", "b"]).await;
         let lease = Duration::from_secs(60);
         let (first, input) = store
             .claim(id, "one", lease)
@@ -1836,16 +1842,7 @@ mod tests {
     #[tokio::test]
     async fn an_expired_claim_can_be_taken_over() {
         let (_dir, store) = open().await;
-        let t = Tenant::default();
-        store
-            .append(&t, &session("s"), entries(&["a"]), POLICY, 0)
-            .await
-            .expect("append");
-        let id = store
-            .close_open_segment(&t, &session("s"))
-            .await
-            .expect("close")
-            .expect("was open");
+        let id = closed_segment(&store, &["a"]).await;
         let crashed = store
             .claim(id, "crashed", Duration::ZERO)
             .await

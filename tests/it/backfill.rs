@@ -6,8 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 use crate::harness::{TestServer, eventually};
 use crate::provider::{Script, append_and_close, completion, error_json, fast};
@@ -131,12 +130,7 @@ async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
 #[tokio::test]
 async fn beside_a_live_server_each_recap_is_sent_once() {
     let counter = crate::reconciler::PerSegment::default();
-    let mock = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v1/chat/completions"))
-        .respond_with(counter.clone())
-        .mount(&mock)
-        .await;
+    let mock = crate::provider::provider(counter.clone()).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = archivist::config::Config::default();
     fast(&mut config, &mock.uri());

@@ -127,6 +127,21 @@ impl TestServer {
             .map(tonic::Response::into_inner)
     }
 
+    /// RequeueSegments over a session ("" for all); returns the count.
+    pub async fn requeue(&self, session: &str, include_parked: bool) -> u64 {
+        self.client
+            .clone()
+            .requeue_segments(pb::RequeueSegmentsRequest {
+                session_id: session.to_owned(),
+                segment_ids: Vec::new(),
+                include_parked,
+            })
+            .await
+            .expect("requeue")
+            .into_inner()
+            .requeued
+    }
+
     pub async fn segment(&self, id: u64) -> pb::Segment {
         self.client
             .clone()

@@ -42,14 +42,19 @@ impl Script {
     }
 
     pub async fn mount(&self) -> MockServer {
-        let server = MockServer::start().await;
-        Mock::given(method("POST"))
-            .and(path("/v1/chat/completions"))
-            .respond_with(self.clone())
-            .mount(&server)
-            .await;
-        server
+        provider(self.clone()).await
     }
+}
+
+/// A fake provider answering every chat completion with `responder`.
+pub async fn provider(responder: impl Respond + 'static) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(responder)
+        .mount(&server)
+        .await;
+    server
 }
 
 impl Respond for Script {

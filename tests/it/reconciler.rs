@@ -93,12 +93,7 @@ fn probes_within(window: Duration, first: Duration, cap: Duration) -> u32 {
 async fn an_outage_costs_few_requests_and_every_segment_is_summarised_after() {
     let outage = Outage::default();
     outage.down.store(true, Ordering::SeqCst);
-    let mock = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v1/chat/completions"))
-        .respond_with(outage.clone())
-        .mount(&mock)
-        .await;
+    let mock = crate::provider::provider(outage.clone()).await;
     let interval = Duration::from_millis(200);
     let server = TestServer::start_with(|c| {
         fast(c, &mock.uri());
@@ -156,12 +151,7 @@ async fn an_outage_costs_few_requests_and_every_segment_is_summarised_after() {
 #[tokio::test]
 async fn two_workers_on_one_database_summarise_each_segment_once() {
     let counter = PerSegment::default();
-    let mock = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v1/chat/completions"))
-        .respond_with(counter.clone())
-        .mount(&mock)
-        .await;
+    let mock = crate::provider::provider(counter.clone()).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let config = |c: &mut archivist::config::Config| {
         fast(c, &mock.uri());
@@ -231,18 +221,7 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(refusals.calls(), 1);
     // A requeue without include_parked leaves it be.
-    let requeued = server
-        .client
-        .clone()
-        .requeue_segments(pb::RequeueSegmentsRequest {
-            session_id: String::new(),
-            segment_ids: Vec::new(),
-            include_parked: false,
-        })
-        .await
-        .expect("requeue")
-        .into_inner()
-        .requeued;
+    let requeued = server.requeue("", false).await;
     assert_eq!(requeued, 0);
 
     // Restarting under another key makes it due by itself.
@@ -279,18 +258,7 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(script.calls(), 1, "parked: no retry");
-    let requeued = server
-        .client
-        .clone()
-        .requeue_segments(pb::RequeueSegmentsRequest {
-            session_id: "t".into(),
-            segment_ids: Vec::new(),
-            include_parked: true,
-        })
-        .await
-        .expect("requeue")
-        .into_inner()
-        .requeued;
+    let requeued = server.requeue("t", true).await;
     assert_eq!(requeued, 1);
     let done = eventually(Duration::from_secs(10), || async {
         server.backlog().await.summarised == 1

@@ -297,18 +297,7 @@ async fn backlog_counts_match_the_segments() {
     assert!(b.parked_by_class.is_empty());
 
     // Nothing is owed a recap, so a requeue finds nothing to do.
-    let requeued = server
-        .client
-        .clone()
-        .requeue_segments(pb::RequeueSegmentsRequest {
-            session_id: "s".into(),
-            segment_ids: Vec::new(),
-            include_parked: true,
-        })
-        .await
-        .expect("requeue")
-        .into_inner()
-        .requeued;
+    let requeued = server.requeue("s", true).await;
     assert_eq!(requeued, 0);
 }
 
