@@ -13,9 +13,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Instant;
 
+use archivist::internals::{App, PassOutcome, Store, Summariser};
 use archivist::model::{NewEntry, Role, SegmentId, SessionName, Tenant};
-use archivist::store::Store;
-use archivist::summarise::{PassOutcome, Summariser};
 use tokio::sync::Semaphore;
 
 use common::{cpu_time, spawn_provider};
@@ -68,16 +67,18 @@ fn main() {
 struct Bench {
     store: Store,
     summariser: Arc<Summariser>,
+    _app: App,
     _dir: tempfile::TempDir,
 }
 
 impl Bench {
     async fn new(base: &str) -> Bench {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (_, store, summariser) = common::openai_summariser(dir.path(), base).await;
+        let (_, app, store, summariser) = common::openai_summariser(dir.path(), base).await;
         Bench {
             store,
             summariser,
+            _app: app,
             _dir: dir,
         }
     }

@@ -18,9 +18,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use archivist::internals::Store;
 use archivist::model::{Millis, NewEntry, Role, SegmentPolicy, SessionName, Tenant};
-use archivist::reconciler::Reconciler;
-use archivist::store::Store;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -62,7 +61,7 @@ fn main() {
             seed(dir.path(), summarised, PENDING).await;
             let store = Store::open(dir.path()).await.expect("store");
             let t = Instant::now();
-            let backlog = store.backlog_all().await.expect("backlog");
+            let backlog = store.backlog(None).await.expect("backlog");
             println!(
                 "  {summarised:>9} SUMMARISED, GetBacklog counts: {:>9.1} µs ({} pending)",
                 t.elapsed().as_secs_f64() * 1e6,
@@ -80,16 +79,16 @@ fn main() {
 
         let (_provider, base) = spawn_provider(latency_ms);
         let dir = tempfile::tempdir().expect("temp dir");
-        let (config, store, summariser) = common::openai_summariser(dir.path(), &base).await;
+        let (config, app, store, _) = common::openai_summariser(dir.path(), &base).await;
         closed_segments(&store, drain).await;
         let wake = Arc::new(Notify::new());
-        let reconciler = Reconciler::new(store.clone(), summariser, config.reconciler.clone(), wake.clone());
+        let reconciler = app.reconciler(wake.clone());
         let cancel = CancellationToken::new();
         let started = Instant::now();
         let task = tokio::spawn(reconciler.run(cancel.clone()));
         wake.notify_one();
         loop {
-            let backlog = store.backlog(&Tenant::default()).await.expect("backlog");
+            let backlog = store.backlog(Some(&Tenant::default())).await.expect("backlog");
             if backlog.summarised as usize == drain {
                 break;
             }

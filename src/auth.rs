@@ -144,17 +144,10 @@ fn parse_hex(hex: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// The hex SHA-256 of a token: what `token_sha256` takes.
-pub fn token_sha256(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::token_sha256;
 
     fn tenants() -> Vec<TenantConfig> {
         vec![

@@ -5,83 +5,82 @@
 //! The terminal side (flags, progress bar, printing) is in `cli/backfill.rs`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::app::App;
 use crate::breaker::BreakerState;
 use crate::model::{Millis, Segment, SegmentId, SegmentState, SessionName};
-use crate::store::{BackfillFilter, Store, StoreError};
-use crate::summarise::{PassOutcome, Summariser};
+use crate::pass::PassOutcome;
+use crate::store::{BackfillFilter, StoreError};
 
 #[derive(Clone, Debug)]
-pub struct Options {
-    pub session: Option<SessionName>,
-    pub closed_before: Option<Millis>,
-    pub closed_after: Option<Millis>,
-    pub concurrency: usize,
-    pub include_parked: bool,
-    pub dry_run: bool,
+pub(crate) struct Options {
+    pub(crate) session: Option<SessionName>,
+    pub(crate) closed_before: Option<Millis>,
+    pub(crate) closed_after: Option<Millis>,
+    pub(crate) concurrency: usize,
+    pub(crate) include_parked: bool,
+    pub(crate) dry_run: bool,
 }
 
 /// How far a run has got, for a progress display.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Progress {
-    pub total: u64,
-    pub done: u64,
-    pub summarised: u64,
+pub(crate) struct Progress {
+    pub(crate) total: u64,
+    pub(crate) done: u64,
+    pub(crate) summarised: u64,
 }
 
 /// One segment as the report lists it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Listed {
-    pub id: SegmentId,
-    pub session: String,
-    pub state: String,
-    pub attempts: u32,
+pub(crate) struct Listed {
+    pub(crate) id: SegmentId,
+    pub(crate) session: String,
+    pub(crate) state: String,
+    pub(crate) attempts: u32,
     /// The class of its last failure, if any.
-    pub class: Option<String>,
+    pub(crate) class: Option<String>,
 }
 
 /// What a run did and what is left.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct Report {
-    pub dry_run: bool,
+pub(crate) struct Report {
+    pub(crate) dry_run: bool,
     /// Ctrl-C (or SIGTERM) ended the run early.
-    pub interrupted: bool,
+    pub(crate) interrupted: bool,
     /// Why the run stopped starting passes before the end, if it did.
-    pub stopped_early: Option<String>,
+    pub(crate) stopped_early: Option<String>,
     /// Unsummarised segments that matched the filters.
-    pub matched: u64,
+    pub(crate) matched: u64,
     /// Segments taken up by this run that are now summarised (by this run,
     /// or by a server working beside it).
-    pub summarised: u64,
+    pub(crate) summarised: u64,
     /// Left PENDING, by the class of the last failure (`not_attempted`,
     /// `claimed_elsewhere` when another worker held it).
-    pub pending: u64,
-    pub pending_by_class: BTreeMap<String, u64>,
+    pub(crate) pending: u64,
+    pub(crate) pending_by_class: BTreeMap<String, u64>,
     /// Left PARKED, by class.
-    pub parked: u64,
-    pub parked_by_class: BTreeMap<String, u64>,
+    pub(crate) parked: u64,
+    pub(crate) parked_by_class: BTreeMap<String, u64>,
     /// The matched segments (a dry run lists what it would do).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub segments: Vec<Listed>,
+    pub(crate) segments: Vec<Listed>,
 }
 
 impl Report {
     /// Segments still without a summary.
-    pub fn left(&self) -> u64 {
+    pub(crate) fn left(&self) -> u64 {
         self.pending + self.parked
     }
 }
 
 /// Runs the backfill. `progress` is called as passes end; `cancel` stops it
 /// cleanly (running passes are cancelled and release their claims).
-pub async fn run(
-    store: &Store,
-    summariser: &Arc<Summariser>,
+pub(crate) async fn run(
+    app: &App,
     options: &Options,
     cancel: &CancellationToken,
     mut progress: impl FnMut(Progress),
@@ -92,6 +91,8 @@ pub async fn run(
         closed_after: options.closed_after,
         states,
     };
+    let store = &app.store;
+    let summariser = &app.summariser;
     let mut report = Report {
         dry_run: options.dry_run,
         ..Report::default()
@@ -99,14 +100,7 @@ pub async fn run(
     if options.dry_run {
         let states = vec![SegmentState::Pending, SegmentState::Parked];
         for (segment, claimed) in store.backfill_segments(filter(states)).await? {
-            let class = if claimed && segment.state == SegmentState::Pending {
-                Some("claimed_elsewhere".to_owned())
-            } else {
-                segment
-                    .last_failure
-                    .as_ref()
-                    .map(|f| f.class.as_str().to_owned())
-            };
+            let class = class_of(&segment, claimed);
             tally(&mut report, segment.state, class.clone());
             report.segments.push(Listed {
                 id: segment.id,
@@ -148,7 +142,7 @@ pub async fn run(
             && report.stopped_early.is_none()
             && !cancel.is_cancelled()
         {
-            if summariser.breaker().state() != BreakerState::Closed {
+            if app.breaker.state() != BreakerState::Closed {
                 report.stopped_early = Some(
                     "the provider is failing for every segment (the circuit breaker opened); \
                      the server's reconciler keeps probing"

@@ -22,11 +22,11 @@ use crate::model::SegmentId;
 /// Consecutive provider-wide failures that open the breaker.
 pub const TRIP_AFTER: u32 = 3;
 /// Longest wait between probes.
-pub const MAX_PROBE_SPACING: Duration = Duration::from_secs(60);
+pub(crate) const MAX_PROBE_SPACING: Duration = Duration::from_secs(60);
 
 /// What a finished pass tells the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     Success,
     /// A failure that says the provider, not the segment, is in trouble.
     ProviderFailure,
@@ -36,7 +36,7 @@ pub enum Signal {
 }
 
 impl Signal {
-    pub fn of_failure(class: FailureClass) -> Signal {
+    pub(crate) fn of_failure(class: FailureClass) -> Signal {
         match class {
             FailureClass::Transport
             | FailureClass::Timeout
@@ -48,14 +48,14 @@ impl Signal {
             // A refused key or an unknown model fails every segment alike.
             | FailureClass::Unauthorized
             | FailureClass::UnknownModel => Signal::ProviderFailure,
-            FailureClass::InvalidRequest | FailureClass::Cancelled => Signal::Neutral,
+            FailureClass::InvalidRequest => Signal::Neutral,
         }
     }
 }
 
 /// The breaker's state, as metrics and logs show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
+pub(crate) enum BreakerState {
     Closed,
     Open,
     Probing,
@@ -78,7 +78,7 @@ enum Mode {
 }
 
 #[derive(Debug)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     mode: Mutex<Mode>,
     first_spacing: Duration,
     max_spacing: Duration,
@@ -90,7 +90,11 @@ pub struct Breaker {
 impl Breaker {
     /// `first_spacing` is the wait before the first probe; it doubles after
     /// each failed probe up to `max_spacing`.
-    pub fn new(first_spacing: Duration, max_spacing: Duration, probe_timeout: Duration) -> Breaker {
+    pub(crate) fn new(
+        first_spacing: Duration,
+        max_spacing: Duration,
+        probe_timeout: Duration,
+    ) -> Breaker {
         Breaker {
             mode: Mutex::new(Mode::Closed { failures: 0 }),
             first_spacing: first_spacing.min(max_spacing),
@@ -99,7 +103,7 @@ impl Breaker {
         }
     }
 
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         match *self.lock() {
             Mode::Closed { .. } => BreakerState::Closed,
             Mode::Open { .. } => BreakerState::Open,
@@ -110,7 +114,7 @@ impl Breaker {
     /// May the reconciler start a pass over `segment` now? Closed: yes.
     /// Open: only once the probe interval is over, and then only this one
     /// segment, as the probe.
-    pub fn admit(&self, segment: SegmentId) -> bool {
+    pub(crate) fn admit(&self, segment: SegmentId) -> bool {
         let mut mode = self.lock();
         let now = Instant::now();
         let spacing = match *mode {
@@ -133,7 +137,7 @@ impl Breaker {
 
     /// When the next probe may start, while the breaker is open and that
     /// time is still to come (a past one is no reason to wake again).
-    pub fn next_probe(&self) -> Option<Instant> {
+    pub(crate) fn next_probe(&self) -> Option<Instant> {
         match *self.lock() {
             Mode::Open { until, .. } if until > Instant::now() => Some(until),
             Mode::Open { .. } | Mode::Closed { .. } | Mode::Probing { .. } => None,
@@ -141,7 +145,7 @@ impl Breaker {
     }
 
     /// Takes in how a pass over `segment` ended, wherever it was started.
-    pub fn record(&self, segment: SegmentId, signal: Signal) {
+    pub(crate) fn record(&self, segment: SegmentId, signal: Signal) {
         let mut mode = self.lock();
         let next = match (&*mode, signal) {
             (_, Signal::Success) => {
@@ -316,7 +320,7 @@ mod tests {
         );
         for id in 0..10 {
             b.record(id, Signal::of_failure(FailureClass::InvalidRequest));
-            b.record(id, Signal::of_failure(FailureClass::Cancelled));
+            b.record(id, Signal::Neutral);
         }
         assert_eq!(b.state(), BreakerState::Closed);
         // Non-consecutive failures do not add up.

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use prost::Message;
 use std::path::PathBuf;
 
 use tonic::metadata::{Ascii, MetadataValue};
@@ -13,9 +12,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic_types::StatusExt;
 
 use crate::failure::Failure;
-use crate::grpc::{FAILURE_TYPE_URL, failure_from_pb};
 use crate::pb;
 use crate::pb::archivist_client::ArchivistClient;
+use crate::wire::failure_from_pb;
 
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:50051";
 
@@ -218,9 +217,5 @@ impl std::error::Error for CallError {}
 
 /// The `archivist.v1.Failure` detail of a status, if it carries one.
 pub fn failure_detail(status: &tonic::Status) -> Option<pb::Failure> {
-    let rpc = tonic_types::pb::Status::decode(status.details()).ok()?;
-    rpc.details
-        .iter()
-        .find(|any| any.type_url == FAILURE_TYPE_URL)
-        .and_then(|any| pb::Failure::decode(any.value.as_slice()).ok())
+    crate::wire::failure_detail(status.details())
 }

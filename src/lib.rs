@@ -8,57 +8,111 @@
 //!
 //! # Codemap
 //!
-//! - `config`: the TOML / environment / flag configuration and its checks.
+//! Public (what a user of the library calls):
+//! - `config`: the TOML / environment / flag configuration and its checks
+//!   (`load.rs` layers the sources).
 //! - `model`: plain domain types (sessions, entries, segments, summaries).
-//! - `failure`: the failure taxonomy and the `Failure` record.
-//! - `store`: the only place with SQL; migrations, group commit, claims.
-//! - `provider`: summarisers: the OpenAI-compatible client and the
-//!   built-in extractive one; one attempt each, classified failures.
-//! - `retry`: the pass, the one bounded retry loop; knows nothing of HTTP.
-//! - `summarise`: one segment's pass end to end, and joining a running one.
-//! - `reconciler`: the background drain of due PENDING segments, and the
-//!   schedule of passes after a failure.
-//! - `breaker`: the provider-wide circuit breaker the reconciler obeys.
-//! - `service`: the operations behind the RPCs, free of wire types.
-//! - `grpc`: the tonic service, validation, conversions, status mapping.
-//! - `server`: wiring for `archivist serve`, health and reflection, and
-//!   the bounded shutdown.
-//! - `backfill`: the operator's drain of unsummarised segments and its report.
-//! - `client`: connecting to a server (the terminal client uses it).
-//! - `auth`: tenants and their bearer tokens (hashes, constant-time).
-//! - `metrics`: the Prometheus metrics, one registry per server.
+//! - `failure`: the failure taxonomy and the `Failure` record
+//!   (`classify.rs` reads a provider's answer, `redact.rs` keeps secrets
+//!   out of every text).
+//! - `client`: connecting to a server, and `CallError`, which decodes every
+//!   error detail.
+//! - `server`: `archivist serve`: wiring, health, reflection, metrics
+//!   endpoint, the bounded shutdown.
+//! - `cli`: the binary's commands other than `serve` (backfill, session).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
+//! - `internals`: what the benchmarks and integration tests drive directly.
 //!
-//! # Invariants
+//! Private:
+//! - `app`: the composition root; builds store, provider, breaker, metrics
+//!   and summariser once, for serve, backfill and the benches.
+//! - `store/`: the backend-neutral store (`mod.rs`), the context budget rule
+//!   (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
+//!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
+//!   `segments.rs` reads, `claims.rs` claims), and one suite for every
+//!   backend (`tests.rs`).
+//! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
+//!   client and the built-in extractive one.
+//! - `pass/`: recap passes: `retry.rs` the one bounded retry loop,
+//!   `schedule.rs` what follows a pass without a recap (`Disposition`) and
+//!   the lease, `recap.rs` chunk-and-fold planning, `record.rs` the Failure
+//!   of a pass, `pipeline.rs` claim-recap-write, `mod.rs` the registry of
+//!   running passes.
+//! - `breaker`: the provider-wide circuit breaker.
+//! - `reconciler`: the background drain of due PENDING segments.
+//! - `backfill`: the operator's drain and its report.
+//! - `service`: the operations behind the RPCs, free of wire types.
+//! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),
+//!   statuses (`status.rs`), and the layers around every call (`gate.rs`).
+//! - `wire`: domain ⇄ `pb`, both ways, for server and client.
+//! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
+//!   `text`: UTF-8-safe cutting and hex.
 //!
-//! - Only `grpc` sees tonic request and status types; only `store` sees SQL;
-//!   only `provider` sees reqwest.
-//! - Retries happen in one place, `retry::run_pass`; nothing wraps a pass in
-//!   another retry loop and no HTTP layer retries on its own.
-//! - An acknowledged append is committed before its answer is sent.
+//! # Invariants (and how to check each)
+//!
+//! - Only `store/sqlite/` sees SQL and rusqlite:
+//!   `grep -rl 'rusqlite::\|use rusqlite' src` lists `src/store/sqlite/`
+//!   files only.
+//! - Only the provider sees reqwest: `grep -rl 'reqwest::' src` lists
+//!   `src/provider/` files only.
+//! - tonic is seen by the gRPC edge and the client only:
+//!   `grep -rl 'tonic' src` lists `grpc/`, `server.rs`, `client.rs`,
+//!   `wire.rs`, `cli/session.rs` and this file (for `pb`).
+//! - Only `wire.rs` converts between domain and `pb` types:
+//!   `grep -rn 'fn .*_to_pb\|fn .*_from_pb' src` finds them in `wire.rs`.
+//! - Retries happen in one place, `pass/retry.rs`'s `run_pass`; nothing
+//!   wraps a pass in another retry loop and the HTTP client is built with
+//!   `retry::never()`: `grep -rn 'run_pass(' src` finds one caller.
+//! - What follows a failed pass is decided in one place:
+//!   `grep -rn 'Disposition::' src` finds it built only in `pass/`.
+//! - An acknowledged append is committed before its answer is sent (the
+//!   writer answers after COMMIT: `store/sqlite/writer.rs`).
 //! - A summary is written only by the holder of a live claim on its
-//!   segment, and only by a pass that succeeded; nothing else ever stands in
-//!   for a recap.
+//!   segment, and only by a pass that succeeded: every write under a claim
+//!   matches `HELD` in `store/sqlite/claims.rs`.
 //! - Passes run in their own tasks: a caller that stops waiting never
-//!   cancels one.
+//!   cancels one (`pass/mod.rs`, `run_or_join_until`).
+//! - No two modules import each other. The layers, bottom up: `text` and
+//!   `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
+//!   and `metrics`; `pass`; `reconciler` and `service`; `app`; `backfill`,
+//!   `wire`, `grpc` and `client`; `server` and `cli`. A module's non-test
+//!   `crate::` paths name only modules in its own layer or below.
 
-pub mod auth;
-pub mod backfill;
-pub mod breaker;
+mod app;
+mod auth;
+mod backfill;
+mod breaker;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod failure;
-pub mod grpc;
-pub mod metrics;
+mod grpc;
+mod metrics;
 pub mod model;
-pub mod provider;
-pub mod reconciler;
-pub mod retry;
+mod pass;
+mod provider;
+mod reconciler;
 pub mod server;
-pub mod service;
-pub mod store;
-pub mod summarise;
+mod service;
+mod store;
+mod text;
+mod wire;
+
+/// What the benchmarks and integration tests drive directly; not a stable
+/// API.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::app::App;
+    pub use crate::breaker::TRIP_AFTER;
+    pub use crate::pass::{PassOutcome, Summariser};
+    pub use crate::reconciler::Reconciler;
+    pub use crate::store::{Store, StoreError};
+}
+
+/// An error and every source beneath it, joined for one log line.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    failure::cause_chain(err).join(": ")
+}
 
 /// The generated `archivist.v1` types, client and server.
 pub mod pb {

@@ -11,8 +11,8 @@ use tracing_subscriber::EnvFilter;
 
 use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::session::{self, SessionArgs};
+use archivist::cli::{load_config, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
-use archivist::failure::cause_chain;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -93,13 +93,10 @@ fn main() -> ExitCode {
 }
 
 async fn serve(overrides: Overrides) -> ExitCode {
-    // Variables that are not UTF-8 cannot be ours; skip rather than panic.
-    let env = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-    let config = match config::load(&overrides, env) {
+    let config = match load_config(&overrides) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {}", cause_chain(&e).join(": "));
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -111,10 +108,10 @@ async fn serve(overrides: Overrides) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match archivist::server::run(config, listener, archivist::cli::shutdown_signal()).await {
+    match archivist::server::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %cause_chain(&e).join(": "), "archivist failed");
+            tracing::error!(error = %archivist::error_chain(&e), "archivist failed");
             ExitCode::FAILURE
         }
     }

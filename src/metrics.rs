@@ -3,17 +3,15 @@
 //! counters and histograms the code updates as it goes, and the gauges
 //! read from the store at scrape time.
 
+use crate::breaker::BreakerState;
+use crate::failure::FailureClass;
+use crate::model::Backlog;
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
-use tonic::Code;
 
-use crate::breaker::BreakerState;
-use crate::failure::FailureClass;
-use crate::model::Backlog;
-
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     attempts: IntCounterVec,
     passes: IntCounterVec,
@@ -29,23 +27,25 @@ pub struct Metrics {
 
 /// How a pass or an attempt ended, as a label.
 #[derive(Clone, Copy, Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Success,
     Failure(FailureClass),
+    /// A pass cancelled by shutdown or its caller: not a failure.
+    Cancelled,
 }
 
 impl Outcome {
     fn labels(self) -> [&'static str; 2] {
         match self {
             Outcome::Success => ["success", ""],
-            Outcome::Failure(FailureClass::Cancelled) => ["cancelled", "cancelled"],
+            Outcome::Cancelled => ["cancelled", "cancelled"],
             Outcome::Failure(class) => ["failure", class.as_str()],
         }
     }
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let registry = Registry::new_custom(Some("archivist".to_owned()), None).unwrap_or_default();
         // The definitions below are constants: a failure here is a typo in
         // this file, caught by its test.
@@ -131,17 +131,17 @@ impl Metrics {
         m
     }
 
-    pub fn attempt(&self, outcome: Outcome) {
+    pub(crate) fn attempt(&self, outcome: Outcome) {
         self.attempts.with_label_values(&outcome.labels()).inc();
     }
 
-    pub fn pass(&self, outcome: Outcome, seconds: f64, retries: u32) {
+    pub(crate) fn pass(&self, outcome: Outcome, seconds: f64, retries: u32) {
         self.passes.with_label_values(&outcome.labels()).inc();
         self.pass_duration.observe(seconds);
         self.retries.inc_by(u64::from(retries));
     }
 
-    pub fn tokens(&self, input: u32, output: u32) {
+    pub(crate) fn tokens(&self, input: u32, output: u32) {
         self.tokens
             .with_label_values(&["input"])
             .inc_by(u64::from(input));
@@ -150,19 +150,19 @@ impl Metrics {
             .inc_by(u64::from(output));
     }
 
-    pub fn scan(&self) {
+    pub(crate) fn scan(&self) {
         self.scans.inc();
     }
 
-    pub fn grpc_call(&self, method: &str, code: Code) {
-        self.grpc_calls
-            .with_label_values(&[method, &format!("{code:?}")])
-            .inc();
+    /// A finished gRPC call; `code` is the status code's name (`Ok`,
+    /// `NotFound`, ...), from the fixed set gRPC defines.
+    pub(crate) fn grpc_call(&self, method: &str, code: &str) {
+        self.grpc_calls.with_label_values(&[method, code]).inc();
     }
 
     /// The Prometheus text exposition, with the gauges set from `backlog`
     /// and the breaker's state as they are now.
-    pub fn render(&self, backlog: &Backlog, breaker: BreakerState) -> String {
+    pub(crate) fn render(&self, backlog: &Backlog, breaker: BreakerState) -> String {
         for (state, n) in [
             ("open", backlog.open),
             ("pending", backlog.pending),
@@ -203,7 +203,7 @@ mod tests {
         m.pass(Outcome::Success, 0.2, 2);
         m.tokens(10, 3);
         m.scan();
-        m.grpc_call("AppendEntries", Code::Ok);
+        m.grpc_call("AppendEntries", "Ok");
         let text = m.render(&Backlog::default(), BreakerState::Open);
         for name in [
             "archivist_summarise_attempts_total{class=\"unavailable\",outcome=\"failure\"} 1",

@@ -1,5 +1,5 @@
 //! Plain domain types: sessions, entries, segments, summaries and their
-//! states. No I/O here; the store persists these and `grpc.rs` converts them
+//! states. No I/O here; the store persists these and `wire.rs` converts them
 //! to and from the wire.
 
 use std::fmt;
@@ -233,6 +233,19 @@ pub struct Segment {
     pub last_failure: Option<Failure>,
     pub next_attempt_at: Option<Millis>,
     pub closed_at: Option<Millis>,
+}
+
+/// The segment's next state after a pass without a recap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Disposition {
+    /// A failed pass: PENDING, due again at `at`.
+    Retry { at: Millis },
+    /// A failed pass whose class retrying cannot fix: PARKED until a requeue
+    /// or a change of provider configuration.
+    Park,
+    /// A cancelled pass: PENDING and due again (no later than it already
+    /// was); not counted as a pass and no failure recorded.
+    Release,
 }
 
 /// When an open segment closes by itself: whichever bound is reached first.

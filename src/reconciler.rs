@@ -13,14 +13,17 @@ use tracing::warn;
 
 use crate::breaker::Breaker;
 use crate::config::ReconcilerConfig;
-use crate::failure::{AfterPass, Failure, FailureClass, cause_chain};
+use crate::failure::cause_chain;
+use crate::metrics::Metrics;
 use crate::model::{Millis, SegmentId};
+use crate::pass::{PassOutcome, Summariser};
 use crate::store::Store;
-use crate::summarise::{PassOutcome, Summariser};
 
 pub struct Reconciler {
     store: Store,
     summariser: Arc<Summariser>,
+    breaker: Arc<Breaker>,
+    metrics: Arc<Metrics>,
     config: ReconcilerConfig,
     wake: Arc<Notify>,
 }
@@ -34,15 +37,19 @@ async fn probe_time(breaker: &Breaker) {
 }
 
 impl Reconciler {
-    pub fn new(
+    pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
+        breaker: Arc<Breaker>,
+        metrics: Arc<Metrics>,
         config: ReconcilerConfig,
         wake: Arc<Notify>,
     ) -> Reconciler {
         Reconciler {
             store,
             summariser,
+            breaker,
+            metrics,
             config,
             wake,
         }
@@ -60,22 +67,13 @@ impl Reconciler {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => {}
                 _ = self.wake.notified() => {}
-                _ = probe_time(self.summariser.breaker()) => {}
+                _ = probe_time(&self.breaker) => {}
                 Some(_) = running.join_next(), if !running.is_empty() => {}
             }
         }
         // The passes themselves run in the summariser's tasks; shutdown
         // waits for them there, bounded by its ceiling.
         running.detach_all();
-    }
-
-    /// One scan and its passes, run to the end. Returns how many passes ran.
-    pub async fn step(&self) -> usize {
-        let mut running = JoinSet::new();
-        self.fill(&mut running).await;
-        let n = running.len();
-        while running.join_next().await.is_some() {}
-        n
     }
 
     async fn fill(&self, running: &mut JoinSet<PassOutcome>) {
@@ -93,7 +91,7 @@ impl Reconciler {
         for id in due {
             // While the provider is failing for everyone, one probe at a
             // time instead of a pass for every due segment.
-            if !self.summariser.breaker().admit(id) {
+            if !self.breaker.admit(id) {
                 break;
             }
             let summariser = self.summariser.clone();
@@ -107,7 +105,7 @@ impl Reconciler {
         // scan further when that left slots empty and there may be more.
         let mut limit = free + self.summariser.running();
         loop {
-            self.summariser.metrics().scan();
+            self.metrics.scan();
             let ids = self
                 .store
                 .due_segments(Millis::now(), u32::try_from(limit).unwrap_or(u32::MAX))
@@ -129,37 +127,3 @@ impl Reconciler {
 
 /// The most due segments one scan reads.
 const MAX_SCAN: usize = 4096;
-
-/// When a segment whose pass failed is due again: spacing that doubles with
-/// every pass (from the reconciler's interval, with up to 50 % jitter
-/// subtracted so that a batch that failed together does not come back
-/// together), capped at `max_spacing`; never sooner than a Retry-After;
-/// `quota_delay` for an exhausted quota; at once for a cancelled pass.
-pub fn next_due_after(
-    failure: &Failure,
-    passes: u32,
-    config: &ReconcilerConfig,
-    now: Millis,
-) -> Millis {
-    match failure.class.after_pass() {
-        AfterPass::Release => return now,
-        // A parked segment is not scanned; its due time only matters once
-        // a requeue sets a new one.
-        AfterPass::Park => return now,
-        AfterPass::Reschedule => {}
-    }
-    if failure.class == FailureClass::QuotaExhausted {
-        return now.saturating_add(config.quota_delay);
-    }
-    let exp = passes.saturating_sub(1).min(30);
-    let base = config
-        .interval
-        .saturating_mul(1u32 << exp)
-        .min(config.max_spacing);
-    let jittered = base.mul_f64(1.0 - 0.5 * rand::random::<f64>());
-    let spacing = match failure.retry_after {
-        Some(wait) => jittered.max(wait),
-        None => jittered,
-    };
-    now.saturating_add(spacing)
-}

@@ -16,23 +16,22 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
+use crate::app::{App, BuildError};
 use crate::auth::{Auth, AuthSetupError};
+use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind};
-use crate::grpc::{CallGate, GrpcService};
-use crate::model::Millis;
+use crate::grpc::{GrpcService, NameOversize, RecordCalls, ShedLoad};
+use crate::metrics::Metrics;
 use crate::pb;
-use crate::provider::{Provider, ProviderSetupError};
-use crate::reconciler::Reconciler;
 use crate::service::Service;
 use crate::store::{Store, StoreError};
-use crate::summarise::{Summariser, SummariserConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot open the store")]
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("cannot update the store")]
     Store(#[from] StoreError),
-    #[error("cannot set up the provider")]
-    Provider(#[from] ProviderSetupError),
     #[error("cannot set up authentication")]
     Auth(#[from] AuthSetupError),
     #[error("cannot read the TLS file {path}")]
@@ -71,8 +70,8 @@ pub async fn run_with_key(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let store = Store::open_with(&config.data_dir, config.durability()).await?;
-    let provider = Provider::from_config(&config.provider, api_key)?;
+    let app = App::build(&config, api_key, "serve").await?;
+    let store = app.store.clone();
     match config.provider.kind {
         ProviderKind::Extractive => info!(
             "summarising with the built-in extractive provider (no LLM); set provider.kind = \"openai\" to use one"
@@ -83,20 +82,14 @@ pub async fn run_with_key(
             "summarising through an OpenAI-compatible endpoint"
         ),
     }
-    let unparked = store.unpark_changed(&provider.fingerprint()).await?;
+    let unparked = store.unpark_changed(&app.provider_fingerprint).await?;
     if unparked > 0 {
         info!(
             unparked,
             "parked segments failed under another provider configuration; they are due again"
         );
     }
-    let owner = format!("serve-{}-{}", std::process::id(), Millis::now().0);
-    let summariser = Summariser::new(
-        store.clone(),
-        provider,
-        SummariserConfig::from(&config),
-        owner,
-    );
+    let summariser = app.summariser.clone();
     let wake = Arc::new(Notify::new());
     let service = Arc::new(Service::new(
         store.clone(),
@@ -109,13 +102,7 @@ pub async fn run_with_key(
     ));
 
     let background = CancellationToken::new();
-    let reconciler = Reconciler::new(
-        store.clone(),
-        summariser.clone(),
-        config.reconciler.clone(),
-        wake,
-    );
-    let reconciler_task = tokio::spawn(reconciler.run(background.clone()));
+    let reconciler_task = tokio::spawn(app.reconciler(wake).run(background.clone()));
 
     let auth = Arc::new(Auth::from_config(&config.auth.tenants, |var| {
         std::env::var(var).ok()
@@ -149,7 +136,8 @@ pub async fn run_with_key(
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
     }
     if let Some(at) = config.metrics.listen {
-        let metrics = metrics_endpoint(at, store.clone(), summariser.clone()).await?;
+        let metrics =
+            metrics_endpoint(at, store.clone(), app.metrics.clone(), app.breaker.clone()).await?;
         info!(
             metrics = %metrics.listener.local_addr().map_or(at, |a| a),
             data_dir = %config.data_dir.display(),
@@ -157,13 +145,12 @@ pub async fn run_with_key(
         );
         tokio::spawn(metrics.serve(background.clone()));
     }
-    let gate = CallGate::new(
-        config.limits.max_concurrent_calls as usize,
-        config.limits.max_message_bytes as usize,
-        summariser.metrics().clone(),
-    );
+    let layers = tower::ServiceBuilder::new()
+        .layer(RecordCalls::new(app.metrics.clone()))
+        .layer(NameOversize::new(config.limits.max_message_bytes as usize))
+        .layer(ShedLoad::new(config.limits.max_concurrent_calls as usize));
     let server = builder
-        .layer(gate)
+        .layer(layers)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -270,7 +257,8 @@ struct MetricsEndpoint {
 async fn metrics_endpoint(
     at: std::net::SocketAddr,
     store: Store,
-    summariser: Arc<Summariser>,
+    metrics: Arc<Metrics>,
+    breaker: Arc<Breaker>,
 ) -> Result<MetricsEndpoint, ServeError> {
     let listener = TcpListener::bind(at)
         .await
@@ -279,12 +267,11 @@ async fn metrics_endpoint(
         "/metrics",
         axum::routing::get(move || {
             let store = store.clone();
-            let summariser = summariser.clone();
+            let metrics = metrics.clone();
+            let breaker = breaker.clone();
             async move {
-                let backlog = store.backlog_all().await.unwrap_or_default();
-                let body = summariser
-                    .metrics()
-                    .render(&backlog, summariser.breaker().state());
+                let backlog = store.backlog(None).await.unwrap_or_default();
+                let body = metrics.render(&backlog, breaker.state());
                 ([("content-type", "text/plain; version=0.0.4")], body)
             }
         }),

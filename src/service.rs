@@ -1,6 +1,6 @@
 //! The operations behind the RPCs, free of any wire type: append, close,
-//! flush, read and operate. `grpc.rs` validates and converts at the edge and
-//! calls these; tests of the domain can call them directly.
+//! flush, read and operate. `grpc/` validates and converts at the edge and
+//! calls these.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,13 +9,13 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::failure::{Failure, FailureClass};
+use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionName, Tenant,
 };
+use crate::pass::{PassOutcome, Summariser};
 use crate::store::{SegmentFilter, Store, StoreError};
-use crate::summarise::{PassOutcome, Summariser};
 
 /// How long before a flush answers the passes it started are cancelled, so
 /// their claims are released by the time it does.
@@ -25,7 +25,11 @@ const RELEASE_ALLOWANCE: Duration = Duration::from_millis(200);
 const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
+pub(crate) enum ServiceError {
+    #[error(
+        "the recap pass of segment {segment_id} was cancelled (the server is stopping); the segment stays PENDING"
+    )]
+    PassCancelled { segment_id: SegmentId },
     #[error("the recap pass of segment {segment_id} panicked; the segment stays PENDING")]
     PassPanicked { segment_id: SegmentId },
     #[error("recap of segment {segment_id} failed")]
@@ -39,7 +43,7 @@ pub enum ServiceError {
 
 /// The service's state: the store, the summariser and the reconciler's
 /// wake-up.
-pub struct Service {
+pub(crate) struct Service {
     store: Store,
     summariser: Arc<Summariser>,
     wake: Arc<Notify>,
@@ -50,19 +54,19 @@ pub struct Service {
 }
 
 /// A page of segments and the id to continue after, if there is more.
-pub struct SegmentPage {
-    pub segments: Vec<Segment>,
-    pub next_after: Option<SegmentId>,
+pub(crate) struct SegmentPage {
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) next_after: Option<SegmentId>,
 }
 
 /// Every segment of a flushed session and whether all are summarised.
-pub struct Flushed {
-    pub segments: Vec<Segment>,
-    pub complete: bool,
+pub(crate) struct Flushed {
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) complete: bool,
 }
 
 impl Service {
-    pub fn new(
+    pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
         wake: Arc<Notify>,
@@ -82,11 +86,7 @@ impl Service {
         }
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    pub async fn append(
+    pub(crate) async fn append(
         &self,
         tenant: &Tenant,
         session: &SessionName,
@@ -106,7 +106,7 @@ impl Service {
     /// Closes the open segment. With a `wait_until`, runs (or joins) its
     /// pass and returns when the pass ends or the instant comes, whichever
     /// is first; a failed pass is an error carrying its failure.
-    pub async fn close_segment(
+    pub(crate) async fn close_segment(
         &self,
         tenant: &Tenant,
         session: &SessionName,
@@ -131,7 +131,7 @@ impl Service {
     /// Wind-down: closes the open segment and awaits the pass of every
     /// PENDING segment, until all end or the flush ceiling or `deadline`
     /// comes. What is unfinished stays PENDING for the reconciler.
-    pub async fn flush(
+    pub(crate) async fn flush(
         &self,
         tenant: &Tenant,
         session: &SessionName,
@@ -193,11 +193,15 @@ impl Service {
         await_pass_with(&self.summariser, &self.store, id, None, deadline).await
     }
 
-    pub async fn segment(&self, tenant: &Tenant, id: SegmentId) -> Result<Segment, ServiceError> {
+    pub(crate) async fn segment(
+        &self,
+        tenant: &Tenant,
+        id: SegmentId,
+    ) -> Result<Segment, ServiceError> {
         Ok(self.store.segment(tenant, id).await?)
     }
 
-    pub async fn list_segments(
+    pub(crate) async fn list_segments(
         &self,
         tenant: &Tenant,
         filter: SegmentFilter,
@@ -222,7 +226,7 @@ impl Service {
         })
     }
 
-    pub async fn context(
+    pub(crate) async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
@@ -231,7 +235,7 @@ impl Service {
         Ok(self.store.context(tenant, session, max_tokens).await?)
     }
 
-    pub async fn requeue(
+    pub(crate) async fn requeue(
         &self,
         tenant: &Tenant,
         session: Option<SessionName>,
@@ -259,8 +263,8 @@ impl Service {
         Ok(n)
     }
 
-    pub async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, ServiceError> {
-        Ok(self.store.backlog(tenant).await?)
+    pub(crate) async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, ServiceError> {
+        Ok(self.store.backlog(Some(tenant)).await?)
     }
 }
 
@@ -288,10 +292,8 @@ async fn await_pass_with(
             // A pass someone else started and then cancelled (a flush at its
             // bound) says nothing of this caller's: run it again while there
             // is time, unless the server itself is stopping.
-            PassOutcome::Failed(failure)
-                if failure.class == FailureClass::Cancelled
-                    && cancel_at.is_none()
-                    && !summariser.is_stopping() => {}
+            PassOutcome::Cancelled if cancel_at.is_none() && !summariser.is_stopping() => {}
+            PassOutcome::Cancelled => return Err(ServiceError::PassCancelled { segment_id: id }),
             PassOutcome::Failed(failure) => return Ok(Some(failure)),
             PassOutcome::StoreFailed(e) => {
                 return Err(ServiceError::Store(StoreError::Shared(e)));

@@ -9,31 +9,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use archivist::config::{Config, ProviderKind};
-use archivist::provider::Provider;
-use archivist::store::Store;
-use archivist::summarise::{Summariser, SummariserConfig};
+use archivist::internals::{App, Store, Summariser};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"The segment covered the billing migration and its rerun."},"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":12,"total_tokens":132}}"#;
 
-/// A store in `dir` and a summariser over it that talks to the
-/// OpenAI-compatible provider at `base`, with the default configuration.
-pub async fn openai_summariser(
-    dir: &std::path::Path,
-    base: &str,
-) -> (Config, Store, Arc<Summariser>) {
+/// The app (store in `dir`, summariser, breaker, metrics) built as the
+/// server builds it, talking to the OpenAI-compatible provider at `base`,
+/// with the default configuration otherwise.
+pub async fn openai_app(dir: &std::path::Path, base: &str) -> (Config, App) {
     let mut config = Config::default();
     config.provider.kind = ProviderKind::Openai;
     config.provider.base_url = format!("{base}/v1");
-    let store = Store::open(dir).await.expect("store");
-    let provider = Provider::from_config(&config.provider, None).expect("provider");
-    let summariser = Summariser::new(
-        store.clone(),
-        provider,
-        SummariserConfig::from(&config),
-        "bench".to_owned(),
-    );
-    (config, store, summariser)
+    config.data_dir = dir.to_owned();
+    let app = App::build(&config, None, "bench").await.expect("app");
+    (config, app)
+}
+
+/// The store and summariser of an `openai_app`.
+pub async fn openai_summariser(
+    dir: &std::path::Path,
+    base: &str,
+) -> (Config, App, Store, Arc<Summariser>) {
+    let (config, app) = openai_app(dir, base).await;
+    let store = app.store().clone();
+    let summariser = app.summariser().clone();
+    (config, app, store, summariser)
 }
 
 /// Runs the fake provider and returns, when this process was started as

@@ -11,16 +11,14 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
+use crate::app::App;
 use crate::backfill::{self, Options, Progress, Report};
 use crate::config::Overrides;
 use crate::failure::cause_chain;
 use crate::model::{Millis, SessionName};
-use crate::provider::Provider;
-use crate::store::Store;
-use crate::summarise::{Summariser, SummariserConfig};
 
 /// Exit code when segments are left unsummarised.
-pub const EXIT_LEFT: u8 = 2;
+pub(crate) const EXIT_LEFT: u8 = 2;
 
 #[derive(Debug, Args)]
 pub struct BackfillArgs {
@@ -104,33 +102,21 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
     if options.concurrency == 0 {
         return Err("--concurrency must be at least 1".to_owned());
     }
-    let store = Store::open_with(&config.data_dir, config.durability())
+    let api_key = std::env::var(&config.provider.api_key_env).ok();
+    let app = App::build(&config, api_key, "backfill")
         .await
         .map_err(|e| cause_chain(&e).join(": "))?;
-    let api_key = std::env::var(&config.provider.api_key_env).ok();
-    let provider =
-        Provider::from_config(&config.provider, api_key).map_err(|e| cause_chain(&e).join(": "))?;
-    let summariser = Summariser::new(
-        store.clone(),
-        provider,
-        SummariserConfig::from(&config),
-        format!("backfill-{}-{}", std::process::id(), Millis::now().0),
-    );
 
     let cancel = CancellationToken::new();
     let on_signal = {
         let cancel = cancel.clone();
-        tokio::spawn(async move {
-            super::signal().await;
+        tokio::spawn(super::on_signals(move || {
             eprintln!("stopping: running passes are cancelled and their segments released");
             cancel.cancel();
-            super::signal().await;
-            eprintln!("second signal: exiting at once");
-            std::process::exit(130);
-        })
+        }))
     };
     let mut display = Display::new(args.dry_run);
-    let report = backfill::run(&store, &summariser, &options, &cancel, |p| display.show(p)).await;
+    let report = backfill::run(&app, &options, &cancel, |p| display.show(p)).await;
     display.finish();
     on_signal.abort();
     let report = report.map_err(|e| cause_chain(&e).join(": "))?;
@@ -222,7 +208,7 @@ impl Display {
 }
 
 /// The report for a person.
-pub fn render(report: &Report) -> String {
+pub(crate) fn render(report: &Report) -> String {
     let mut out = String::new();
     if report.dry_run {
         out.push_str(&format!(

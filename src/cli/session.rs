@@ -6,7 +6,9 @@ use std::io::Read;
 use clap::{Args, Subcommand};
 
 use crate::client::{CallError, ClientOptions, connect_with};
+use crate::model::{Role, SegmentState};
 use crate::pb;
+use crate::wire::{role_from_pb, role_to_pb, state_from_pb};
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
@@ -202,35 +204,17 @@ pub async fn run(args: SessionArgs) -> Result<(), String> {
 }
 
 fn parse_role(name: &str) -> Result<pb::Role, String> {
-    match name {
-        "user" => Ok(pb::Role::User),
-        "assistant" => Ok(pb::Role::Assistant),
-        "system" => Ok(pb::Role::System),
-        "tool" => Ok(pb::Role::Tool),
-        other => Err(format!(
-            "unknown role {other:?}: use user, assistant, system or tool"
-        )),
-    }
+    Role::parse(name)
+        .map(role_to_pb)
+        .ok_or_else(|| format!("unknown role {name:?}: use user, assistant, system or tool"))
 }
 
 fn role_name(role: i32) -> &'static str {
-    match pb::Role::try_from(role) {
-        Ok(pb::Role::User) => "user",
-        Ok(pb::Role::Assistant) => "assistant",
-        Ok(pb::Role::System) => "system",
-        Ok(pb::Role::Tool) => "tool",
-        Ok(pb::Role::Unspecified) | Err(_) => "?",
-    }
+    role_from_pb(role).map_or("?", Role::as_str)
 }
 
 fn state_name(state: i32) -> &'static str {
-    match pb::SegmentState::try_from(state) {
-        Ok(pb::SegmentState::Open) => "OPEN",
-        Ok(pb::SegmentState::Pending) => "PENDING",
-        Ok(pb::SegmentState::Summarised) => "SUMMARISED",
-        Ok(pb::SegmentState::Parked) => "PARKED",
-        Ok(pb::SegmentState::Unspecified) | Err(_) => "?",
-    }
+    state_from_pb(state).map_or("?", SegmentState::as_str)
 }
 
 fn print_segment(seg: &pb::Segment) {

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::Recap;
 use crate::model::{Entry, estimate_tokens};
+use crate::text::prefix;
 
 pub const NAME: &str = "extractive";
 pub const MODEL: &str = "extractive-v1";
@@ -105,7 +106,7 @@ impl Extractive {
             // keep the first entry, cut to the budget.
             entries
                 .first()
-                .map(|e| render(e, truncate(e.content.trim(), budget as usize * 4)))
+                .map(|e| render(e, prefix(e.content.trim(), budget as usize * 4)))
                 .unwrap_or_default()
         } else {
             chosen
@@ -127,17 +128,6 @@ impl Extractive {
 
 fn render(entry: &Entry, sentence: &str) -> String {
     format!("{}: {}", entry.role.as_str(), sentence)
-}
-
-fn truncate(text: &str, max_bytes: usize) -> &str {
-    if text.len() <= max_bytes {
-        return text;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Sentences: split after `.`, `!` or `?` followed by white space, and at

@@ -14,6 +14,7 @@ use crate::config::ProviderConfig;
 use crate::failure::{
     ErrorBody, FailureClass, cause_chain, classify_http, parse_retry_after, redact,
 };
+use crate::text::hex;
 
 pub const NAME: &str = "openai";
 /// Bumped whenever the prompts change, and recorded in every summary.
@@ -322,8 +323,4 @@ fn render_parts(parts: &[String]) -> String {
         out.push_str(&format!("Part {}:\n{}", i + 1, part));
     }
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

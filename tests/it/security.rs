@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use archivist::auth::token_sha256;
 use archivist::client::{ClientOptions, connect_with};
+use archivist::config::token_sha256;
 use archivist::config::{Config, TenantConfig};
 use archivist::pb;
 use tonic::Code;

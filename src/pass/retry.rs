@@ -31,7 +31,7 @@ use crate::config::RetryConfig;
 use crate::failure::FailureClass;
 
 /// What the pass needs to know of an attempt's error.
-pub trait Classified {
+pub(crate) trait Classified {
     fn class(&self) -> FailureClass;
     /// The wait the other side asked for (Retry-After), if it said.
     fn retry_after(&self) -> Option<Duration>;
@@ -42,56 +42,62 @@ pub trait Classified {
 
 /// Why a pass ended without a result.
 #[derive(Debug)]
-pub enum PassEnd<E> {
+pub(crate) enum PassEnd<E> {
+    /// The pass gave up: what it ran into is a failure to record.
+    GaveUp(GaveUp<E>),
+    /// Shutdown or the caller cancelled the pass: control flow, not a
+    /// failure; nothing is recorded against the segment.
+    Cancelled,
+}
+
+/// How a pass gave up.
+#[derive(Debug)]
+pub(crate) enum GaveUp<E> {
     /// The last attempt failed with a class that ends the pass: terminal,
     /// or retryable but out of attempts, or its Retry-After was too long.
-    Failed(E),
+    Error(E),
     /// The attempt was still running when its timeout (clamped to the pass
     /// ceiling) came.
     TimedOut { timeout: Duration },
     /// The ceiling came, or the next wait would not fit before it; carries
     /// the last attempt's error, if there was one.
-    BudgetExhausted { last: Option<E> },
-    /// Shutdown or the caller cancelled the pass.
-    Cancelled,
+    Ceiling { last: Option<E> },
 }
 
-impl<E: Classified> PassEnd<E> {
-    pub fn class(&self) -> FailureClass {
+impl<E: Classified> GaveUp<E> {
+    pub(crate) fn class(&self) -> FailureClass {
         match self {
-            PassEnd::Failed(e) => e.class(),
-            PassEnd::TimedOut { .. } => FailureClass::Timeout,
-            PassEnd::BudgetExhausted { .. } => FailureClass::BudgetExhausted,
-            PassEnd::Cancelled => FailureClass::Cancelled,
+            GaveUp::Error(e) => e.class(),
+            GaveUp::TimedOut { .. } => FailureClass::Timeout,
+            GaveUp::Ceiling { .. } => FailureClass::BudgetExhausted,
         }
     }
 
-    pub fn last_error(&self) -> Option<&E> {
+    pub(crate) fn last_error(&self) -> Option<&E> {
         match self {
-            PassEnd::Failed(e) => Some(e),
-            PassEnd::BudgetExhausted { last } => last.as_ref(),
-            PassEnd::TimedOut { .. } | PassEnd::Cancelled => None,
+            GaveUp::Error(e) => Some(e),
+            GaveUp::Ceiling { last } => last.as_ref(),
+            GaveUp::TimedOut { .. } => None,
         }
     }
 }
 
 /// How a pass went: its result, and what it cost.
 #[derive(Debug)]
-pub struct PassReport<T, E> {
-    pub result: Result<T, PassEnd<E>>,
+pub(crate) struct PassReport<T, E> {
+    pub(crate) result: Result<T, PassEnd<E>>,
     /// Sends made (an attempt counts once it has started).
-    pub attempts: u32,
-    pub elapsed: Duration,
+    pub(crate) attempts: u32,
 }
 
 /// The randomised exponential schedule of waits between attempts.
-pub struct Schedule {
+pub(crate) struct Schedule {
     inner: backoff::ExponentialBackoff,
     cap: Duration,
 }
 
 impl Schedule {
-    pub fn new(config: &RetryConfig) -> Schedule {
+    pub(crate) fn new(config: &RetryConfig) -> Schedule {
         Schedule {
             inner: backoff::ExponentialBackoff {
                 current_interval: config.initial_backoff,
@@ -109,14 +115,14 @@ impl Schedule {
 
     /// The next wait. The cap is applied after jitter, so a jittered wait
     /// never exceeds `max_backoff`.
-    pub fn next_wait(&mut self) -> Duration {
+    pub(crate) fn next_wait(&mut self) -> Duration {
         self.inner.next_backoff().unwrap_or(self.cap).min(self.cap)
     }
 }
 
 /// Runs `attempt` under the pass rules of `config`. `attempt` gets the
 /// attempt number (from 1) and the timeout it runs under.
-pub async fn run_pass<T, E, F, Fut>(
+pub(crate) async fn run_pass<T, E, F, Fut>(
     config: &RetryConfig,
     cancel: &CancellationToken,
     mut attempt: F,
@@ -130,15 +136,14 @@ where
     let deadline = start + config.pass_ceiling;
     let mut schedule = Schedule::new(config);
     let mut attempts = 0u32;
-    let report = |result, attempts| PassReport {
-        result,
-        attempts,
-        elapsed: start.elapsed(),
-    };
+    let report = |result, attempts| PassReport { result, attempts };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return report(Err(PassEnd::BudgetExhausted { last: None }), attempts);
+            return report(
+                Err(PassEnd::GaveUp(GaveUp::Ceiling { last: None })),
+                attempts,
+            );
         }
         let timeout = config.attempt_timeout.min(left);
         attempts += 1;
@@ -151,16 +156,16 @@ where
             Ok(Ok(value)) => return report(Ok(value), attempts),
             Ok(Err(e)) => e,
             Err(_) => {
-                let end = PassEnd::TimedOut { timeout };
+                let end = GaveUp::TimedOut { timeout };
                 if attempts >= config.max_attempts || Instant::now() >= deadline {
                     warn_exhausted(&end, attempts, start.elapsed());
-                    return report(Err(end), attempts);
+                    return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
                 let wait = schedule.next_wait();
                 if !fits(wait, deadline) {
-                    let end = PassEnd::BudgetExhausted { last: None };
+                    let end = GaveUp::Ceiling { last: None };
                     warn_exhausted(&end, attempts, start.elapsed());
-                    return report(Err(end), attempts);
+                    return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
                 warn_retry::<E>(
                     attempts,
@@ -177,18 +182,18 @@ where
         };
         let class = error.class();
         if !class.retry_within_pass() || attempts >= config.max_attempts {
-            let end = PassEnd::Failed(error);
+            let end = GaveUp::Error(error);
             warn_exhausted(&end, attempts, start.elapsed());
-            return report(Err(end), attempts);
+            return report(Err(PassEnd::GaveUp(end)), attempts);
         }
         let backoff = schedule.next_wait();
         let wait = match error.retry_after() {
             // A wait longer than we may wait blind ends the pass; the
             // reconciler schedules the segment no sooner than it asks.
             Some(asked) if asked > config.max_blind_wait => {
-                let end = PassEnd::Failed(error);
+                let end = GaveUp::Error(error);
                 warn_exhausted(&end, attempts, start.elapsed());
-                return report(Err(end), attempts);
+                return report(Err(PassEnd::GaveUp(end)), attempts);
             }
             Some(asked) => asked.max(backoff),
             None => backoff,
@@ -197,12 +202,12 @@ where
             // Sleeping past the ceiling would break the bound; end now. A
             // Retry-After keeps its class so the schedule honours it.
             let end = if error.retry_after().is_some() {
-                PassEnd::Failed(error)
+                GaveUp::Error(error)
             } else {
-                PassEnd::BudgetExhausted { last: Some(error) }
+                GaveUp::Ceiling { last: Some(error) }
             };
             warn_exhausted(&end, attempts, start.elapsed());
-            return report(Err(end), attempts);
+            return report(Err(PassEnd::GaveUp(end)), attempts);
         }
         warn_retry(attempts, config.max_attempts, class, wait, Some(&error));
         if sleep_or_cancel(wait, cancel).await.is_err() {
@@ -247,7 +252,7 @@ fn warn_retry<E: Classified>(
     );
 }
 
-fn warn_exhausted<E: Classified>(end: &PassEnd<E>, attempts: u32, elapsed: Duration) {
+fn warn_exhausted<E: Classified>(end: &GaveUp<E>, attempts: u32, elapsed: Duration) {
     warn!(
         attempts,
         class = end.class().as_str(),
@@ -291,6 +296,14 @@ mod tests {
 
     fn config() -> RetryConfig {
         RetryConfig::default()
+    }
+
+    /// The class a pass gave up with; panics on success or cancellation.
+    fn class_of<T: std::fmt::Debug>(result: Result<T, PassEnd<Fake>>) -> FailureClass {
+        match result {
+            Err(PassEnd::GaveUp(end)) => end.class(),
+            other => panic!("the pass did not give up: {other:?}"),
+        }
     }
 
     #[test]
@@ -338,7 +351,7 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 3);
         assert_eq!(report.attempts, 3);
         assert!(
-            matches!(report.result, Err(PassEnd::Failed(ref e)) if e.class == FailureClass::Unavailable)
+            matches!(report.result, Err(PassEnd::GaveUp(GaveUp::Error(ref e))) if e.class == FailureClass::Unavailable)
         );
     }
 
@@ -379,7 +392,7 @@ mod tests {
             })
             .await;
             assert_eq!(calls.load(Ordering::SeqCst), 1, "{class:?}");
-            assert_eq!(report.result.expect_err("fails").class(), class);
+            assert_eq!(class_of(report.result), class);
         }
     }
 
@@ -421,10 +434,7 @@ mod tests {
         .await;
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert_eq!(start.elapsed(), Duration::ZERO, "ended at once, no sleep");
-        assert_eq!(
-            report.result.expect_err("fails").class(),
-            FailureClass::RateLimited
-        );
+        assert_eq!(class_of(report.result), FailureClass::RateLimited);
     }
 
     #[tokio::test(start_paused = true)]
@@ -470,7 +480,7 @@ mod tests {
             .await;
             assert!(start.elapsed() <= c.pass_ceiling, "{:?}", start.elapsed());
             assert!(report.attempts <= c.max_attempts);
-            let class = report.result.expect_err("never answers").class();
+            let class = class_of(report.result);
             assert!(
                 matches!(class, FailureClass::Timeout | FailureClass::BudgetExhausted),
                 "{class:?}"

@@ -10,7 +10,6 @@ use std::time::Duration;
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::failure::FailureClass;
 use crate::model::{Entry, Millis, Role, estimate_tokens};
-use crate::retry::Classified;
 
 pub use extractive::Extractive;
 pub use openai::OpenAi;
@@ -46,20 +45,6 @@ pub struct ProviderError {
     pub detail: String,
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-impl Classified for ProviderError {
-    fn detail(&self) -> String {
-        self.detail.clone()
-    }
-
-    fn class(&self) -> FailureClass {
-        self.class
-    }
-
-    fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

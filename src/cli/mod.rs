@@ -17,7 +17,7 @@ pub fn load_config(overrides: &Overrides) -> Result<Config, String> {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub async fn signal() {
+async fn signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -43,9 +43,19 @@ pub async fn signal() {
 /// (every acknowledged write is already committed).
 pub async fn shutdown_signal() {
     signal().await;
-    tokio::spawn(async {
-        signal().await;
-        eprintln!("second signal: exiting at once");
-        std::process::exit(130);
-    });
+    tokio::spawn(exit_on_signal());
+}
+
+/// Runs `first` on the first signal, and ends the process at once on a
+/// second; for commands that stop cleanly on their own once told to.
+pub(crate) async fn on_signals(first: impl FnOnce() + Send + 'static) {
+    signal().await;
+    first();
+    exit_on_signal().await;
+}
+
+async fn exit_on_signal() {
+    signal().await;
+    eprintln!("second signal: exiting at once");
+    std::process::exit(130);
 }

@@ -1,0 +1,99 @@
+//! The composition root: builds the shared parts (store, provider, breaker,
+//! metrics, summariser) once, for `serve`, `backfill` and the benchmarks
+//! alike, and hands each its `Arc`s. Nothing else constructs them.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::breaker::{Breaker, MAX_PROBE_SPACING};
+use crate::config::{Config, DurabilityConfig};
+use crate::metrics::Metrics;
+use crate::model::Millis;
+use crate::pass::schedule::lease;
+use crate::pass::{Summariser, SummariserConfig};
+use crate::provider::{Provider, ProviderSetupError};
+use crate::reconciler::Reconciler;
+use crate::store::{Durability, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("cannot open the store")]
+    Store(#[from] StoreError),
+    #[error("cannot set up the provider")]
+    Provider(#[from] ProviderSetupError),
+}
+
+/// The parts of a running archivist process.
+pub struct App {
+    pub(crate) store: Store,
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) summariser: Arc<Summariser>,
+    /// Identifies the provider configuration (never the key itself).
+    pub(crate) provider_fingerprint: String,
+    pub(crate) config: Config,
+}
+
+impl App {
+    /// Opens the store and builds every part from `config`, with the
+    /// provider key given. `role` names the process in its claims
+    /// (`serve`, `backfill`), so an operator can tell who holds one.
+    pub async fn build(
+        config: &Config,
+        api_key: Option<String>,
+        role: &str,
+    ) -> Result<App, BuildError> {
+        let durability = match config.storage.durability {
+            DurabilityConfig::Process => Durability::Process,
+            DurabilityConfig::Power => Durability::Power,
+        };
+        let store = Store::open_with(&config.data_dir, durability).await?;
+        let provider = Provider::from_config(&config.provider, api_key)?;
+        let provider_fingerprint = provider.fingerprint();
+        let breaker = Arc::new(Breaker::new(
+            config.reconciler.interval,
+            config.reconciler.max_spacing.min(MAX_PROBE_SPACING),
+            lease(&config.retry),
+        ));
+        let metrics = Arc::new(Metrics::new());
+        let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
+        let summariser = Summariser::new(
+            store.clone(),
+            provider,
+            breaker.clone(),
+            metrics.clone(),
+            SummariserConfig::from(config),
+            owner,
+        );
+        Ok(App {
+            store,
+            breaker,
+            metrics,
+            summariser,
+            provider_fingerprint,
+            config: config.clone(),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn summariser(&self) -> &Arc<Summariser> {
+        &self.summariser
+    }
+
+    /// The background drain over this app's parts; `wake` makes it scan
+    /// sooner.
+    pub fn reconciler(&self, wake: Arc<Notify>) -> Reconciler {
+        Reconciler::new(
+            self.store.clone(),
+            self.summariser.clone(),
+            self.breaker.clone(),
+            self.metrics.clone(),
+            self.config.reconciler.clone(),
+            wake,
+        )
+    }
+}

@@ -1,0 +1,307 @@
+//! Layering the configuration: the TOML file, then `ARCHIVIST_*`
+//! variables, then flags, each checked as it is applied so an error names
+//! the key (and the variable) that brought it.
+
+use std::path::Path;
+
+use super::{Config, ConfigError, ENV_PREFIX, NOT_KEYS, Overrides};
+
+/// Reads the file (if any), applies `ARCHIVIST_*` variables from `env`, then
+/// the flags, and validates the result.
+pub fn load(
+    overrides: &Overrides,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let mut table = match &overrides.config_file {
+        Some(path) => read_file(path)?,
+        None => toml::Table::new(),
+    };
+    let leaves = leaves_of_defaults();
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && !NOT_KEYS.contains(&k.as_str()))
+        .collect();
+    env.sort();
+    for (var, raw) in env {
+        let Some((path, default)) = leaves.iter().find(|(path, _)| env_name(path) == var) else {
+            return Err(ConfigError::UnknownEnv { var });
+        };
+        let key = path.join(".");
+        let value = parse_env_value(&raw, default).map_err(|message| ConfigError::Env {
+            var: var.clone(),
+            key: key.clone(),
+            message,
+        })?;
+        let mut candidate = table.clone();
+        set_path(&mut candidate, path, value);
+        // Deserialise with just this override added, so a bad value is
+        // blamed on the variable that brought it.
+        if let Err(e) = candidate.clone().try_into::<Config>() {
+            return Err(ConfigError::Env {
+                var,
+                key,
+                message: e.message().to_owned(),
+            });
+        }
+        table = candidate;
+    }
+    let mut config: Config =
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Invalid {
+                key: "(configuration)".to_owned(),
+                message: e.message().to_owned(),
+            })?;
+    if let Some(listen) = overrides.listen {
+        config.listen = listen;
+    }
+    if let Some(dir) = &overrides.data_dir {
+        config.data_dir = dir.clone();
+    }
+    config.insecure_open = overrides.insecure_open;
+    config.validate()?;
+    Ok(config)
+}
+
+fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let parse_error = |source: toml::de::Error| ConfigError::Parse {
+        path: path.to_owned(),
+        source: Box::new(source),
+    };
+    // Parsing straight into the typed config first gives errors that point at
+    // the line and name the key.
+    toml::from_str::<Config>(&text).map_err(parse_error)?;
+    toml::from_str::<toml::Table>(&text).map_err(parse_error)
+}
+
+/// Every key of the configuration with its default value, as a path.
+fn leaves_of_defaults() -> Vec<(Vec<String>, toml::Value)> {
+    fn walk(prefix: &[String], table: &toml::Table, out: &mut Vec<(Vec<String>, toml::Value)>) {
+        for (k, v) in table {
+            let mut path = prefix.to_vec();
+            path.push(k.clone());
+            match v {
+                toml::Value::Table(t) => walk(&path, t, out),
+                other => out.push((path, other.clone())),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    // Serialising the defaults cannot fail: every field is a plain value.
+    if let Ok(table) = toml::Table::try_from(Config::default()) {
+        walk(&[], &table, &mut out);
+    }
+    // Keys with no default are not serialised; they take strings.
+    for key in [
+        ["tls", "cert"],
+        ["tls", "key"],
+        ["tls", "client_ca"],
+        ["metrics", "listen"],
+    ] {
+        out.push((
+            key.iter().map(|k| (*k).to_owned()).collect(),
+            toml::Value::String(String::new()),
+        ));
+    }
+    out
+}
+
+fn env_name(path: &[String]) -> String {
+    format!("{ENV_PREFIX}{}", path.join("_").to_ascii_uppercase())
+}
+
+fn parse_env_value(raw: &str, default: &toml::Value) -> Result<toml::Value, String> {
+    let raw = raw.trim();
+    match default {
+        toml::Value::Integer(_) => raw
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .map_err(|_| format!("{raw:?} is not a whole number")),
+        toml::Value::Float(_) => raw
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .map_err(|_| format!("{raw:?} is not a number")),
+        toml::Value::Boolean(_) => raw
+            .parse::<bool>()
+            .map(toml::Value::Boolean)
+            .map_err(|_| format!("{raw:?} is not true or false")),
+        _ => Ok(toml::Value::String(raw.to_owned())),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut cursor = table;
+    for p in parents {
+        let entry = cursor
+            .entry(p.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        let toml::Value::Table(t) = entry else {
+            return;
+        };
+        cursor = t;
+    }
+    cursor.insert(last.clone(), value);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::super::{DurabilityConfig, ProviderKind};
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn file(text: &str) -> (tempfile::NamedTempFile, Overrides) {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut f, text.as_bytes()).expect("write");
+        let o = Overrides {
+            config_file: Some(f.path().to_owned()),
+            ..Overrides::default()
+        };
+        (f, o)
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let c = load(&Overrides::default(), env(&[])).expect("defaults load");
+        assert_eq!(c, Config::default());
+        assert_eq!(c.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(c.retry.max_attempts, 3);
+        assert_eq!(c.retry.initial_backoff, Duration::from_millis(500));
+        assert_eq!(c.reconciler.max_spacing, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn the_design_example_file_parses() {
+        let (_f, o) = file(
+            r#"
+listen = "127.0.0.1:50051"
+data_dir = "archivist-data"
+log_format = "text"
+[segment]
+max_entries = 50
+max_tokens = 4000
+[storage]
+durability = "power"
+[provider]
+kind = "openai"
+base_url = "http://127.0.0.1:11434/v1"
+model = "llama3.2"
+api_key_env = "OPENAI_API_KEY"
+max_input_tokens = 8000
+max_output_tokens = 512
+[retry]
+max_attempts = 3
+initial_backoff = "500ms"
+max_backoff = "8s"
+multiplier = 2.0
+jitter = 0.5
+attempt_timeout = "20s"
+pass_ceiling = "30s"
+max_blind_wait = "30s"
+[reconciler]
+interval = "5s"
+concurrency = 4
+max_spacing = "1h"
+quota_delay = "1h"
+[flush]
+ceiling = "10s"
+[shutdown]
+ceiling = "15s"
+"#,
+        );
+        let c = load(&o, env(&[])).expect("design file loads");
+        assert_eq!(c.provider.kind, ProviderKind::Openai);
+        assert_eq!(c.storage.durability, DurabilityConfig::Power);
+        assert_eq!(c.shutdown.ceiling, Duration::from_secs(15));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let (_f, o) = file("[retry]\nmax_atempts = 4\n");
+        let e = load(&o, env(&[])).expect_err("typo refused");
+        let text = crate::failure::cause_chain(&e).join(": ");
+        assert!(text.contains("max_atempts"), "{text}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let (_f, o) = file("[retry]\npass_ceiling = \"soon\"\n");
+        let e = load(&o, env(&[])).expect_err("bad duration refused");
+        let text = crate::failure::cause_chain(&e).join(": ");
+        assert!(text.contains("pass_ceiling"), "{text}");
+
+        let (_f, o) = file("[retry]\njitter = 1.5\n");
+        let e = load(&o, env(&[])).expect_err("jitter out of range");
+        assert!(e.to_string().contains("retry.jitter"), "{e}");
+
+        let (_f, o) = file("[flush]\nceiling = \"1000000000years\"\n");
+        let e = load(&o, env(&[])).expect_err("absurd duration refused");
+        assert!(e.to_string().contains("flush.ceiling"), "{e}");
+    }
+
+    #[test]
+    fn environment_overrides_file_and_flags_override_environment() {
+        let (_f, mut o) = file("listen = \"127.0.0.1:7000\"\n[segment]\nmax_entries = 7\n");
+        let c = load(
+            &o,
+            env(&[
+                ("ARCHIVIST_LISTEN", "127.0.0.1:7001"),
+                ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "9"),
+                ("ARCHIVIST_PROVIDER_BASE_URL", "http://127.0.0.1:9/v1"),
+                ("ARCHIVIST_RETRY_PASS_CEILING", "5s"),
+                ("ARCHIVIST_CONFIG", "ignored-here"),
+                ("OTHER", "x"),
+            ]),
+        )
+        .expect("loads");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7001");
+        assert_eq!(c.segment.max_entries, 9);
+        assert_eq!(c.provider.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(c.retry.pass_ceiling, Duration::from_secs(5));
+
+        o.listen = Some("127.0.0.1:7002".parse().expect("addr"));
+        o.data_dir = Some(PathBuf::from("/tmp/elsewhere"));
+        let c = load(&o, env(&[("ARCHIVIST_LISTEN", "127.0.0.1:7001")])).expect("loads");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7002");
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/elsewhere"));
+    }
+
+    #[test]
+    fn bad_environment_is_refused_by_name() {
+        let e = load(
+            &Overrides::default(),
+            env(&[("ARCHIVIST_SEGMENT_MAX_ENTRIES", "many")]),
+        )
+        .expect_err("refused");
+        assert!(
+            e.to_string().contains("ARCHIVIST_SEGMENT_MAX_ENTRIES"),
+            "{e}"
+        );
+        let e = load(
+            &Overrides::default(),
+            env(&[("ARCHIVIST_LISTEN", "nowhere")]),
+        )
+        .expect_err("refused");
+        assert!(e.to_string().contains("listen"), "{e}");
+        let e = load(&Overrides::default(), env(&[("ARCHIVIST_NOPE", "1")])).expect_err("refused");
+        assert!(e.to_string().contains("ARCHIVIST_NOPE"), "{e}");
+    }
+}

@@ -1,0 +1,231 @@
+//! The gRPC face of archivist: the tonic service, whose handlers check and
+//! convert each request at the edge (`validate.rs`), call `service.rs`, and
+//! convert back (`wire.rs`); every error becomes a status in `status.rs`.
+//! Authentication is an interceptor here; the layers around every call
+//! (metrics, the message limit, load shedding) are in `gate.rs`.
+
+mod gate;
+mod status;
+mod validate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::auth::{Auth, AuthError};
+use crate::config::LimitsConfig;
+use crate::model::Tenant;
+use crate::pb;
+use crate::service::Service;
+use crate::wire::{append_to_pb, backlog_to_pb, context_to_pb, segment_to_pb};
+pub(crate) use gate::{NameOversize, RecordCalls, ShedLoad};
+pub(crate) use status::ERROR_DOMAIN;
+use status::{invalid, service_status};
+use validate::{call_deadline, page_token, parse_append, parse_list, parse_requeue, parse_session};
+
+pub(crate) struct GrpcService {
+    service: Arc<Service>,
+    limits: LimitsConfig,
+}
+
+impl GrpcService {
+    pub(crate) fn new(service: Arc<Service>, limits: LimitsConfig) -> GrpcService {
+        GrpcService { service, limits }
+    }
+
+    /// The service as tonic serves it: reading messages up to
+    /// `max_message_bytes`, every call authenticated first.
+    pub(crate) fn into_server(
+        self,
+        auth: Arc<Auth>,
+        max_message_bytes: usize,
+    ) -> InterceptedService<pb::archivist_server::ArchivistServer<GrpcService>, Authenticator> {
+        let server = pb::archivist_server::ArchivistServer::new(self)
+            .max_decoding_message_size(max_message_bytes);
+        InterceptedService::new(server, Authenticator { auth })
+    }
+}
+
+/// Resolves each call's tenant from its bearer token before the call runs;
+/// a call without a valid token goes no further.
+#[derive(Clone)]
+pub(crate) struct Authenticator {
+    auth: Arc<Auth>,
+}
+
+impl Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match self.auth.tenant(header) {
+            Ok(tenant) => {
+                request.extensions_mut().insert(tenant);
+                Ok(request)
+            }
+            Err(e) => {
+                let reason = match e {
+                    AuthError::Missing => "MISSING_TOKEN",
+                    AuthError::Invalid => "INVALID_TOKEN",
+                };
+                let mut details = ErrorDetails::new();
+                details.set_error_info(reason, ERROR_DOMAIN, HashMap::new());
+                Err(Status::with_error_details(
+                    Code::Unauthenticated,
+                    e.to_string(),
+                    details,
+                ))
+            }
+        }
+    }
+}
+
+/// The caller's tenant, as the authenticator resolved it. A call that
+/// reached a handler without passing the authenticator is a wiring bug: it
+/// fails closed rather than running as the default tenant.
+fn tenant<T>(request: &Request<T>) -> Result<Tenant, Status> {
+    request
+        .extensions()
+        .get::<Tenant>()
+        .cloned()
+        .ok_or_else(|| Status::internal("the call was not authenticated"))
+}
+
+#[tonic::async_trait]
+impl pb::archivist_server::Archivist for GrpcService {
+    async fn append_entries(
+        &self,
+        request: Request<pb::AppendEntriesRequest>,
+    ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let (session, entries) = parse_append(request.into_inner(), &self.limits)?;
+        let outcome = self
+            .service
+            .append(&tenant, &session, entries)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(append_to_pb(outcome)))
+    }
+
+    async fn close_segment(
+        &self,
+        request: Request<pb::CloseSegmentRequest>,
+    ) -> Result<Response<pb::CloseSegmentResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let deadline = call_deadline(&request);
+        let req = request.into_inner();
+        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        // Without a deadline a waiting close is bounded by the pass itself.
+        let wait_until = req
+            .wait
+            .then(|| deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(24 * 3600)));
+        let segment = self
+            .service
+            .close_segment(&tenant, &session, wait_until)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::CloseSegmentResponse {
+            segment: segment.map(segment_to_pb),
+        }))
+    }
+
+    async fn flush_session(
+        &self,
+        request: Request<pb::FlushSessionRequest>,
+    ) -> Result<Response<pb::FlushSessionResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let deadline = call_deadline(&request);
+        let req = request.into_inner();
+        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        let flushed = self
+            .service
+            .flush(&tenant, &session, deadline)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::FlushSessionResponse {
+            segments: flushed.segments.into_iter().map(segment_to_pb).collect(),
+            complete: flushed.complete,
+        }))
+    }
+
+    async fn get_segment(
+        &self,
+        request: Request<pb::GetSegmentRequest>,
+    ) -> Result<Response<pb::Segment>, Status> {
+        let tenant = tenant(&request)?;
+        let id = request.into_inner().segment_id;
+        let segment = self
+            .service
+            .segment(&tenant, id)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(segment_to_pb(segment)))
+    }
+
+    async fn list_segments(
+        &self,
+        request: Request<pb::ListSegmentsRequest>,
+    ) -> Result<Response<pb::ListSegmentsResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let (filter, after, page_size) = parse_list(request.into_inner())?;
+        let page = self
+            .service
+            .list_segments(&tenant, filter, after, page_size)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::ListSegmentsResponse {
+            segments: page.segments.into_iter().map(segment_to_pb).collect(),
+            next_page_token: page.next_after.map(page_token).unwrap_or_default(),
+        }))
+    }
+
+    async fn get_context(
+        &self,
+        request: Request<pb::GetContextRequest>,
+    ) -> Result<Response<pb::GetContextResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let req = request.into_inner();
+        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        let context = self
+            .service
+            .context(&tenant, &session, req.max_tokens)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(context_to_pb(context)))
+    }
+
+    async fn requeue_segments(
+        &self,
+        request: Request<pb::RequeueSegmentsRequest>,
+    ) -> Result<Response<pb::RequeueSegmentsResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let req = request.into_inner();
+        let session = parse_requeue(&req)?;
+        let requeued = self
+            .service
+            .requeue(&tenant, session, req.segment_ids, req.include_parked)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::RequeueSegmentsResponse { requeued }))
+    }
+
+    async fn get_backlog(
+        &self,
+        request: Request<pb::GetBacklogRequest>,
+    ) -> Result<Response<pb::Backlog>, Status> {
+        let tenant = tenant(&request)?;
+        let backlog = self
+            .service
+            .backlog(&tenant)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(backlog_to_pb(backlog)))
+    }
+}

@@ -1,0 +1,266 @@
+//! Checking requests at the edge: every field of a request is checked and
+//! every bad one named (BadRequest), before anything reaches the service.
+//! Also the call's deadline and the opaque page tokens.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Status};
+use tonic_types::FieldViolation;
+
+use super::status::invalid;
+use crate::config::LimitsConfig;
+use crate::model::{NewEntry, SegmentId, SessionName};
+use crate::pb;
+use crate::store::SegmentFilter;
+use crate::wire::{role_from_pb, state_from_pb};
+
+const DEFAULT_PAGE_SIZE: u32 = 50;
+const MAX_PAGE_SIZE: u32 = 1000;
+const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// Most segment ids one RequeueSegments call may name.
+const MAX_REQUEUE_IDS: usize = 1000;
+/// A waiting call answers this long before its deadline, so the answer
+/// (the segment as it stands) arrives before the client gives up.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
+
+pub(super) fn violation(
+    field: impl Into<String>,
+    reason: &str,
+    description: impl Into<String>,
+) -> FieldViolation {
+    let mut v = FieldViolation::new(field, description);
+    v.reason = reason.to_owned();
+    v
+}
+
+pub(super) fn parse_session(raw: &str, field: &str) -> Result<SessionName, Vec<FieldViolation>> {
+    SessionName::parse(raw).map_err(|e| vec![violation(field, "INVALID_SESSION_ID", e.to_string())])
+}
+
+pub(super) fn parse_append(
+    req: pb::AppendEntriesRequest,
+    limits: &LimitsConfig,
+) -> Result<(SessionName, Vec<NewEntry>), Status> {
+    let mut violations = Vec::new();
+    let session = parse_session(&req.session_id, "session_id").map_err(|v| violations.extend(v));
+    if req.entries.is_empty() {
+        violations.push(violation(
+            "entries",
+            "NO_ENTRIES",
+            "at least one entry is required",
+        ));
+    }
+    if req.entries.len() > limits.max_entries_per_call as usize {
+        violations.push(violation(
+            "entries",
+            "TOO_MANY_ENTRIES",
+            format!(
+                "{} entries in one call; at most {} are allowed",
+                req.entries.len(),
+                limits.max_entries_per_call
+            ),
+        ));
+        // Checking each of an oversized batch would only say more of the same.
+        return Err(invalid(violations));
+    }
+    let mut entries = Vec::with_capacity(req.entries.len());
+    for (i, e) in req.entries.into_iter().enumerate() {
+        let role = role_from_pb(e.role);
+        if role.is_none() {
+            violations.push(violation(
+                format!("entries[{i}].role"),
+                "INVALID_ROLE",
+                format!(
+                    "role {} is not one of ROLE_USER, ROLE_ASSISTANT, ROLE_SYSTEM, ROLE_TOOL",
+                    e.role
+                ),
+            ));
+        }
+        if e.content.is_empty() {
+            violations.push(violation(
+                format!("entries[{i}].content"),
+                "EMPTY_CONTENT",
+                "content must not be empty",
+            ));
+        } else if e.content.len() > limits.max_content_bytes as usize {
+            violations.push(violation(
+                format!("entries[{i}].content"),
+                "CONTENT_TOO_LARGE",
+                format!(
+                    "content is {} bytes; at most {} are allowed",
+                    e.content.len(),
+                    limits.max_content_bytes
+                ),
+            ));
+        }
+        let client_entry_id = match e.client_entry_id.as_str() {
+            "" => None,
+            id if id.chars().count() > MAX_CLIENT_ENTRY_ID || id.chars().any(char::is_control) => {
+                violations.push(violation(
+                    format!("entries[{i}].client_entry_id"),
+                    "INVALID_CLIENT_ENTRY_ID",
+                    format!(
+                        "client_entry_id must be at most {MAX_CLIENT_ENTRY_ID} characters with no control characters"
+                    ),
+                ));
+                None
+            }
+            _ => Some(e.client_entry_id),
+        };
+        if let Some(role) = role {
+            entries.push(NewEntry {
+                client_entry_id,
+                role,
+                content: e.content,
+            });
+        }
+    }
+    match session {
+        Ok(session) if violations.is_empty() => Ok((session, entries)),
+        _ => Err(invalid(violations)),
+    }
+}
+
+/// Page tokens are opaque to callers: `p1.` and the last id served.
+pub(super) fn page_token(after: u64) -> String {
+    format!("p1.{after}")
+}
+
+fn parse_page_token(token: &str) -> Option<u64> {
+    if token.is_empty() {
+        return Some(0);
+    }
+    let after: u64 = token.strip_prefix("p1.")?.parse().ok()?;
+    (after <= i64::MAX as u64).then_some(after)
+}
+
+/// A ListSegments request, checked: the filter, the id to continue after,
+/// and the page size.
+pub(super) fn parse_list(
+    req: pb::ListSegmentsRequest,
+) -> Result<(SegmentFilter, SegmentId, u32), Status> {
+    let mut violations = Vec::new();
+    let session = optional_session(&req.session_id, &mut violations);
+    let mut states = Vec::new();
+    for (i, raw) in req.states.iter().enumerate() {
+        match state_from_pb(*raw) {
+            Some(s) => states.push(s),
+            None => violations.push(violation(
+                format!("states[{i}]"),
+                "UNKNOWN_STATE",
+                format!("{raw} is not a segment state"),
+            )),
+        }
+    }
+    let after = match parse_page_token(&req.page_token) {
+        Some(after) => after,
+        None => {
+            violations.push(violation(
+                "page_token",
+                "INVALID_PAGE_TOKEN",
+                "not a page token this service issued",
+            ));
+            0
+        }
+    };
+    if !violations.is_empty() {
+        return Err(invalid(violations));
+    }
+    let page_size = match req.page_size {
+        0 => DEFAULT_PAGE_SIZE,
+        n => n.min(MAX_PAGE_SIZE),
+    };
+    let filter = SegmentFilter {
+        session,
+        states,
+        ids: Vec::new(),
+    };
+    Ok((filter, after, page_size))
+}
+
+/// A RequeueSegments request, checked: the session (if named) and the ids.
+pub(super) fn parse_requeue(
+    req: &pb::RequeueSegmentsRequest,
+) -> Result<Option<SessionName>, Status> {
+    let mut violations = Vec::new();
+    let session = optional_session(&req.session_id, &mut violations);
+    if req.segment_ids.len() > MAX_REQUEUE_IDS {
+        violations.push(violation(
+            "segment_ids",
+            "TOO_MANY_SEGMENT_IDS",
+            format!(
+                "{} ids in one call; at most {MAX_REQUEUE_IDS} are allowed (leave it empty to match every segment)",
+                req.segment_ids.len()
+            ),
+        ));
+    }
+    match violations.is_empty() {
+        true => Ok(session),
+        false => Err(invalid(violations)),
+    }
+}
+
+/// A session id that may be left empty (meaning every session).
+fn optional_session(raw: &str, violations: &mut Vec<FieldViolation>) -> Option<SessionName> {
+    match raw {
+        "" => None,
+        raw => match parse_session(raw, "session_id") {
+            Ok(s) => Some(s),
+            Err(v) => {
+                violations.extend(v);
+                None
+            }
+        },
+    }
+}
+
+/// The instant the caller stops waiting, from its `grpc-timeout` header,
+/// less a margin so the answer gets back in time.
+pub(super) fn call_deadline<T>(request: &Request<T>) -> Option<Instant> {
+    let raw = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let timeout = parse_grpc_timeout(raw)?;
+    Some(Instant::now() + timeout.saturating_sub(DEADLINE_MARGIN))
+}
+
+/// `grpc-timeout` is at most 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(raw: &str) -> Option<Duration> {
+    if raw.len() < 2 || raw.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = raw.split_at(raw.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("10Q"), None);
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_strangers() {
+        assert_eq!(parse_page_token(&page_token(42)), Some(42));
+        assert_eq!(parse_page_token(""), Some(0));
+        assert_eq!(parse_page_token("42"), None);
+        assert_eq!(parse_page_token("p1.-3"), None);
+        assert_eq!(parse_page_token("p1.18446744073709551615"), None);
+    }
+}

@@ -1,0 +1,335 @@
+//! The store: sessions, entries, segments, summaries and claims, behind one
+//! backend-neutral interface. Only the backends under this folder see SQL;
+//! callers see domain types and `StoreError`, which names no backend's types.
+//!
+//! - `sqlite/`: the embedded default (rusqlite, WAL, group commit).
+//! - `context.rs`: the budget rule of GetContext, shared by every backend.
+//! - `tests.rs`: one suite of behaviour every backend must pass.
+
+mod context;
+mod sqlite;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::failure::Failure;
+use crate::model::{
+    AppendOutcome, Backlog, Context, Disposition, Entry, Millis, NewEntry, Segment, SegmentId,
+    SegmentPolicy, SegmentState, SessionName, Summary, Tenant,
+};
+
+/// A backend's own error, kept as the source of a `StoreError` so the cause
+/// chain shows it without the interface naming its type.
+pub(crate) type BackendError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session {0:?} not found")]
+    SessionNotFound(String),
+    #[error("segment {0} not found")]
+    SegmentNotFound(SegmentId),
+    #[error("cannot open the database at {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: BackendError,
+    },
+    #[error("cannot create the data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("database migration to version {version} failed")]
+    Migration {
+        version: usize,
+        #[source]
+        source: BackendError,
+    },
+    #[error("the database is at schema version {found}, newer than this build knows ({known})")]
+    TooNew { found: i64, known: usize },
+    #[error("database query failed")]
+    Query(#[source] BackendError),
+    #[error("the write was not committed")]
+    NotCommitted(#[source] BackendError),
+    #[error("the store's write queue is full")]
+    Busy,
+    #[error("tenant {tenant:?} would store {wanted} bytes, over its cap of {limit}")]
+    TenantFull {
+        tenant: String,
+        wanted: u64,
+        limit: u64,
+    },
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the store is shut down")]
+    Closed,
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
+    #[error("a database worker thread failed")]
+    Worker(#[source] tokio::task::JoinError),
+}
+
+/// What survives once a write is acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Durability {
+    /// The process being killed: the commit is in the database's log, in the
+    /// operating system's hands.
+    #[default]
+    Process,
+    /// Power loss and operating-system crashes too: an fsync at every
+    /// commit, shared by the writes committed together.
+    Power,
+}
+
+/// A held claim on a segment: the right to write its result, as long as the
+/// token still matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) segment_id: SegmentId,
+    pub(crate) owner: String,
+    pub(crate) token: i64,
+}
+
+/// What to read for one pass over a segment.
+#[derive(Clone, Debug)]
+pub(crate) struct PassInput {
+    pub(crate) segment: Segment,
+    pub(crate) entries: Vec<Entry>,
+}
+
+/// Which segments a listing or a requeue covers.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SegmentFilter {
+    pub(crate) session: Option<SessionName>,
+    pub(crate) states: Vec<SegmentState>,
+    pub(crate) ids: Vec<SegmentId>,
+}
+
+/// Which segments a backfill run takes: any tenant's, by session and by
+/// when they were closed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BackfillFilter {
+    pub(crate) session: Option<SessionName>,
+    pub(crate) closed_before: Option<Millis>,
+    pub(crate) closed_after: Option<Millis>,
+    pub(crate) states: Vec<SegmentState>,
+}
+
+/// What a pass that wrote no summary leaves on its segment.
+#[derive(Clone, Debug)]
+pub(crate) struct EndedPass {
+    pub(crate) disposition: Disposition,
+    /// Sends the pass made; they count whatever the disposition.
+    pub(crate) attempts: u32,
+    /// The failure to record; None for a released (cancelled) pass.
+    pub(crate) failure: Option<Failure>,
+    /// The provider configuration the pass ran under; a PARKED segment is
+    /// due again once the server runs under another.
+    pub(crate) provider_fingerprint: String,
+}
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Sqlite(sqlite::Sqlite),
+}
+
+/// Calls the same method on whichever backend the store runs on.
+macro_rules! on_backend {
+    ($store:expr, $b:ident => $call:expr) => {
+        match &$store.backend {
+            Backend::Sqlite($b) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Opens (creating as needed) the SQLite database in `data_dir` and
+    /// migrates it to the current schema.
+    pub async fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with(data_dir, Durability::Process).await
+    }
+
+    /// As `open`, committing with the given durability.
+    pub(crate) async fn open_with(
+        data_dir: &Path,
+        durability: Durability,
+    ) -> Result<Store, StoreError> {
+        Ok(Store {
+            backend: Backend::Sqlite(sqlite::Sqlite::open(data_dir, durability).await?),
+        })
+    }
+
+    /// Appends `entries` in order to the session's open segment, creating
+    /// the session and segments as needed, and closes each segment that
+    /// reaches a bound of `policy`, all in one transaction.
+    /// `max_tenant_bytes` (0: none) caps the bytes the tenant stores; an
+    /// append that would pass it stores nothing. Sheds load with `Busy`
+    /// rather than queueing without bound.
+    pub async fn append(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        entries: Vec<NewEntry>,
+        policy: SegmentPolicy,
+        max_tenant_bytes: u64,
+    ) -> Result<AppendOutcome, StoreError> {
+        on_backend!(self, b => b.append(tenant, session, entries, policy, max_tenant_bytes).await)
+    }
+
+    /// Closes the session's open segment, if any, and returns its id.
+    pub async fn close_open_segment(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Option<SegmentId>, StoreError> {
+        on_backend!(self, b => b.close_open_segment(tenant, session).await)
+    }
+
+    /// Closes every open segment of every session (at shutdown); returns
+    /// how many were closed.
+    pub(crate) async fn close_all_open_segments(&self) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.close_all_open_segments().await)
+    }
+
+    /// One segment, if the tenant's sessions hold it.
+    pub(crate) async fn segment(
+        &self,
+        tenant: &Tenant,
+        id: SegmentId,
+    ) -> Result<Segment, StoreError> {
+        on_backend!(self, b => b.segment(tenant, id).await)
+    }
+
+    /// One segment, whoever's it is, and whether a live claim holds it: for
+    /// workers, never for callers.
+    pub(crate) async fn segment_any(&self, id: SegmentId) -> Result<(Segment, bool), StoreError> {
+        on_backend!(self, b => b.segment_any(id).await)
+    }
+
+    /// Segments matching `filter`, ordered by id (which within a session is
+    /// ordinal order), after the id `after`, at most `limit` of them.
+    pub(crate) async fn list_segments(
+        &self,
+        tenant: &Tenant,
+        filter: SegmentFilter,
+        after: SegmentId,
+        limit: u32,
+    ) -> Result<Vec<Segment>, StoreError> {
+        on_backend!(self, b => b.list_segments(tenant, filter, after, limit).await)
+    }
+
+    /// Every segment of one session, in ordinal order.
+    pub(crate) async fn session_segments(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Vec<Segment>, StoreError> {
+        on_backend!(self, b => b.session_segments(tenant, session).await)
+    }
+
+    /// What an agent puts in its prompt (the rule is `context.rs`'s); reads
+    /// from the newest end only as far as the budget goes.
+    pub(crate) async fn context(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        max_tokens: u32,
+    ) -> Result<Context, StoreError> {
+        on_backend!(self, b => b.context(tenant, session, max_tokens).await)
+    }
+
+    /// Counts per state, the oldest PENDING age and parked counts per class;
+    /// one tenant's, or with `None` every tenant's (for metrics).
+    pub async fn backlog(&self, tenant: Option<&Tenant>) -> Result<Backlog, StoreError> {
+        on_backend!(self, b => b.backlog(tenant).await)
+    }
+
+    /// Makes matching PENDING segments (and PARKED ones, when the filter's
+    /// states include PARKED) due now; returns how many.
+    pub(crate) async fn requeue(
+        &self,
+        tenant: &Tenant,
+        filter: SegmentFilter,
+    ) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.requeue(tenant, filter).await)
+    }
+
+    /// Segments a backfill run covers, in id order, each with whether a live
+    /// claim holds it now.
+    pub(crate) async fn backfill_segments(
+        &self,
+        filter: BackfillFilter,
+    ) -> Result<Vec<(Segment, bool)>, StoreError> {
+        on_backend!(self, b => b.backfill_segments(filter).await)
+    }
+
+    /// Makes the given PARKED segments PENDING and due now; returns how many.
+    pub(crate) async fn unpark(&self, ids: Vec<SegmentId>) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.unpark(ids).await)
+    }
+
+    /// Makes every PARKED segment that failed under a provider configuration
+    /// other than `fingerprint` due now; returns how many.
+    pub(crate) async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.unpark_changed(fingerprint).await)
+    }
+
+    /// PENDING segments due at `now` and not claimed by a live worker,
+    /// longest-waiting first.
+    pub async fn due_segments(
+        &self,
+        now: Millis,
+        limit: u32,
+    ) -> Result<Vec<SegmentId>, StoreError> {
+        on_backend!(self, b => b.due_segments(now, limit).await)
+    }
+
+    /// Claims a PENDING segment for `lease`, unless a live claim holds it,
+    /// and reads what its pass needs. Returns the claim with a fresh fencing
+    /// token and the input, or `None`.
+    pub(crate) async fn claim(
+        &self,
+        id: SegmentId,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<(Claim, PassInput)>, StoreError> {
+        on_backend!(self, b => b.claim(id, owner, lease).await)
+    }
+
+    /// Writes the summary and marks the segment SUMMARISED, if `claim` still
+    /// holds it. Returns false (and writes nothing) when the claim was lost.
+    pub(crate) async fn complete(
+        &self,
+        claim: &Claim,
+        summary: Summary,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.complete(claim, summary, attempts).await)
+    }
+
+    /// Records a pass that wrote no summary, as its disposition says, and
+    /// releases the claim, if `claim` still holds the segment. Returns false
+    /// when the claim was lost.
+    pub(crate) async fn end_pass(
+        &self,
+        claim: &Claim,
+        ended: EndedPass,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.end_pass(claim, ended).await)
+    }
+
+    /// Extends a held claim by `lease` from now; false when it was lost.
+    pub(crate) async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.renew(claim, lease).await)
+    }
+}

@@ -1,0 +1,262 @@
+//! Claims and what is written under them: claiming a segment (with the
+//! entries its pass reads), renewing the claim, and ending the pass with a
+//! summary or with its disposition. Every write under a claim matches the
+//! same `HELD` condition, so a stale worker writes nothing.
+
+use std::time::Duration;
+
+use rusqlite::types::ToSql;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Sqlite;
+use super::rows::{self, SEGMENT_COLUMNS, SEGMENT_FROM, after_segment};
+use super::segments::{Order, entries_between};
+use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary};
+use crate::store::{Claim, EndedPass, PassInput, StoreError};
+
+/// The claim still holds the segment: same owner, same fencing token, and
+/// the segment still PENDING. Its values are named `:id`, `:owner`,
+/// `:token` and `:pending`.
+const HELD: &str =
+    "id = :id AND claim_owner = :owner AND claim_token = :token AND state = :pending";
+
+/// Runs `UPDATE segments SET {set}` if `claim` still holds the segment;
+/// true when it did.
+fn update_held(
+    conn: &Connection,
+    claim: &Claim,
+    set: &str,
+    values: &[(&str, &dyn ToSql)],
+) -> Result<bool, StoreError> {
+    let pending = SegmentState::Pending.code();
+    let mut all: Vec<(&str, &dyn ToSql)> = values.to_vec();
+    all.extend([
+        (":id", &claim.segment_id as &dyn ToSql),
+        (":owner", &claim.owner),
+        (":token", &claim.token),
+        (":pending", &pending),
+    ]);
+    let sql = format!("UPDATE segments SET {set} WHERE {HELD}");
+    Ok(conn.prepare_cached(&sql)?.execute(all.as_slice())? == 1)
+}
+
+/// Lets the claim go, as part of a `SET` clause.
+const RELEASE_CLAIM: &str = "claim_owner = NULL, claim_expires_at = NULL";
+
+impl Sqlite {
+    pub(crate) async fn claim(
+        &self,
+        id: SegmentId,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<(Claim, PassInput)>, StoreError> {
+        let owner = owner.to_owned();
+        // Claim and read in one writer trip instead of two.
+        self.write(move |conn| {
+            let now = Millis::now();
+            let token = conn
+                .prepare_cached(
+                    "UPDATE segments SET claim_owner = ?1, claim_token = claim_token + 1, \
+                     claim_expires_at = ?2 WHERE id = ?3 AND state = ?4 \
+                     AND (claim_expires_at IS NULL OR claim_expires_at <= ?5) \
+                     RETURNING claim_token",
+                )?
+                .query_row(
+                    params![
+                        owner,
+                        now.saturating_add(lease).0,
+                        id,
+                        SegmentState::Pending.code(),
+                        now.0
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()?;
+            let Some(token) = token else {
+                return Ok(None);
+            };
+            let claim = Claim {
+                segment_id: id,
+                owner,
+                token,
+            };
+            Ok(Some((claim, pass_input(conn, id)?)))
+        })
+        .await
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        claim: &Claim,
+        summary: Summary,
+        attempts: u32,
+    ) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        self.write(move |conn| {
+            let summarised = SegmentState::Summarised.code();
+            let held = update_held(
+                conn,
+                &claim,
+                &format!(
+                    "state = :state, attempts = attempts + :attempts, passes = passes + 1, \
+                     next_attempt_at = NULL, failure_class = NULL, {RELEASE_CLAIM}"
+                ),
+                &[(":state", &summarised), (":attempts", &attempts)],
+            )?;
+            if !held {
+                return Ok(false);
+            }
+            conn.prepare_cached(
+                "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
+                 input_tokens, output_tokens, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                claim.segment_id,
+                summary.text,
+                summary.provider,
+                summary.model,
+                summary.prompt_version,
+                summary.input_tokens,
+                summary.output_tokens,
+                summary.created_at.0
+            ])?;
+            Ok(true)
+        })
+        .await
+    }
+
+    pub(crate) async fn end_pass(
+        &self,
+        claim: &Claim,
+        ended: EndedPass,
+    ) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        let failure = ended
+            .failure
+            .as_ref()
+            .map(|f| {
+                serde_json::to_string(f)
+                    .map(|json| (json, f.class.as_str()))
+                    .map_err(|e| StoreError::Corrupt(format!("cannot encode a failure: {e}")))
+            })
+            .transpose()?;
+        self.write(move |conn| {
+            let now = Millis::now().0;
+            let fingerprint = &ended.provider_fingerprint;
+            let attempts = &ended.attempts;
+            let (json, class) = match &failure {
+                Some((json, class)) => (Some(json.as_str()), Some(*class)),
+                None => (None, None),
+            };
+            // A failed pass is counted and its failure recorded; a released
+            // one only gives its sends back and keeps a later due time.
+            let recorded = format!(
+                "attempts = attempts + :attempts, passes = passes + 1, last_failure = :failure, \
+                 failure_class = :class, provider_fingerprint = :fingerprint, {RELEASE_CLAIM}"
+            );
+            match ended.disposition {
+                Disposition::Retry { at } => {
+                    let pending = SegmentState::Pending.code();
+                    update_held(
+                        conn,
+                        &claim,
+                        &format!("state = :state, next_attempt_at = :at, {recorded}"),
+                        &[
+                            (":state", &pending),
+                            (":at", &at.0),
+                            (":attempts", attempts),
+                            (":failure", &json),
+                            (":class", &class),
+                            (":fingerprint", fingerprint),
+                        ],
+                    )
+                }
+                // A parked segment is not scanned; a requeue or unpark sets
+                // its next due time.
+                Disposition::Park => {
+                    let parked = SegmentState::Parked.code();
+                    update_held(
+                        conn,
+                        &claim,
+                        &format!("state = :state, next_attempt_at = NULL, {recorded}"),
+                        &[
+                            (":state", &parked),
+                            (":attempts", attempts),
+                            (":failure", &json),
+                            (":class", &class),
+                            (":fingerprint", fingerprint),
+                        ],
+                    )
+                }
+                Disposition::Release => update_held(
+                    conn,
+                    &claim,
+                    &format!(
+                        "attempts = attempts + :attempts, \
+                         next_attempt_at = max(:now, coalesce(next_attempt_at, :now)), \
+                         {RELEASE_CLAIM}"
+                    ),
+                    &[(":attempts", attempts), (":now", &now)],
+                ),
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
+        let fingerprint = fingerprint.to_owned();
+        self.write(move |conn| {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE segments SET state = ?1, next_attempt_at = ?2 \
+                     WHERE state = ?3 AND provider_fingerprint IS NOT ?4",
+                )?
+                .execute(params![
+                    SegmentState::Pending.code(),
+                    Millis::now().0,
+                    SegmentState::Parked.code(),
+                    fingerprint
+                ])?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    pub(crate) async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
+        let claim = claim.clone();
+        self.write(move |conn| {
+            let until = Millis::now().saturating_add(lease).0;
+            update_held(
+                conn,
+                &claim,
+                "claim_expires_at = :until",
+                &[(":until", &until)],
+            )
+        })
+        .await
+    }
+}
+
+/// The segment and its entries, for a pass.
+fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError> {
+    let sql = format!("SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1");
+    let (segment, session_id) = conn
+        .prepare_cached(&sql)?
+        .query_row([id], |r| Ok((rows::segment(r)?, after_segment::<i64>(r)?)))
+        .optional()?
+        .ok_or(StoreError::SegmentNotFound(id))?;
+    let segment = segment?;
+    let mut entries = Vec::with_capacity(segment.entry_count as usize);
+    entries_between(
+        conn,
+        session_id,
+        segment.first_seq,
+        segment.last_seq,
+        Order::Asc,
+        |e| {
+            entries.push(e);
+            true
+        },
+    )?;
+    Ok(PassInput { segment, entries })
+}

@@ -1,0 +1,211 @@
+//! The SQLite backend, in WAL mode: the embedded default.
+//!
+//! Writes go to one writer thread (`writer.rs`, group commit); reads run on
+//! a small pool of read-only connections on tokio's blocking threads, so no
+//! SQLite call ever runs on an async thread. The queries live beside what
+//! they serve: `sessions.rs` (appends and closing), `segments.rs` (reads,
+//! listings, the backlog, requeues), `claims.rs` (claims and the results
+//! written under them); `rows.rs` decodes rows and `schema.rs` migrates.
+//!
+//! Durability: WAL, by default with `synchronous = NORMAL`. A committed
+//! transaction is in the WAL file before its caller is answered, so it
+//! survives the process being killed (kill -9); only an operating-system
+//! crash or power loss can lose the last commits. `Durability::Power`
+//! (`storage.durability = "power"`) prevents that with an fsync per commit,
+//! shared by every write of a group commit.
+
+mod claims;
+mod rows;
+mod schema;
+mod segments;
+mod sessions;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::mpsc;
+
+use super::{Durability, StoreError};
+use writer::{Job, job, writer_loop};
+
+/// Jobs waiting for the writer before callers wait to enqueue.
+const QUEUE_DEPTH: usize = 4096;
+/// Idle read connections kept open.
+const MAX_IDLE_READERS: usize = 8;
+/// How long a statement waits on a lock held by another process (a backfill
+/// run beside the server) before failing with SQLITE_BUSY.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The database file inside the data directory.
+const DATABASE_FILE: &str = "archivist.sqlite3";
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> StoreError {
+        StoreError::Query(Box::new(e))
+    }
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Process => "NORMAL",
+            Durability::Power => "FULL",
+        }
+    }
+}
+
+/// A handle on the SQLite database; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Sqlite {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    jobs: mpsc::Sender<Job>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Sqlite {
+    /// Opens (creating as needed) the database in `data_dir`, migrates it to
+    /// the current schema and starts the writer thread.
+    pub(super) async fn open(
+        data_dir: &Path,
+        durability: Durability,
+    ) -> Result<Sqlite, StoreError> {
+        let data_dir = data_dir.to_owned();
+        tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability))
+            .await
+            .map_err(StoreError::Worker)?
+    }
+
+    fn open_blocking(data_dir: &Path, durability: Durability) -> Result<Sqlite, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join(DATABASE_FILE);
+        let open_err = |e: rusqlite::Error| StoreError::Open {
+            path: path.clone(),
+            source: e.into(),
+        };
+        let mut writer = Connection::open(&path).map_err(open_err)?;
+        configure(&writer).map_err(open_err)?;
+        // Only the writer commits, so only its setting matters.
+        writer
+            .pragma_update(None, "synchronous", durability.pragma())
+            .map_err(open_err)?;
+        writer
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        schema::migrate(&mut writer)?;
+        let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
+        std::thread::Builder::new()
+            .name("archivist-store-writer".to_owned())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|source| StoreError::DataDir {
+                path: data_dir.to_owned(),
+                source,
+            })?;
+        Ok(Sqlite {
+            inner: Arc::new(Inner {
+                path,
+                jobs,
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Runs `f` in the writer's next transaction; answers after it commits.
+    /// Waits for room in the writer's queue.
+    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, answer) = job(f);
+        self.inner
+            .jobs
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// As `write`, but refuses with `Busy` instead of waiting when the
+    /// writer's queue is full: callers' writes shed load, workers' wait.
+    async fn write_or_busy<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, answer) = job(f);
+        self.inner.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+            mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
+        })?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `f` on a read connection, in one read transaction (a consistent
+    /// snapshot), on a blocking thread.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = lock(&inner.readers).pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => open_reader(&inner.path)?,
+            };
+            conn.execute_batch("BEGIN")?;
+            let result = f(&conn);
+            let end = conn.execute_batch("COMMIT");
+            let mut readers = lock(&inner.readers);
+            if end.is_ok() && readers.len() < MAX_IDLE_READERS {
+                readers.push(conn);
+            }
+            drop(readers);
+            let value = result?;
+            end?;
+            Ok(value)
+        })
+        .await
+        .map_err(StoreError::Worker)?
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere while holding the pool lock leaves a Vec that is
+    // still perfectly usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Open {
+        path: path.to_owned(),
+        source: e.into(),
+    })?;
+    configure(&conn)?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests;

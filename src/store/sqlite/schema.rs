@@ -1,0 +1,162 @@
+//! The SQLite schema: versioned migrations, applied at open.
+
+use rusqlite::Connection;
+
+use crate::store::StoreError;
+
+const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE sessions (
+    id              INTEGER PRIMARY KEY,
+    tenant          TEXT    NOT NULL,
+    name            TEXT    NOT NULL,
+    next_seq        INTEGER NOT NULL DEFAULT 1,
+    next_ordinal    INTEGER NOT NULL DEFAULT 1,
+    open_segment_id INTEGER,
+    created_at      INTEGER NOT NULL,
+    UNIQUE (tenant, name)
+);
+
+CREATE TABLE entries (
+    session_id      INTEGER NOT NULL REFERENCES sessions (id),
+    seq             INTEGER NOT NULL,
+    client_entry_id TEXT,
+    role            INTEGER NOT NULL,
+    content         TEXT    NOT NULL,
+    tokens          INTEGER NOT NULL,
+    created_at      INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+
+CREATE UNIQUE INDEX entries_by_client_id
+    ON entries (session_id, client_entry_id) WHERE client_entry_id IS NOT NULL;
+
+CREATE TABLE segments (
+    id                   INTEGER PRIMARY KEY,
+    session_id           INTEGER NOT NULL REFERENCES sessions (id),
+    ordinal              INTEGER NOT NULL,
+    state                INTEGER NOT NULL,
+    first_seq            INTEGER NOT NULL,
+    last_seq             INTEGER NOT NULL,
+    entry_count          INTEGER NOT NULL,
+    token_estimate       INTEGER NOT NULL,
+    attempts             INTEGER NOT NULL DEFAULT 0,
+    passes               INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at      INTEGER,
+    closed_at            INTEGER,
+    last_failure         TEXT,
+    failure_class        TEXT,
+    provider_fingerprint TEXT,
+    claim_owner          TEXT,
+    claim_token          INTEGER NOT NULL DEFAULT 0,
+    claim_expires_at     INTEGER,
+    created_at           INTEGER NOT NULL,
+    UNIQUE (session_id, ordinal)
+);
+
+-- The reconciler's scan reads only due PENDING rows through this index, so
+-- its cost follows the backlog, not the number of segments ever stored.
+CREATE INDEX segments_by_state_due ON segments (state, next_attempt_at);
+
+CREATE TABLE summaries (
+    segment_id     INTEGER PRIMARY KEY REFERENCES segments (id),
+    text           TEXT    NOT NULL,
+    provider       TEXT    NOT NULL,
+    model          TEXT    NOT NULL,
+    prompt_version TEXT    NOT NULL,
+    input_tokens   INTEGER NOT NULL,
+    output_tokens  INTEGER NOT NULL,
+    created_at     INTEGER NOT NULL
+);
+"#,
+    r#"
+-- Bytes of entry content each tenant stores, kept in step by every append,
+-- so the per-tenant cap is checked without summing the entries.
+CREATE TABLE tenant_usage (
+    tenant       TEXT    PRIMARY KEY,
+    stored_bytes INTEGER NOT NULL
+) WITHOUT ROWID;
+
+INSERT INTO tenant_usage (tenant, stored_bytes)
+    SELECT x.tenant, sum(length(CAST(e.content AS BLOB)))
+    FROM entries e JOIN sessions x ON x.id = e.session_id
+    GROUP BY x.tenant;
+"#,
+    r#"
+-- Segments per tenant and state, kept in step by triggers, so that
+-- GetBacklog and every metrics scrape cost the same with a million
+-- summarised segments as with none.
+CREATE TABLE segment_counts (
+    tenant TEXT    NOT NULL,
+    state  INTEGER NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (tenant, state)
+) WITHOUT ROWID;
+
+INSERT INTO segment_counts (tenant, state, n)
+    SELECT x.tenant, s.state, count(*)
+    FROM segments s JOIN sessions x ON x.id = s.session_id
+    GROUP BY x.tenant, s.state;
+
+CREATE TRIGGER segments_counted_on_insert AFTER INSERT ON segments
+BEGIN
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+
+CREATE TRIGGER segments_counted_on_state AFTER UPDATE OF state ON segments
+WHEN OLD.state != NEW.state
+BEGIN
+    UPDATE segment_counts SET n = n - 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = OLD.session_id)
+          AND state = OLD.state;
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+"#,
+];
+
+/// Applies the migrations this build has and the database lacks, all in one
+/// IMMEDIATE transaction: two processes opening a new database at once (a
+/// server and a backfill run) take turns, and the second finds the work done.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let known = MIGRATIONS.len();
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| StoreError::Migration {
+            version: known,
+            source: e.into(),
+        })?;
+    let current: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| StoreError::Migration {
+            version: known,
+            source: e.into(),
+        })?;
+    if current > known as i64 {
+        return Err(StoreError::TooNew {
+            found: current,
+            known,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        let version = i + 1;
+        let err = |e: rusqlite::Error| StoreError::Migration {
+            version,
+            source: e.into(),
+        };
+        tx.execute_batch(sql).map_err(err)?;
+        tx.pragma_update(None, "user_version", version as i64)
+            .map_err(err)?;
+    }
+    tx.commit().map_err(|e| StoreError::Migration {
+        version: known,
+        source: e.into(),
+    })
+}

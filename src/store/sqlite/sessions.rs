@@ -1,0 +1,312 @@
+//! Sessions and their open segment: the append transaction (sequence
+//! numbers, idempotency keys, the tenant's byte cap, closing a segment at a
+//! bound of its policy) and closing segments on demand.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Sqlite;
+use crate::model::{
+    AppendOutcome, Appended, Millis, NewEntry, SegmentId, SegmentPolicy, SegmentState, SessionName,
+    Tenant, estimate_tokens,
+};
+use crate::store::StoreError;
+
+/// What a tenant's byte cap counts for each stored entry and session on top
+/// of its text (content, id, name): the row and index space around it, so
+/// that many tiny entries cannot store far more than the cap says.
+const ROW_OVERHEAD_BYTES: u64 = 64;
+
+/// A session's row.
+pub(super) struct SessionRow {
+    pub(super) id: i64,
+    next_seq: u64,
+    next_ordinal: u32,
+    open_segment_id: Option<SegmentId>,
+}
+
+/// The tenant's session of that name, if it exists.
+pub(super) fn session_row(
+    conn: &Connection,
+    tenant: &str,
+    name: &str,
+) -> Result<Option<SessionRow>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT id, next_seq, next_ordinal, open_segment_id FROM sessions \
+             WHERE tenant = ?1 AND name = ?2",
+        )?
+        .query_row(params![tenant, name], |r| {
+            Ok(SessionRow {
+                id: r.get(0)?,
+                next_seq: r.get(1)?,
+                next_ordinal: r.get(2)?,
+                open_segment_id: r.get(3)?,
+            })
+        })
+        .optional()?)
+}
+
+impl Sqlite {
+    pub(crate) async fn append(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        entries: Vec<NewEntry>,
+        policy: SegmentPolicy,
+        max_tenant_bytes: u64,
+    ) -> Result<AppendOutcome, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.write_or_busy(move |conn| {
+            append_tx(conn, &tenant, &session, entries, policy, max_tenant_bytes)
+        })
+        .await
+    }
+
+    pub(crate) async fn close_open_segment(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Option<SegmentId>, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.write(move |conn| {
+            let Some(row) = session_row(conn, &tenant, &session)? else {
+                return Err(StoreError::SessionNotFound(session));
+            };
+            let Some(open) = row.open_segment_id else {
+                return Ok(None);
+            };
+            close_segment_tx(conn, open, Millis::now())?;
+            conn.prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = ?1")?
+                .execute([row.id])?;
+            Ok(Some(open))
+        })
+        .await
+    }
+
+    pub(crate) async fn close_all_open_segments(&self) -> Result<u64, StoreError> {
+        self.write(|conn| {
+            let now = Millis::now();
+            let ids: Vec<u64> = conn
+                .prepare_cached(
+                    "SELECT open_segment_id FROM sessions WHERE open_segment_id IS NOT NULL",
+                )?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for id in &ids {
+                close_segment_tx(conn, *id, now)?;
+            }
+            conn.prepare_cached(
+                "UPDATE sessions SET open_segment_id = NULL WHERE open_segment_id IS NOT NULL",
+            )?
+            .execute([])?;
+            Ok(ids.len() as u64)
+        })
+        .await
+    }
+}
+
+fn close_segment_tx(conn: &Connection, id: u64, now: Millis) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE segments SET state = ?1, closed_at = ?2, next_attempt_at = ?2 \
+         WHERE id = ?3 AND state = ?4",
+    )?
+    .execute(params![
+        SegmentState::Pending.code(),
+        now.0,
+        id,
+        SegmentState::Open.code()
+    ])?;
+    Ok(())
+}
+
+struct OpenSegment {
+    id: u64,
+    entries: u32,
+    tokens: u32,
+    last_seq: u64,
+    touched: bool,
+}
+
+fn append_tx(
+    conn: &Connection,
+    tenant: &str,
+    name: &str,
+    entries: Vec<NewEntry>,
+    policy: SegmentPolicy,
+    max_tenant_bytes: u64,
+) -> Result<AppendOutcome, StoreError> {
+    let now = Millis::now();
+    let existing = session_row(conn, tenant, name)?;
+    let mut added_bytes = 0u64;
+    if max_tenant_bytes > 0 {
+        // A tenant already at its cap is refused before any write.
+        let stored: u64 = conn
+            .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
+            .query_row([tenant], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        if stored >= max_tenant_bytes {
+            return Err(StoreError::TenantFull {
+                tenant: tenant.to_owned(),
+                wanted: stored,
+                limit: max_tenant_bytes,
+            });
+        }
+    }
+    let (session_id, mut next_seq, mut next_ordinal, open_id) = match existing {
+        Some(row) => (row.id, row.next_seq, row.next_ordinal, row.open_segment_id),
+        None => {
+            added_bytes += name.len() as u64 + ROW_OVERHEAD_BYTES;
+            let id = conn
+                .prepare_cached(
+                    "INSERT INTO sessions (tenant, name, created_at) VALUES (?1, ?2, ?3) RETURNING id",
+                )?
+                .query_row(params![tenant, name, now.0], |r| r.get::<_, i64>(0))?;
+            (id, 1, 1, None)
+        }
+    };
+    let mut open = match open_id {
+        Some(id) => Some(
+            conn.prepare_cached(
+                "SELECT entry_count, token_estimate, last_seq FROM segments WHERE id = ?1",
+            )?
+            .query_row([id], |r| {
+                Ok(OpenSegment {
+                    id,
+                    entries: r.get(0)?,
+                    tokens: r.get(1)?,
+                    last_seq: r.get(2)?,
+                    touched: false,
+                })
+            })?,
+        ),
+        None => None,
+    };
+
+    let mut find_dup = conn
+        .prepare_cached("SELECT seq FROM entries WHERE session_id = ?1 AND client_entry_id = ?2")?;
+    let mut insert_entry = conn.prepare_cached(
+        "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut insert_segment = conn.prepare_cached(
+        "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, entry_count, \
+         token_estimate, created_at) VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
+    )?;
+    let mut outcome = AppendOutcome {
+        entries: Vec::with_capacity(entries.len()),
+        open_segment_id: None,
+        closed_segment_ids: Vec::new(),
+    };
+    for entry in entries {
+        if let Some(cid) = &entry.client_entry_id {
+            let seen = find_dup
+                .query_row(params![session_id, cid], |r| r.get::<_, u64>(0))
+                .optional()?;
+            if let Some(seq) = seen {
+                outcome.entries.push(Appended {
+                    seq,
+                    client_entry_id: entry.client_entry_id,
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        let seq = next_seq;
+        next_seq += 1;
+        added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
+            as u64
+            + ROW_OVERHEAD_BYTES;
+        let tokens = estimate_tokens(&entry.content);
+        insert_entry.execute(params![
+            session_id,
+            seq,
+            entry.client_entry_id,
+            entry.role.code(),
+            entry.content,
+            tokens,
+            now.0
+        ])?;
+        let seg = match &mut open {
+            Some(seg) => seg,
+            None => {
+                let id = insert_segment.query_row(
+                    params![
+                        session_id,
+                        next_ordinal,
+                        SegmentState::Open.code(),
+                        seq,
+                        now.0
+                    ],
+                    |r| r.get::<_, u64>(0),
+                )?;
+                next_ordinal += 1;
+                open.insert(OpenSegment {
+                    id,
+                    entries: 0,
+                    tokens: 0,
+                    last_seq: seq,
+                    touched: false,
+                })
+            }
+        };
+        seg.entries += 1;
+        seg.tokens = seg.tokens.saturating_add(tokens);
+        seg.last_seq = seq;
+        seg.touched = true;
+        outcome.entries.push(Appended {
+            seq,
+            client_entry_id: entry.client_entry_id,
+            duplicate: false,
+        });
+        if policy.is_full(seg.entries, seg.tokens) {
+            save_open_segment(conn, seg)?;
+            close_segment_tx(conn, seg.id, now)?;
+            outcome.closed_segment_ids.push(seg.id);
+            open = None;
+        }
+    }
+    if let Some(seg) = &open {
+        if seg.touched {
+            save_open_segment(conn, seg)?;
+        }
+        outcome.open_segment_id = Some(seg.id);
+    }
+    conn.prepare_cached(
+        "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3 WHERE id = ?4",
+    )?
+    .execute(params![
+        next_seq,
+        next_ordinal,
+        outcome.open_segment_id,
+        session_id
+    ])?;
+    if added_bytes > 0 {
+        let stored: u64 = conn
+            .prepare_cached(
+                "INSERT INTO tenant_usage (tenant, stored_bytes) VALUES (?1, ?2) \
+                 ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + ?2 \
+                 RETURNING stored_bytes",
+            )?
+            .query_row(params![tenant, added_bytes], |r| r.get(0))?;
+        if max_tenant_bytes > 0 && stored > max_tenant_bytes {
+            // The job's savepoint rolls every write of this append back.
+            return Err(StoreError::TenantFull {
+                tenant: tenant.to_owned(),
+                wanted: stored,
+                limit: max_tenant_bytes,
+            });
+        }
+    }
+    Ok(outcome)
+}
+
+fn save_open_segment(conn: &Connection, seg: &OpenSegment) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE segments SET entry_count = ?1, token_estimate = ?2, last_seq = ?3 WHERE id = ?4",
+    )?
+    .execute(params![seg.entries, seg.tokens, seg.last_seq, seg.id])?;
+    Ok(())
+}

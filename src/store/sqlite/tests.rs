@@ -1,0 +1,173 @@
+//! What only the SQLite backend promises: its writer's group commit never
+//! lets an acknowledged write be lost or an unacknowledged one be stored,
+//! it commits with the durability asked for, and its trigger-kept counts
+//! equal a recount.
+
+use super::*;
+use crate::model::{SegmentPolicy, Tenant};
+use crate::store::tests::{entries, session};
+
+const POLICY: SegmentPolicy = SegmentPolicy {
+    max_entries: 1,
+    max_tokens: 1_000_000,
+};
+
+async fn open() -> (tempfile::TempDir, Sqlite) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Sqlite::open(dir.path(), Durability::Process)
+        .await
+        .expect("open");
+    (dir, store)
+}
+
+async fn append(store: &Sqlite, name: &str, texts: &[&str]) -> bool {
+    store
+        .append(
+            &Tenant::default(),
+            &session(name),
+            entries(texts),
+            POLICY,
+            0,
+        )
+        .await
+        .is_ok()
+}
+
+async fn count_entries(store: &Sqlite, name: &str) -> usize {
+    match store.context(&Tenant::default(), &session(name), 0).await {
+        Ok(ctx) => ctx.items.len(),
+        Err(StoreError::SessionNotFound(_)) => 0,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Runs `bad` among many concurrent appends and checks the writer's
+/// promise: an append that was acknowledged is stored, one that was not
+/// is not, and the writer goes on working.
+async fn acknowledged_means_stored(
+    bad: impl FnOnce(&Connection) -> Result<(), StoreError> + Send + 'static,
+) {
+    let (_dir, store) = open().await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("s{i}");
+            let ok = append(&store, &name, &["x"]).await;
+            (name, ok)
+        }));
+    }
+    let bad_result = store.write(bad).await;
+    assert!(bad_result.is_err());
+    for t in tasks {
+        let (name, ok) = t.await.expect("joined");
+        assert_eq!(
+            count_entries(&store, &name).await,
+            usize::from(ok),
+            "{name}"
+        );
+    }
+    assert!(
+        append(&store, "after", &["y"]).await,
+        "the writer still works"
+    );
+    assert_eq!(count_entries(&store, "after").await, 1);
+}
+
+#[tokio::test]
+async fn a_failing_job_undoes_only_itself() {
+    let (_dir, store) = open().await;
+    let result = store
+        .write(|conn| {
+            conn.execute(
+                "INSERT INTO sessions (tenant, name, created_at) VALUES ('', 'ghost', 0)",
+                [],
+            )?;
+            Err::<(), _>(StoreError::Corrupt("on purpose".to_owned()))
+        })
+        .await;
+    assert!(matches!(result, Err(StoreError::Corrupt(_))));
+    assert!(matches!(
+        store
+            .context(&Tenant::default(), &session("ghost"), 0)
+            .await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    acknowledged_means_stored(|conn| {
+        conn.execute(
+            "INSERT INTO sessions (tenant, name, created_at) VALUES ('', 'ghost', 0)",
+            [],
+        )?;
+        Err(StoreError::Corrupt("on purpose".to_owned()))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_job_that_ends_the_transaction_aborts_its_batch() {
+    acknowledged_means_stored(|conn| {
+        conn.execute_batch("ROLLBACK")?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_panicking_job_aborts_its_batch() {
+    acknowledged_means_stored(|_| panic!("a bug in a write job")).await;
+}
+
+#[tokio::test]
+async fn the_writer_commits_with_the_durability_asked_for() {
+    for (durability, level) in [(Durability::Process, 1), (Durability::Power, 2)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Sqlite::open(dir.path(), durability).await.expect("open");
+        let synchronous: i64 = store
+            .write(|conn| Ok(conn.pragma_query_value(None, "synchronous", |r| r.get(0))?))
+            .await
+            .expect("pragma");
+        assert_eq!(synchronous, level, "{durability:?}");
+    }
+}
+
+#[tokio::test]
+async fn kept_counts_equal_a_recount() {
+    let (dir, store) = open().await;
+    assert!(append(&store, "a", &["1", "2", "3"]).await);
+    assert!(append(&store, "b", &["4"]).await);
+    store
+        .append(
+            &Tenant("other".to_owned()),
+            &session("a"),
+            entries(&["5", "6"]),
+            POLICY,
+            0,
+        )
+        .await
+        .expect("append");
+    let due = store
+        .due_segments(crate::model::Millis::now(), 10)
+        .await
+        .expect("due");
+    store.unpark(due.clone()).await.expect("unpark");
+    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let recount: Vec<(String, i64, i64)> = conn
+        .prepare(
+            "SELECT x.tenant, s.state, count(*) FROM segments s \
+             JOIN sessions x ON x.id = s.session_id GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    let kept: Vec<(String, i64, i64)> = conn
+        .prepare("SELECT tenant, state, n FROM segment_counts WHERE n > 0 ORDER BY 1, 2")
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(kept, recount);
+    assert!(!recount.is_empty());
+}

@@ -1,0 +1,143 @@
+//! Group commit: one writer thread owns the only writing connection and
+//! commits whatever has queued up in one transaction. Each job runs inside
+//! its own savepoint, so one job's error undoes only that job; a job that
+//! breaks the transaction (or panics) aborts its whole batch, and every
+//! caller is answered only after the COMMIT that made its work durable (or
+//! told that it was not committed).
+
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::StoreError;
+
+/// Most jobs committed in one transaction.
+const MAX_BATCH: usize = 512;
+
+/// Why a batch of writes was not committed; every job in it gets this.
+#[derive(Clone, Debug, thiserror::Error)]
+pub(crate) enum BatchFailure {
+    #[error("could not begin a write transaction")]
+    Begin(#[source] Arc<rusqlite::Error>),
+    #[error("the commit failed")]
+    Commit(#[source] Arc<rusqlite::Error>),
+    #[error("another write in the same transaction failed in a way that aborted it")]
+    Aborted,
+}
+
+type Completion = Box<dyn FnOnce(Result<(), BatchFailure>) + Send>;
+
+/// What running a job left: what to do once the batch's fate is known, and
+/// whether the batch's transaction is still whole.
+pub(super) struct Ran {
+    completion: Completion,
+    intact: bool,
+}
+
+/// A write job: runs inside the batch's transaction (or learns that the
+/// transaction could not start).
+pub(super) type Job = Box<dyn FnOnce(Result<&Connection, BatchFailure>) -> Ran + Send>;
+
+/// Wraps `f` as a job for the writer, and gives the receiver of its answer.
+pub(super) fn job<T, F>(f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    let job: Job = Box::new(move |conn| {
+        let (result, intact) = match conn {
+            Ok(conn) => in_savepoint(conn, f),
+            Err(e) => (Err(StoreError::NotCommitted(Box::new(e))), true),
+        };
+        Ran {
+            completion: Box::new(move |batch| {
+                let outcome = match (result, batch) {
+                    // The job's own error explains more than the batch's.
+                    (Err(e), _) => Err(e),
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(e)) => Err(StoreError::NotCommitted(Box::new(e))),
+                };
+                // The caller may have gone away; its work is committed anyway.
+                let _ = tx.send(outcome);
+            }),
+            intact,
+        }
+    });
+    (job, rx)
+}
+
+/// Runs `f` in a savepoint of the open transaction, undoing only its own
+/// writes if it fails. Also says whether the transaction is still whole: an
+/// I/O error, a full disk or a failed ROLLBACK TO can end it for the whole
+/// batch, and then nothing of the batch may be committed.
+fn in_savepoint<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> (Result<T, StoreError>, bool) {
+    let step = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    if let Err(e) = step("SAVEPOINT job") {
+        return (Err(e.into()), !conn.is_autocommit());
+    }
+    let result = f(conn);
+    if result.is_err()
+        && let Err(e) = step("ROLLBACK TO job")
+    {
+        return (result.and(Err(e.into())), false);
+    }
+    if let Err(e) = step("RELEASE job") {
+        return (result.and(Err(e.into())), false);
+    }
+    (result, !conn.is_autocommit())
+}
+
+/// The writer thread: takes the first queued job, then whatever else has
+/// queued up meanwhile, runs them all in one transaction and commits once.
+/// A job that breaks the transaction (or panics) aborts the batch: it is
+/// rolled back and every job in it is told so; the jobs still queued run in
+/// the next batch.
+pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
+    let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = jobs.blocking_recv() {
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let e = BatchFailure::Begin(Arc::new(e));
+            (first(Err(e.clone())).completion)(Err(e));
+            continue;
+        }
+        let mut intact = run_job(&conn, first, &mut done);
+        while intact && done.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => intact = run_job(&conn, job, &mut done),
+                Err(_) => break,
+            }
+        }
+        let outcome = if intact {
+            conn.execute_batch("COMMIT")
+                .map_err(|e| BatchFailure::Commit(Arc::new(e)))
+        } else {
+            Err(BatchFailure::Aborted)
+        };
+        if outcome.is_err() && !conn.is_autocommit() {
+            // End what is left of the transaction so the next batch starts
+            // clean. Nothing of this batch stays.
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for completion in done.drain(..) {
+            completion(outcome.clone());
+        }
+    }
+}
+
+/// Runs one job; false when the batch's transaction is no longer whole.
+fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(conn)))) {
+        Ok(ran) => {
+            done.push(ran.completion);
+            ran.intact
+        }
+        // The job's answer channel was dropped in the unwind, so its caller
+        // hears the store failed; what it half-wrote must not be committed.
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,368 @@
+//! The store's behaviour, as one suite that every backend runs: each test
+//! takes its stores from `stores()`, so a new backend joins by adding
+//! itself there.
+
+use std::any::Any;
+use std::time::Duration;
+
+use super::*;
+use crate::failure::FailureClass;
+use crate::model::{ContextItem, Role};
+
+const POLICY: SegmentPolicy = SegmentPolicy {
+    max_entries: 1000,
+    max_tokens: 1_000_000,
+};
+
+/// A fresh, empty store on every backend, each with what keeps its
+/// database alive.
+async fn stores() -> Vec<(Box<dyn Any>, Store)> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = Store::open(dir.path()).await.expect("open sqlite");
+    vec![(Box::new(dir), sqlite)]
+}
+
+pub(super) fn entries(texts: &[&str]) -> Vec<NewEntry> {
+    texts
+        .iter()
+        .map(|t| NewEntry {
+            client_entry_id: None,
+            role: Role::User,
+            content: (*t).to_owned(),
+        })
+        .collect()
+}
+
+pub(super) fn session(name: &str) -> SessionName {
+    SessionName::parse(name).expect("valid name")
+}
+
+fn summary(text: &str) -> Summary {
+    Summary {
+        text: text.to_owned(),
+        provider: "test".to_owned(),
+        model: "m".to_owned(),
+        prompt_version: "v".to_owned(),
+        input_tokens: 1,
+        output_tokens: 1,
+        created_at: Millis::now(),
+    }
+}
+
+fn failure(class: FailureClass) -> Failure {
+    Failure {
+        class,
+        retry_after: None,
+        causes: vec!["cause".to_owned()],
+        attempts: 1,
+        elapsed: Duration::ZERO,
+        http_status: None,
+        provider: "p".to_owned(),
+        model: "m".to_owned(),
+    }
+}
+
+/// One closed (PENDING) segment of `texts` in session "s".
+async fn closed_segment(store: &Store, texts: &[&str]) -> SegmentId {
+    let t = Tenant::default();
+    store
+        .append(&t, &session("s"), entries(texts), POLICY, 0)
+        .await
+        .expect("append");
+    store
+        .close_open_segment(&t, &session("s"))
+        .await
+        .expect("close")
+        .expect("was open")
+}
+
+const LEASE: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn claims_are_exclusive_and_fenced() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let id = closed_segment(&store, &["a", "b"]).await;
+        let (first, input) = store
+            .claim(id, "one", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        assert_eq!(input.entries.len(), 2);
+        assert!(
+            store
+                .claim(id, "two", LEASE)
+                .await
+                .expect("claim")
+                .is_none(),
+            "held"
+        );
+        let stale = Claim {
+            token: first.token - 1,
+            ..first.clone()
+        };
+        assert!(
+            !store
+                .complete(&stale, summary("r"), 1)
+                .await
+                .expect("complete")
+        );
+        assert!(
+            store
+                .complete(&first, summary("r"), 2)
+                .await
+                .expect("complete")
+        );
+        // Done once: the same claim cannot write twice.
+        assert!(
+            !store
+                .complete(&first, summary("r"), 1)
+                .await
+                .expect("complete")
+        );
+        let seg = store.segment(&t, id).await.expect("segment");
+        assert_eq!(seg.state, SegmentState::Summarised);
+        assert_eq!((seg.attempts, seg.passes), (2, 1));
+    }
+}
+
+#[tokio::test]
+async fn an_expired_claim_can_be_taken_over() {
+    for (_db, store) in stores().await {
+        let id = closed_segment(&store, &["a"]).await;
+        let crashed = store
+            .claim(id, "crashed", Duration::ZERO)
+            .await
+            .expect("claim")
+            .expect("free")
+            .0;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let next = store
+            .claim(id, "next", LEASE)
+            .await
+            .expect("claim")
+            .expect("the lease ran out")
+            .0;
+        assert!(next.token > crashed.token);
+        assert!(!store.renew(&crashed, LEASE).await.expect("renew"));
+        assert!(store.renew(&next, LEASE).await.expect("renew"));
+    }
+}
+
+#[tokio::test]
+async fn each_disposition_leaves_its_state() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let ended = |disposition, failure| EndedPass {
+            disposition,
+            attempts: 2,
+            failure,
+            provider_fingerprint: "f".to_owned(),
+        };
+
+        let id = closed_segment(&store, &["a"]).await;
+        let (claim, _) = store
+            .claim(id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let at = Millis::now().saturating_add(Duration::from_secs(600));
+        let retry = ended(
+            Disposition::Retry { at },
+            Some(failure(FailureClass::Unavailable)),
+        );
+        assert!(store.end_pass(&claim, retry).await.expect("end"));
+        let seg = store.segment(&t, id).await.expect("segment");
+        assert_eq!(seg.state, SegmentState::Pending);
+        assert_eq!(seg.next_attempt_at, Some(at));
+        assert_eq!((seg.attempts, seg.passes), (2, 1));
+        assert_eq!(seg.last_failure, Some(failure(FailureClass::Unavailable)));
+        // Not due yet, so nobody scans it up.
+        assert!(
+            !store
+                .due_segments(Millis::now(), 10)
+                .await
+                .expect("due")
+                .contains(&id)
+        );
+
+        // A released pass gives its sends back, keeps the later due time,
+        // and records nothing.
+        store
+            .requeue(
+                &t,
+                SegmentFilter {
+                    ids: vec![id],
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("requeue");
+        let (claim, _) = store
+            .claim(id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let before = store.segment(&t, id).await.expect("segment");
+        assert!(
+            store
+                .end_pass(&claim, ended(Disposition::Release, None))
+                .await
+                .expect("end")
+        );
+        let seg = store.segment(&t, id).await.expect("segment");
+        assert_eq!(seg.state, SegmentState::Pending);
+        assert_eq!((seg.attempts, seg.passes), (4, 1));
+        assert_eq!(seg.last_failure, before.last_failure);
+        assert!(seg.next_attempt_at >= before.next_attempt_at);
+        assert!(
+            store
+                .due_segments(Millis::now(), 10)
+                .await
+                .expect("due")
+                .contains(&id)
+        );
+
+        let (claim, _) = store
+            .claim(id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let park = ended(Disposition::Park, Some(failure(FailureClass::Unauthorized)));
+        assert!(store.end_pass(&claim, park.clone()).await.expect("end"));
+        let seg = store.segment(&t, id).await.expect("segment");
+        assert_eq!(seg.state, SegmentState::Parked);
+        assert_eq!(seg.passes, 2);
+        assert!(
+            !store
+                .due_segments(Millis::now(), 10)
+                .await
+                .expect("due")
+                .contains(&id)
+        );
+        // The claim is gone with the pass: it cannot write again.
+        assert!(!store.end_pass(&claim, park).await.expect("end"));
+        assert_eq!(store.unpark_changed("f").await.expect("unpark"), 0);
+        assert_eq!(store.unpark_changed("g").await.expect("unpark"), 1);
+        assert!(
+            store
+                .due_segments(Millis::now(), 10)
+                .await
+                .expect("due")
+                .contains(&id)
+        );
+    }
+}
+
+#[tokio::test]
+async fn backlog_counts_follow_every_state_change() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        let small = SegmentPolicy {
+            max_entries: 1,
+            max_tokens: 1_000_000,
+        };
+        store
+            .append(&t, &session("s"), entries(&["a", "b", "c", "d"]), small, 0)
+            .await
+            .expect("append");
+        store
+            .append(&other, &session("s"), entries(&["x", "y"]), POLICY, 0)
+            .await
+            .expect("append");
+        let due = store.due_segments(Millis::now(), 10).await.expect("due");
+        let (first, _) = store
+            .claim(due[0], "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        assert!(
+            store
+                .complete(&first, summary("r"), 1)
+                .await
+                .expect("complete")
+        );
+        let (second, _) = store
+            .claim(due[1], "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let parked = EndedPass {
+            disposition: Disposition::Park,
+            attempts: 1,
+            failure: Some(failure(FailureClass::Unauthorized)),
+            provider_fingerprint: "f".to_owned(),
+        };
+        assert!(store.end_pass(&second, parked).await.expect("fail"));
+        let b = store.backlog(Some(&t)).await.expect("backlog");
+        assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 2, 1, 1));
+        assert_eq!(b.parked_by_class, vec![("unauthorized".to_owned(), 1)]);
+        assert!(b.oldest_pending_age.is_some());
+        let o = store.backlog(Some(&other)).await.expect("backlog");
+        assert_eq!((o.open, o.pending, o.summarised, o.parked), (1, 0, 0, 0));
+        let all = store.backlog(None).await.expect("backlog");
+        assert_eq!(
+            (all.open, all.pending, all.summarised, all.parked),
+            (1, 2, 1, 1)
+        );
+
+        store.unpark(vec![due[1]]).await.expect("unpark");
+        let b = store.backlog(Some(&t)).await.expect("backlog");
+        assert_eq!((b.pending, b.parked), (3, 0));
+    }
+}
+
+#[tokio::test]
+async fn context_keeps_the_newest_that_fits() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        let id = closed_segment(&store, &["old one", "old two"]).await;
+        let (claim, _) = store
+            .claim(id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        assert!(
+            store
+                .complete(&claim, summary("recap"), 1)
+                .await
+                .expect("complete")
+        );
+        store
+            .append(&t, &s, entries(&["new one", "new two"]), POLICY, 0)
+            .await
+            .expect("append");
+
+        let all = store.context(&t, &s, 0).await.expect("context");
+        assert!(!all.truncated);
+        assert_eq!(all.items.len(), 3);
+        assert!(
+            matches!(all.items[0], ContextItem::Summary { segment_id, .. } if segment_id == id)
+        );
+        let texts: Vec<&str> = all.items[1..]
+            .iter()
+            .map(|i| match i {
+                ContextItem::Entry(e) => e.content.as_str(),
+                ContextItem::Summary { .. } => "summary",
+            })
+            .collect();
+        assert_eq!(texts, ["new one", "new two"]);
+        assert_eq!(
+            all.tokens,
+            all.items.iter().map(ContextItem::tokens).sum::<u32>()
+        );
+
+        // A budget for one entry keeps the newest one only.
+        let newest = all.items[2].tokens();
+        let one = store.context(&t, &s, newest).await.expect("context");
+        assert!(one.truncated);
+        assert_eq!(one.items, all.items[2..]);
+
+        assert!(matches!(
+            store.context(&t, &session("nosuch"), 0).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+    }
+}
