@@ -1,0 +1,79 @@
+"""Python client for archivist, the memory summarisation service for LLM agents.
+
+    from archivist_client import Client
+
+    with Client("127.0.0.1:50051") as client:
+        client.append("demo", [("user", "The deploy failed."), ("assistant", "Rerunning it.")])
+        client.close("demo", wait=True)
+        for item in client.context("demo").items:
+            print(item.kind, item.text if item.kind == "summary" else item.content)
+
+Layout: `client` (Client, AsyncClient), `types` (the result dataclasses),
+`errors` (ArchivistError and one subclass per status code), `langchain`
+(a LangChain chat message history; needs the `langchain` extra), and `v1`
+(the generated protobuf and gRPC stubs, made by generate.py).
+"""
+
+from .client import DEFAULT_TIMEOUT, AsyncClient, Client
+from .errors import (
+    AlreadyExists,
+    ArchivistError,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    Violation,
+)
+from .types import (
+    AppendedEntry,
+    AppendResult,
+    Backlog,
+    Context,
+    ContextItem,
+    ContextSummary,
+    Entry,
+    Failure,
+    FlushResult,
+    MessageLike,
+    Segment,
+    Summary,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "AlreadyExists",
+    "AppendResult",
+    "AppendedEntry",
+    "ArchivistError",
+    "AsyncClient",
+    "Backlog",
+    "Cancelled",
+    "Client",
+    "Context",
+    "ContextItem",
+    "ContextSummary",
+    "DeadlineExceeded",
+    "Entry",
+    "FailedPrecondition",
+    "Failure",
+    "FlushResult",
+    "Internal",
+    "InvalidArgument",
+    "MessageLike",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Segment",
+    "Summary",
+    "Unauthenticated",
+    "Unavailable",
+    "Violation",
+]

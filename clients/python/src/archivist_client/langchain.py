@@ -1,0 +1,257 @@
+"""A LangChain chat message history kept in archivist.
+
+    from archivist_client import Client
+    from archivist_client.langchain import ArchivistChatMessageHistory
+
+    history = ArchivistChatMessageHistory("support-42", Client("127.0.0.1:50051"))
+    history.add_messages([HumanMessage("My name is Ada.")])
+    history.messages   # summaries as SystemMessage, then the raw messages
+
+Needs the `langchain` extra (langchain-core); nothing else in
+archivist_client imports LangChain.
+
+What is kept: each message's role and text. Human, AI, system and tool
+messages map to archivist's user, assistant, system and tool roles; tool-call
+structure (an AI message's tool_calls, a tool message's tool_call_id) and
+non-text content blocks are not stored, and a message with no text at all is
+skipped (archivist refuses empty entries). Raw tool entries come back as
+`ChatMessage(role="tool")`.
+
+Idempotency: every stored message carries a `client_entry_id`, so adding the
+same message twice stores it once. The key is the message's `id` when it has
+one (hashed to `sha256:<hex>` if longer than the server's 128 characters);
+a message without an id is given a fresh `uuid4` id first, written back into
+`message.id` (as LangGraph's message reducer does), so re-adding that same
+object reuses its key. Messages read back from this session's `messages`
+carry their entry's key as `id` and, in `response_metadata["archivist"]`,
+where they came from; adding them to the same session again is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        ChatMessage,
+        FunctionMessage,
+        HumanMessage,
+        SystemMessage,
+        ToolMessage,
+    )
+except ImportError as e:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "archivist_client.langchain needs langchain-core: "
+        "pip install 'archivist-client[langchain]'"
+    ) from e
+
+from .client import AsyncClient, Client
+from .errors import NotFound
+from .types import Context, ContextSummary, Entry
+
+__all__ = ["ArchivistChatMessageHistory"]
+
+# The server refuses longer client_entry_ids (and control characters).
+MAX_KEY_CHARS = 128
+# Entries per AppendEntries call (the server's default cap is 1000).
+BATCH = 500
+
+_CHAT_ROLES = {
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "ai": "assistant",
+    "system": "system",
+    "developer": "system",
+    "tool": "tool",
+    "function": "tool",
+}
+
+
+def _role(message: BaseMessage) -> str:
+    if isinstance(message, HumanMessage):
+        return "user"
+    if isinstance(message, AIMessage):
+        return "assistant"
+    if isinstance(message, SystemMessage):
+        return "system"
+    if isinstance(message, (ToolMessage, FunctionMessage)):
+        return "tool"
+    if isinstance(message, ChatMessage) and message.role.lower() in _CHAT_ROLES:
+        return _CHAT_ROLES[message.role.lower()]
+    raise ValueError(
+        f"cannot store a {type(message).__name__} "
+        f"(role {getattr(message, 'role', message.type)!r}) in archivist: "
+        "roles are user, assistant, system and tool"
+    )
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+    return "".join(parts)
+
+
+def _key(message_id: str) -> str:
+    """The client_entry_id for a message id: itself when the server takes
+    it, else a stable digest of it."""
+    if len(message_id) <= MAX_KEY_CHARS and message_id.isprintable():
+        return message_id
+    return "sha256:" + hashlib.sha256(message_id.encode("utf-8")).hexdigest()
+
+
+def _to_messages(session_id: str, context: Context, summary_prefix: str) -> list[BaseMessage]:
+    messages: list[BaseMessage] = []
+    for item in context.items:
+        if isinstance(item, ContextSummary):
+            messages.append(
+                SystemMessage(
+                    content=summary_prefix + item.text,
+                    id=f"archivist-summary:{item.segment_id}",
+                    response_metadata={
+                        "archivist": {
+                            "kind": "summary",
+                            "session_id": session_id,
+                            "segment_id": item.segment_id,
+                            "first_seq": item.first_seq,
+                            "last_seq": item.last_seq,
+                            "provider": item.summary.provider,
+                            "model": item.summary.model,
+                        }
+                    },
+                )
+            )
+        elif isinstance(item, Entry):
+            messages.append(_entry_message(session_id, item))
+    return messages
+
+
+def _entry_message(session_id: str, entry: Entry) -> BaseMessage:
+    fields: dict[str, Any] = {
+        "content": entry.content,
+        "id": entry.client_entry_id or None,
+        "response_metadata": {
+            "archivist": {"kind": "entry", "session_id": session_id, "seq": entry.seq}
+        },
+    }
+    if entry.role == "user":
+        return HumanMessage(**fields)
+    if entry.role == "assistant":
+        return AIMessage(**fields)
+    if entry.role == "system":
+        return SystemMessage(**fields)
+    # "tool", or a role newer than this client: archivist keeps no
+    # tool_call_id, so a ToolMessage cannot be rebuilt faithfully.
+    return ChatMessage(role=entry.role, **fields)
+
+
+class ArchivistChatMessageHistory(BaseChatMessageHistory):
+    """LangChain chat message history stored in an archivist session.
+
+    Args:
+        session_id: the archivist session (1-128 characters of
+            `[A-Za-z0-9._:-]`).
+        client: a `Client`, or an `AsyncClient` for the async methods
+            (`aget_messages`, `aadd_messages`) only.
+        max_tokens: the token budget of `messages` (0: the whole context).
+        summary_prefix: text put before each summary's recap in its
+            SystemMessage (e.g. "Earlier in this conversation: ").
+
+    `messages` is the session's context: a SystemMessage per summary, then
+    the raw messages not yet summarised, oldest first. `clear()` is not
+    available yet (the server has no DeleteSession).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        client: Client | AsyncClient,
+        *,
+        max_tokens: int = 0,
+        summary_prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.client = client
+        self.max_tokens = max_tokens
+        self.summary_prefix = summary_prefix
+
+    def _sync_client(self) -> Client:
+        if not isinstance(self.client, Client):
+            raise TypeError(
+                "this history was given an AsyncClient: use aget_messages() and "
+                "aadd_messages(), or give it a Client"
+            )
+        return self.client
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        """The session's context as LangChain messages ([] for a new session)."""
+        try:
+            context = self._sync_client().context(self.session_id, max_tokens=self.max_tokens)
+        except NotFound:
+            return []
+        return _to_messages(self.session_id, context, self.summary_prefix)
+
+    async def aget_messages(self) -> list[BaseMessage]:
+        if not isinstance(self.client, AsyncClient):
+            return await super().aget_messages()
+        try:
+            context = await self.client.context(self.session_id, max_tokens=self.max_tokens)
+        except NotFound:
+            return []
+        return _to_messages(self.session_id, context, self.summary_prefix)
+
+    def _entries(self, messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+        entries = []
+        for message in messages:
+            origin = (message.response_metadata or {}).get("archivist")
+            if isinstance(origin, dict) and origin.get("session_id") == self.session_id:
+                continue  # read from this very session: already stored
+            role, text = _role(message), _text(message)
+            if not text:
+                continue
+            if not message.id:
+                message.id = str(uuid.uuid4())
+            entries.append({"role": role, "content": text, "client_entry_id": _key(message.id)})
+        return entries
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        """Appends the messages in order, each with an idempotency key."""
+        client = self._sync_client()
+        entries = self._entries(messages)
+        for start in range(0, len(entries), BATCH):
+            client.append(self.session_id, entries[start : start + BATCH])
+
+    async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
+        if not isinstance(self.client, AsyncClient):
+            await super().aadd_messages(messages)
+            return
+        entries = self._entries(messages)
+        for start in range(0, len(entries), BATCH):
+            await self.client.append(self.session_id, entries[start : start + BATCH])
+
+    def clear(self) -> None:
+        """Not available yet: archivist has no DeleteSession RPC, so a
+        session's entries and summaries cannot be erased from a client."""
+        raise NotImplementedError(
+            "ArchivistChatMessageHistory.clear() is not available: the archivist "
+            "server has no DeleteSession RPC yet, so a session cannot be erased "
+            "from a client. Use a new session_id to start an empty history."
+        )
+
+    async def aclear(self) -> None:
+        self.clear()

@@ -1,0 +1,436 @@
+"""Plain result types of the client, converted from the wire messages.
+
+Every type here is a frozen dataclass built from one `archivist.v1` message;
+its `raw` field keeps that message for anything this layer does not surface.
+Roles and states are lower-case strings ("user", "pending", ...), durations
+are `datetime.timedelta`, instants are timezone-aware `datetime` in UTC, and
+a field the server left unset is `None`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal, Union, cast
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from .v1 import archivist_pb2 as pb
+
+__all__ = [
+    "AppendResult",
+    "AppendedEntry",
+    "Backlog",
+    "Context",
+    "ContextItem",
+    "ContextSummary",
+    "Entry",
+    "Failure",
+    "FlushResult",
+    "MessageLike",
+    "ROLES",
+    "STATES",
+    "Segment",
+    "Summary",
+]
+
+#: Roles an entry may have, as the client spells them.
+ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+#: Segment states, as the client spells them.
+STATES: tuple[str, ...] = ("open", "pending", "summarised", "parked")
+
+#: One message for `append`: a `(role, content)` pair, or a mapping with
+#: `role`, `content` and optionally `client_entry_id` (an idempotency key,
+#: unique per session: an entry whose key was stored before is not stored
+#: again, and its original seq is returned).
+MessageLike = Union[tuple[str, str], Mapping[str, Any]]
+
+
+def _ts(message: Message, name: str) -> datetime | None:
+    if not message.HasField(name):
+        return None
+    value: Timestamp = getattr(message, name)
+    return value.ToDatetime(tzinfo=timezone.utc)
+
+
+def _dur(message: Message, name: str) -> timedelta | None:
+    if not message.HasField(name):
+        return None
+    value: Duration = getattr(message, name)
+    return value.ToTimedelta()
+
+
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return str(enum.Name(value)).removeprefix(prefix).lower()
+    except ValueError:
+        # A value newer than these stubs: say so rather than fail.
+        return f"unknown({value})"
+
+
+def role_name(value: int) -> str:
+    return _enum_name(pb.Role, value, "ROLE_")
+
+
+def state_name(value: int) -> str:
+    return _enum_name(pb.SegmentState, value, "SEGMENT_STATE_")
+
+
+def role_value(role: str) -> int:
+    """The wire value of a role name ("user", "assistant", "system", "tool")."""
+    if not isinstance(role, str) or role.lower() not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+    return int(pb.Role.Value("ROLE_" + role.upper()))
+
+
+def state_value(state: str | int) -> int:
+    """The wire value of a segment state name ("open", "pending", ...)."""
+    if isinstance(state, int):
+        return state
+    if not isinstance(state, str) or state.lower() not in STATES:
+        raise ValueError(f"state must be one of {', '.join(STATES)}; got {state!r}")
+    return int(pb.SegmentState.Value("SEGMENT_STATE_" + state.upper()))
+
+
+def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
+    """Wire entries from `(role, content)` pairs or mappings."""
+    if isinstance(messages, (str, bytes)) or isinstance(messages, Mapping):
+        raise TypeError(
+            "messages must be a list of (role, content) pairs or dicts, "
+            "not a single message"
+        )
+    entries = []
+    for i, message in enumerate(messages):
+        client_entry_id = ""
+        if isinstance(message, Mapping):
+            unknown = set(message) - {"role", "content", "client_entry_id"}
+            if unknown:
+                raise ValueError(
+                    f"messages[{i}] has unknown keys: {', '.join(sorted(unknown))}"
+                )
+            try:
+                role, content = message["role"], message["content"]
+            except KeyError as missing:
+                raise ValueError(f"messages[{i}] has no {missing.args[0]!r}") from None
+            client_entry_id = message.get("client_entry_id") or ""
+        elif isinstance(message, tuple) and len(message) == 2:
+            role, content = message
+        else:
+            raise TypeError(
+                f"messages[{i}] must be a (role, content) pair or a dict; "
+                f"got {type(message).__name__}"
+            )
+        if not isinstance(content, str):
+            raise TypeError(f"messages[{i}].content must be str")
+        if not isinstance(client_entry_id, str):
+            raise TypeError(f"messages[{i}].client_entry_id must be str")
+        try:
+            role_wire = role_value(role)
+        except ValueError as e:
+            raise ValueError(f"messages[{i}]: {e}") from None
+        entries.append(
+            pb.NewEntry(
+                client_entry_id=client_entry_id,
+                role=cast("pb.Role", role_wire),
+                content=content,
+            )
+        )
+    return entries
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a recap pass failed (`archivist.v1.Failure`).
+
+    `kind` is the failure class: "transport", "timeout", "unavailable",
+    "rate_limited", "quota_exhausted", "unauthorized", "unknown_model",
+    "invalid_request", "malformed_response", "cancelled" or
+    "budget_exhausted". `causes` is the cause chain, outermost first, down to
+    the root. `retry_after` is set for "rate_limited" when the provider said
+    how long to wait.
+    """
+
+    kind: str
+    retryable: bool
+    causes: list[str]
+    attempts: int
+    elapsed: timedelta | None
+    http_status: int | None
+    retry_after: timedelta | None
+    provider: str
+    model: str
+    raw: pb.Failure = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, failure: pb.Failure) -> Failure:
+        kind = failure.WhichOneof("kind") or "unknown"
+        retry_after = None
+        if kind == "rate_limited":
+            retry_after = _dur(failure.rate_limited, "retry_after")
+        return cls(
+            kind=kind,
+            retryable=failure.retryable,
+            causes=list(failure.causes),
+            attempts=failure.attempts,
+            elapsed=_dur(failure, "elapsed"),
+            http_status=failure.http_status if failure.HasField("http_status") else None,
+            retry_after=retry_after,
+            provider=failure.provider,
+            model=failure.model,
+            raw=failure,
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A segment's recap and what wrote it."""
+
+    text: str
+    provider: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    created_at: datetime | None
+    raw: pb.Summary = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, summary: pb.Summary) -> Summary:
+        return cls(
+            text=summary.text,
+            provider=summary.provider,
+            model=summary.model,
+            prompt_version=summary.prompt_version,
+            input_tokens=summary.input_tokens,
+            output_tokens=summary.output_tokens,
+            created_at=_ts(summary, "created_at"),
+            raw=summary,
+        )
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of a session's entries, its state, and its recap if it has one."""
+
+    id: int
+    session_id: str
+    ordinal: int
+    state: str
+    first_seq: int
+    last_seq: int
+    entry_count: int
+    summary: Summary | None
+    attempts: int
+    passes: int
+    last_failure: Failure | None
+    next_attempt_at: datetime | None
+    closed_at: datetime | None
+    raw: pb.Segment = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, segment: pb.Segment) -> Segment:
+        return cls(
+            id=segment.id,
+            session_id=segment.session_id,
+            ordinal=segment.ordinal,
+            state=state_name(segment.state),
+            first_seq=segment.first_seq,
+            last_seq=segment.last_seq,
+            entry_count=segment.entry_count,
+            summary=(
+                Summary.from_pb(segment.summary) if segment.HasField("summary") else None
+            ),
+            attempts=segment.attempts,
+            passes=segment.passes,
+            last_failure=(
+                Failure.from_pb(segment.last_failure)
+                if segment.HasField("last_failure")
+                else None
+            ),
+            next_attempt_at=_ts(segment, "next_attempt_at"),
+            closed_at=_ts(segment, "closed_at"),
+            raw=segment,
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored message of a session."""
+
+    seq: int
+    client_entry_id: str
+    role: str
+    content: str
+    created_at: datetime | None
+    raw: pb.Entry = field(repr=False, compare=False)
+
+    kind: Literal["entry"] = field(default="entry", init=False)
+
+    @property
+    def text(self) -> str:
+        """The entry's content (so `item.text` works for every context item)."""
+        return self.content
+
+    @classmethod
+    def from_pb(cls, entry: pb.Entry) -> Entry:
+        return cls(
+            seq=entry.seq,
+            client_entry_id=entry.client_entry_id,
+            role=role_name(entry.role),
+            content=entry.content,
+            created_at=_ts(entry, "created_at"),
+            raw=entry,
+        )
+
+
+@dataclass(frozen=True)
+class ContextSummary:
+    """A context item standing for the entries `first_seq..=last_seq`."""
+
+    segment_id: int
+    first_seq: int
+    last_seq: int
+    summary: Summary
+    raw: pb.ContextSummary = field(repr=False, compare=False)
+
+    kind: Literal["summary"] = field(default="summary", init=False)
+
+    @property
+    def text(self) -> str:
+        """The recap text (`summary.text`)."""
+        return self.summary.text
+
+    @classmethod
+    def from_pb(cls, item: pb.ContextSummary) -> ContextSummary:
+        return cls(
+            segment_id=item.segment_id,
+            first_seq=item.first_seq,
+            last_seq=item.last_seq,
+            summary=Summary.from_pb(item.summary),
+            raw=item,
+        )
+
+
+#: One item of a context: a summary or a raw entry; `item.kind` says which.
+ContextItem = Union[ContextSummary, Entry]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an agent puts in its prompt, oldest first.
+
+    `items` are summaries (`ContextSummary`, kind "summary") where segments
+    have a recap and raw entries (`Entry`, kind "entry") elsewhere.
+    `truncated` says older items were dropped to fit `max_tokens`.
+    """
+
+    items: list[ContextItem]
+    truncated: bool
+    estimated_tokens: int
+    raw: pb.GetContextResponse = field(repr=False, compare=False)
+
+    @property
+    def summaries(self) -> list[ContextSummary]:
+        return [i for i in self.items if isinstance(i, ContextSummary)]
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [i for i in self.items if isinstance(i, Entry)]
+
+    @classmethod
+    def from_pb(cls, response: pb.GetContextResponse) -> Context:
+        items: list[ContextItem] = []
+        for item in response.items:
+            which = item.WhichOneof("item")
+            if which == "summary":
+                items.append(ContextSummary.from_pb(item.summary))
+            elif which == "entry":
+                items.append(Entry.from_pb(item.entry))
+            # An item of a kind newer than these stubs is left out.
+        return cls(
+            items=items,
+            truncated=response.truncated,
+            estimated_tokens=response.estimated_tokens,
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class AppendedEntry:
+    """Where one appended message went: its seq, and whether its
+    `client_entry_id` had been stored before (then seq is the original)."""
+
+    seq: int
+    client_entry_id: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """The answer to `append`: one `AppendedEntry` per message, in order."""
+
+    entries: list[AppendedEntry]
+    open_segment_id: int | None
+    closed_segment_ids: list[int]
+    raw: pb.AppendEntriesResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, response: pb.AppendEntriesResponse) -> AppendResult:
+        return cls(
+            entries=[
+                AppendedEntry(e.seq, e.client_entry_id, e.duplicate)
+                for e in response.entries
+            ],
+            open_segment_id=(
+                response.open_segment_id if response.HasField("open_segment_id") else None
+            ),
+            closed_segment_ids=list(response.closed_segment_ids),
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """The answer to `flush`: every segment of the session as it stands,
+    and whether all of them are summarised."""
+
+    segments: list[Segment]
+    complete: bool
+    raw: pb.FlushSessionResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, response: pb.FlushSessionResponse) -> FlushResult:
+        return cls(
+            segments=[Segment.from_pb(s) for s in response.segments],
+            complete=response.complete,
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Segment counts per state, the oldest PENDING segment's age, and
+    parked segments per failure class."""
+
+    open: int
+    pending: int
+    summarised: int
+    parked: int
+    oldest_pending_age: timedelta | None
+    parked_by_class: dict[str, int]
+    raw: pb.Backlog = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, backlog: pb.Backlog) -> Backlog:
+        return cls(
+            open=backlog.open,
+            pending=backlog.pending,
+            summarised=backlog.summarised,
+            parked=backlog.parked,
+            oldest_pending_age=_dur(backlog, "oldest_pending_age"),
+            parked_by_class=dict(backlog.parked_by_class),
+            raw=backlog,
+        )

@@ -1,0 +1,348 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_USER: _ClassVar[Role]
+    ROLE_ASSISTANT: _ClassVar[Role]
+    ROLE_SYSTEM: _ClassVar[Role]
+    ROLE_TOOL: _ClassVar[Role]
+
+class SegmentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEGMENT_STATE_UNSPECIFIED: _ClassVar[SegmentState]
+    SEGMENT_STATE_OPEN: _ClassVar[SegmentState]
+    SEGMENT_STATE_PENDING: _ClassVar[SegmentState]
+    SEGMENT_STATE_SUMMARISED: _ClassVar[SegmentState]
+    SEGMENT_STATE_PARKED: _ClassVar[SegmentState]
+ROLE_UNSPECIFIED: Role
+ROLE_USER: Role
+ROLE_ASSISTANT: Role
+ROLE_SYSTEM: Role
+ROLE_TOOL: Role
+SEGMENT_STATE_UNSPECIFIED: SegmentState
+SEGMENT_STATE_OPEN: SegmentState
+SEGMENT_STATE_PENDING: SegmentState
+SEGMENT_STATE_SUMMARISED: SegmentState
+SEGMENT_STATE_PARKED: SegmentState
+
+class NewEntry(_message.Message):
+    __slots__ = ("client_entry_id", "role", "content")
+    CLIENT_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    client_entry_id: str
+    role: Role
+    content: str
+    def __init__(self, client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ...) -> None: ...
+
+class Entry(_message.Message):
+    __slots__ = ("seq", "client_entry_id", "role", "content", "created_at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    client_entry_id: str
+    role: Role
+    content: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, seq: _Optional[int] = ..., client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AppendEntriesRequest(_message.Message):
+    __slots__ = ("session_id", "entries")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    entries: _containers.RepeatedCompositeFieldContainer[NewEntry]
+    def __init__(self, session_id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NewEntry, _Mapping]]] = ...) -> None: ...
+
+class AppendedEntry(_message.Message):
+    __slots__ = ("seq", "client_entry_id", "duplicate")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    client_entry_id: str
+    duplicate: bool
+    def __init__(self, seq: _Optional[int] = ..., client_entry_id: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class AppendEntriesResponse(_message.Message):
+    __slots__ = ("entries", "open_segment_id", "closed_segment_ids")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AppendedEntry]
+    open_segment_id: int
+    closed_segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AppendedEntry, _Mapping]]] = ..., open_segment_id: _Optional[int] = ..., closed_segment_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CloseSegmentRequest(_message.Message):
+    __slots__ = ("session_id", "wait")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    wait: bool
+    def __init__(self, session_id: _Optional[str] = ..., wait: _Optional[bool] = ...) -> None: ...
+
+class CloseSegmentResponse(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: Segment
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+
+class FlushSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class FlushSessionResponse(_message.Message):
+    __slots__ = ("segments", "complete")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    complete: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class GetSegmentRequest(_message.Message):
+    __slots__ = ("segment_id",)
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    def __init__(self, segment_id: _Optional[int] = ...) -> None: ...
+
+class Summary(_message.Message):
+    __slots__ = ("text", "provider", "model", "prompt_version", "input_tokens", "output_tokens", "created_at")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    provider: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, text: _Optional[str] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., prompt_version: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("transport", "timeout", "unavailable", "rate_limited", "quota_exhausted", "unauthorized", "unknown_model", "invalid_request", "malformed_response", "cancelled", "budget_exhausted", "retryable", "causes", "attempts", "elapsed", "http_status", "provider", "model")
+    class Transport(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Timeout(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Unavailable(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class RateLimited(_message.Message):
+        __slots__ = ("retry_after",)
+        RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+        retry_after: _duration_pb2.Duration
+        def __init__(self, retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    class QuotaExhausted(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Unauthorized(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class UnknownModel(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class InvalidRequest(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class MalformedResponse(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class Cancelled(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    class BudgetExhausted(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    UNAUTHORIZED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_MODEL_FIELD_NUMBER: _ClassVar[int]
+    INVALID_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MALFORMED_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    CAUSES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    transport: Failure.Transport
+    timeout: Failure.Timeout
+    unavailable: Failure.Unavailable
+    rate_limited: Failure.RateLimited
+    quota_exhausted: Failure.QuotaExhausted
+    unauthorized: Failure.Unauthorized
+    unknown_model: Failure.UnknownModel
+    invalid_request: Failure.InvalidRequest
+    malformed_response: Failure.MalformedResponse
+    cancelled: Failure.Cancelled
+    budget_exhausted: Failure.BudgetExhausted
+    retryable: bool
+    causes: _containers.RepeatedScalarFieldContainer[str]
+    attempts: int
+    elapsed: _duration_pb2.Duration
+    http_status: int
+    provider: str
+    model: str
+    def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class Segment(_message.Message):
+    __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    session_id: str
+    ordinal: int
+    state: SegmentState
+    first_seq: int
+    last_seq: int
+    entry_count: int
+    summary: Summary
+    attempts: int
+    passes: int
+    last_failure: Failure
+    next_attempt_at: _timestamp_pb2.Timestamp
+    closed_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., entry_count: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., attempts: _Optional[int] = ..., passes: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ListSegmentsRequest(_message.Message):
+    __slots__ = ("session_id", "states", "page_size", "page_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    states: _containers.RepeatedScalarFieldContainer[SegmentState]
+    page_size: int
+    page_token: str
+    def __init__(self, session_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[SegmentState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSegmentsResponse(_message.Message):
+    __slots__ = ("segments", "next_page_token")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    next_page_token: str
+    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetContextRequest(_message.Message):
+    __slots__ = ("session_id", "max_tokens")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    max_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class ContextSummary(_message.Message):
+    __slots__ = ("segment_id", "first_seq", "last_seq", "summary")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    first_seq: int
+    last_seq: int
+    summary: Summary
+    def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ...) -> None: ...
+
+class ContextItem(_message.Message):
+    __slots__ = ("summary", "entry")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    summary: ContextSummary
+    entry: Entry
+    def __init__(self, summary: _Optional[_Union[ContextSummary, _Mapping]] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ...) -> None: ...
+
+class GetContextResponse(_message.Message):
+    __slots__ = ("items", "truncated", "estimated_tokens")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ContextItem]
+    truncated: bool
+    estimated_tokens: int
+    def __init__(self, items: _Optional[_Iterable[_Union[ContextItem, _Mapping]]] = ..., truncated: _Optional[bool] = ..., estimated_tokens: _Optional[int] = ...) -> None: ...
+
+class RequeueSegmentsRequest(_message.Message):
+    __slots__ = ("session_id", "segment_ids", "include_parked")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PARKED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    include_parked: bool
+    def __init__(self, session_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[int]] = ..., include_parked: _Optional[bool] = ...) -> None: ...
+
+class RequeueSegmentsResponse(_message.Message):
+    __slots__ = ("requeued",)
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    requeued: int
+    def __init__(self, requeued: _Optional[int] = ...) -> None: ...
+
+class GetBacklogRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Backlog(_message.Message):
+    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class")
+    class ParkedByClassEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    SUMMARISED_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_AGE_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    open: int
+    pending: int
+    summarised: int
+    parked: int
+    oldest_pending_age: _duration_pb2.Duration
+    parked_by_class: _containers.ScalarMap[str, int]
+    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -1,0 +1,253 @@
+"""Test helpers: the real archivist binary in a subprocess, a fake
+OpenAI-compatible provider, and a bounded poll."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+# The NAME of the variable holding the fake provider's key. Not ARCHIVIST_*:
+# the server refuses ARCHIVIST_ variables that name no configuration key.
+KEY_ENV = "FAKE_PROVIDER_KEY"
+SECRET_KEY = "sk-archivist-test-key-0123456789abcdef"
+
+
+class ArchivistServer:
+    """`archivist serve` on 127.0.0.1 and a port of its own choosing (read
+    back from its start-up line), with a fresh data directory."""
+
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        config: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.config = config
+        self.extra_env = env or {}
+        self.log: list[str] = []
+        self.address = ""
+        self.process: subprocess.Popen[str] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+    def start(self, startup_timeout: float = 30.0) -> ArchivistServer:
+        data_dir = self.workdir / "data"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        config_file = self.workdir / "archivist.toml"
+        config_file.write_text(self.config, encoding="utf-8")
+        # Only what this test says: no ARCHIVIST_* from the caller's shell.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVIST_")}
+        env["RUST_LOG"] = "info"
+        env.update(self.extra_env)
+        self.process = subprocess.Popen(
+            [
+                str(self.binary),
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                str(data_dir),
+                "--config",
+                str(config_file),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        found: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._drain, args=(found,), daemon=True).start()
+        try:
+            address = found.get(timeout=startup_timeout)
+        except queue.Empty:
+            address = None
+        if address is None:
+            self.stop()
+            raise RuntimeError(
+                "archivist did not report its listen address; its log:\n"
+                + "\n".join(self.log[-40:])
+            )
+        self.address = address
+        self._wait_for_port(startup_timeout)
+        return self
+
+    def _drain(self, found: queue.Queue[str | None]) -> None:
+        """Reads stderr to the end (so the server never blocks on a full
+        pipe), reporting the address from the start-up line."""
+        assert self.process is not None and self.process.stderr is not None
+        reported = False
+        for line in self.process.stderr:
+            self.log.append(line.rstrip("\n"))
+            if not reported and "archivist is serving" in line and "listen=" in line:
+                found.put(line.split("listen=", 1)[1].split()[0])
+                reported = True
+        if not reported:
+            found.put(None)
+
+    def _wait_for_port(self, limit: float) -> None:
+        host, port = self.address.rsplit(":", 1)
+        end = time.monotonic() + limit
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > end:
+                    raise RuntimeError(f"archivist is not accepting on {self.address}")
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+
+Reply = tuple[int, dict[str, str], bytes]
+
+
+def completion(text: str = "A recap of the segment.", model: str = "fake-model") -> Reply:
+    body = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+    }
+    return 200, {"content-type": "application/json"}, json.dumps(body).encode()
+
+
+def error(status: int, message: str, code: str = "") -> Reply:
+    body = {"error": {"message": message, "type": "api_error", "code": code or None}}
+    return status, {"content-type": "application/json"}, json.dumps(body).encode()
+
+
+class FakeProvider:
+    """An OpenAI-compatible chat-completions endpoint in a thread. `reply`
+    decides each answer; every request is recorded (and counted)."""
+
+    def __init__(self, reply: Callable[[], Reply] = completion) -> None:
+        self.reply = reply
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                with provider._lock:
+                    provider.requests.append(
+                        {
+                            "path": self.path,
+                            "authorization": self.headers.get("authorization"),
+                            "body": json.loads(raw or b"{}"),
+                        }
+                    )
+                status, headers, body = provider.reply()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        port = self._http.server_address[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+def openai_config(base_url: str, max_attempts: int = 3) -> str:
+    """Server configuration for a provider at `base_url`, with retry waits
+    and ceilings small enough for tests."""
+    return f"""
+[provider]
+kind = "openai"
+base_url = "{base_url}"
+model = "fake-model"
+api_key_env = "{KEY_ENV}"
+
+[retry]
+max_attempts = {max_attempts}
+initial_backoff = "10ms"
+max_backoff = "50ms"
+attempt_timeout = "2s"
+pass_ceiling = "5s"
+
+[reconciler]
+interval = "200ms"
+"""
+
+
+def eventually(check: Callable[[], bool], limit: float = 10.0, every: float = 0.02) -> bool:
+    """Polls `check` until it holds or `limit` seconds pass (bounded)."""
+    end = time.monotonic() + limit
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(every)
+
+
+async def eventually_async(
+    check: Callable[[], Any], limit: float = 10.0, every: float = 0.02
+) -> bool:
+    """`eventually` for an async check."""
+    import asyncio
+
+    end = time.monotonic() + limit
+    while True:
+        if await check():
+            return True
+        if time.monotonic() >= end:
+            return False
+        await asyncio.sleep(every)

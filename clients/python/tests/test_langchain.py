@@ -1,0 +1,145 @@
+"""ArchivistChatMessageHistory under a real LangChain chain, with
+langchain-core's fake chat model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables.history import RunnableWithMessageHistory
+
+from archivist_client import AsyncClient, Client
+from archivist_client.langchain import ArchivistChatMessageHistory
+
+
+def chat_chain(client: Client, replies: list[str], seen: list[list[BaseMessage]]):
+    """A prompt with the history, a step recording what the model is sent,
+    and a fake model; its history lives in archivist through `client`."""
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", "You are a helpful assistant."),
+            MessagesPlaceholder("history"),
+            ("human", "{input}"),
+        ]
+    )
+
+    def record(value: Any) -> Any:
+        seen.append(value.to_messages())
+        return value
+
+    chain = prompt | RunnableLambda(record) | FakeListChatModel(responses=replies)
+    return RunnableWithMessageHistory(
+        chain,
+        lambda session_id: ArchivistChatMessageHistory(session_id, client),
+        input_messages_key="input",
+        history_messages_key="history",
+    )
+
+
+def test_a_chain_keeps_its_history_in_archivist_across_clients(server, session_id: str) -> None:
+    config = {"configurable": {"session_id": session_id}}
+
+    first_seen: list[list[BaseMessage]] = []
+    with Client(server.address) as first:
+        chain = chat_chain(first, ["Nice to meet you, Ada."], first_seen)
+        reply = chain.invoke({"input": "Hi, my name is Ada."}, config=config)
+    assert reply.content == "Nice to meet you, Ada."
+    assert [m.type for m in first_seen[0]] == ["system", "human"]
+
+    # A new client object (as after a restart): the history is in archivist.
+    second_seen: list[list[BaseMessage]] = []
+    with Client(server.address) as second:
+        chain = chat_chain(second, ["Your name is Ada."], second_seen)
+        reply = chain.invoke({"input": "What is my name?"}, config=config)
+        assert reply.content == "Your name is Ada."
+        sent = second_seen[0]
+        assert [(m.type, m.content) for m in sent] == [
+            ("system", "You are a helpful assistant."),
+            ("human", "Hi, my name is Ada."),
+            ("ai", "Nice to meet you, Ada."),
+            ("human", "What is my name?"),
+        ]
+        stored = second.context(session_id)
+        assert [(e.role, e.content) for e in stored.entries] == [
+            ("user", "Hi, my name is Ada."),
+            ("assistant", "Nice to meet you, Ada."),
+            ("user", "What is my name?"),
+            ("assistant", "Your name is Ada."),
+        ]
+        # Every stored message has an idempotency key.
+        assert all(e.client_entry_id for e in stored.entries)
+
+
+def test_adding_the_same_messages_again_stores_them_once(server, session_id: str) -> None:
+    with Client(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        assert history.messages == []
+        hello = HumanMessage("hello")
+        answer = AIMessage("hi there", id="run-123")
+        history.add_messages([hello, answer])
+        assert hello.id  # a key was given and kept on the message
+        history.add_messages([hello, answer])  # the same objects again
+        history.add_message(hello)
+        # The same text in a new message is a new message.
+        history.add_messages([HumanMessage("hello")])
+        # Messages read back from the session are already there.
+        history.add_messages(history.messages)
+
+        contents = [e.content for e in client.context(session_id).entries]
+        assert contents == ["hello", "hi there", "hello"]
+        keys = [e.client_entry_id for e in client.context(session_id).entries]
+        assert keys[1] == "run-123"
+        assert len(set(keys)) == 3
+
+        # A message id longer than archivist takes is hashed to a stable key.
+        long = AIMessage("long id", id="x" * 300)
+        history.add_messages([long])
+        history.add_messages([AIMessage("long id", id="x" * 300)])
+        entries = client.context(session_id).entries
+        assert [e.content for e in entries].count("long id") == 1
+        assert entries[-1].client_entry_id.startswith("sha256:")
+
+
+def test_messages_are_summaries_then_raw_messages(server, session_id: str) -> None:
+    with Client(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        history.add_messages(
+            [
+                SystemMessage("Answer briefly."),
+                HumanMessage("The cluster is called orion."),
+                AIMessage("Got it: orion."),
+            ]
+        )
+        client.close(session_id, wait=True)
+        history.add_messages(
+            [HumanMessage("Restart it."), ToolMessage("restarted", tool_call_id="call-1")]
+        )
+        messages = history.messages
+        assert [type(m).__name__ for m in messages] == [
+            "SystemMessage", "HumanMessage", "ChatMessage",
+        ]
+        summary = messages[0]
+        assert "orion" in summary.content
+        assert summary.response_metadata["archivist"]["kind"] == "summary"
+        assert messages[1].content == "Restart it."
+        assert (messages[2].role, messages[2].content) == ("tool", "restarted")
+
+        with pytest.raises(NotImplementedError, match="DeleteSession"):
+            history.clear()
+        assert isinstance(history, BaseChatMessageHistory)
+
+
+async def test_async_history_with_an_async_client(server, session_id: str) -> None:
+    async with AsyncClient(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        message = HumanMessage("from asyncio")
+        await history.aadd_messages([message, AIMessage("answered")])
+        await history.aadd_messages([message])
+        assert [m.content for m in await history.aget_messages()] == ["from asyncio", "answered"]
+        with pytest.raises(TypeError, match="AsyncClient"):
+            history.messages
