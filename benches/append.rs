@@ -188,6 +188,7 @@ async fn h2load(server: &Server, batch: usize, calls: u64) -> Option<f64> {
             states: Vec::new(),
             page_size: 1000,
             page_token: String::new(),
+            levels: Vec::new(),
         })
         .await
         .ok()?

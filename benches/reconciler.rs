@@ -15,13 +15,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use archivist::internals::Store;
 use archivist::model::{Millis, NewEntry, Role, SegmentPolicy, SessionName, Tenant};
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use common::spawn_provider;
@@ -81,8 +79,8 @@ fn main() {
         let dir = tempfile::tempdir().expect("temp dir");
         let (config, app, store, _) = common::openai_summariser(dir.path(), &base).await;
         closed_segments(&store, drain).await;
-        let wake = Arc::new(Notify::new());
-        let reconciler = app.reconciler(wake.clone());
+        let wake = app.wake();
+        let reconciler = app.reconciler();
         let cancel = CancellationToken::new();
         let started = Instant::now();
         let task = tokio::spawn(reconciler.run(cancel.clone()));

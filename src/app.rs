@@ -30,6 +30,9 @@ pub struct App {
     pub(crate) breaker: Arc<Breaker>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) summariser: Arc<Summariser>,
+    /// Makes the reconciler scan sooner: closes, requeues and new roll-ups
+    /// notify it.
+    pub(crate) wake: Arc<Notify>,
     /// Identifies the provider configuration (never the key itself).
     pub(crate) provider_fingerprint: String,
     pub(crate) config: Config,
@@ -58,11 +61,13 @@ impl App {
         ));
         let metrics = Arc::new(Metrics::new());
         let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
+        let wake = Arc::new(Notify::new());
         let summariser = Summariser::new(
             store.clone(),
             provider,
             breaker.clone(),
             metrics.clone(),
+            wake.clone(),
             SummariserConfig::from(config),
             owner,
         );
@@ -71,6 +76,7 @@ impl App {
             breaker,
             metrics,
             summariser,
+            wake,
             provider_fingerprint,
             config: config.clone(),
         })
@@ -84,16 +90,20 @@ impl App {
         &self.summariser
     }
 
-    /// The background drain over this app's parts; `wake` makes it scan
-    /// sooner.
-    pub fn reconciler(&self, wake: Arc<Notify>) -> Reconciler {
+    /// What makes the reconciler scan sooner.
+    pub fn wake(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// The background drain over this app's parts.
+    pub fn reconciler(&self) -> Reconciler {
         Reconciler::new(
             self.store.clone(),
             self.summariser.clone(),
             self.breaker.clone(),
             self.metrics.clone(),
             self.config.reconciler.clone(),
-            wake,
+            self.wake.clone(),
         )
     }
 }

@@ -233,6 +233,10 @@ pub struct Segment {
     pub last_failure: Option<Failure>,
     pub next_attempt_at: Option<Millis>,
     pub closed_at: Option<Millis>,
+    /// 1 for a segment of entries; L + 1 for a roll-up of level-L nodes.
+    pub level: u32,
+    /// A roll-up's children, oldest first; empty at level 1.
+    pub child_ids: Vec<SegmentId>,
 }
 
 /// The segment's next state after a pass without a recap.
@@ -266,6 +270,7 @@ impl SegmentPolicy {
 pub enum ContextItem {
     Summary {
         segment_id: SegmentId,
+        level: u32,
         first_seq: u64,
         last_seq: u64,
         summary: Summary,

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -90,11 +89,11 @@ pub async fn run_with_key(
         );
     }
     let summariser = app.summariser.clone();
-    let wake = Arc::new(Notify::new());
+    let wake = app.wake.clone();
     let service = Arc::new(Service::new(
         store.clone(),
         summariser.clone(),
-        wake.clone(),
+        wake,
         config.segment_policy(),
         config.limits.max_tenant_bytes,
         config.flush.ceiling,
@@ -102,7 +101,7 @@ pub async fn run_with_key(
     ));
 
     let background = CancellationToken::new();
-    let reconciler_task = tokio::spawn(app.reconciler(wake).run(background.clone()));
+    let reconciler_task = tokio::spawn(app.reconciler().run(background.clone()));
 
     let auth = Arc::new(Auth::from_config(&config.auth.tenants, |var| {
         std::env::var(var).ok()

@@ -254,6 +254,7 @@ impl Service {
                     session,
                     states,
                     ids,
+                    levels: Vec::new(),
                 },
             )
             .await?;

@@ -186,6 +186,8 @@ pub(crate) fn segment_to_pb(s: Segment) -> pb::Segment {
             SegmentState::Open | SegmentState::Summarised | SegmentState::Parked => None,
         },
         closed_at: s.closed_at.map(timestamp),
+        level: s.level,
+        child_ids: s.child_ids,
     }
 }
 
@@ -198,11 +200,13 @@ pub(crate) fn context_to_pb(c: Context) -> pb::GetContextResponse {
                 item: Some(match item {
                     ContextItem::Summary {
                         segment_id,
+                        level,
                         first_seq,
                         last_seq,
                         summary,
                     } => pb::context_item::Item::Summary(pb::ContextSummary {
                         segment_id,
+                        level,
                         first_seq,
                         last_seq,
                         summary: Some(summary_to_pb(summary)),

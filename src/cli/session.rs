@@ -55,6 +55,9 @@ pub enum SessionCommand {
     Flush { session: String },
     /// List the session's segments with their states and summaries.
     Show { session: String },
+    /// Show the session's memory tree: each roll-up above the nodes it
+    /// covers, newest last.
+    Tree { session: String },
     /// Print what an agent would put in its prompt.
     Context {
         session: String,
@@ -151,6 +154,7 @@ pub async fn run(args: SessionArgs) -> Result<(), String> {
             loop {
                 let resp = client
                     .list_segments(pb::ListSegmentsRequest {
+                        levels: Vec::new(),
                         session_id: session.clone(),
                         states: Vec::new(),
                         page_size: 100,
@@ -167,6 +171,32 @@ pub async fn run(args: SessionArgs) -> Result<(), String> {
                 }
                 token = resp.next_page_token;
             }
+        }
+        SessionCommand::Tree { session } => {
+            let mut nodes = Vec::new();
+            let mut token = String::new();
+            loop {
+                let resp = client
+                    .list_segments(pb::ListSegmentsRequest {
+                        session_id: session.clone(),
+                        levels: (1..=TREE_DEPTH).collect(),
+                        page_size: 1000,
+                        page_token: token,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|s| describe(&s))?
+                    .into_inner();
+                nodes.extend(resp.segments);
+                if resp.next_page_token.is_empty() {
+                    break;
+                }
+                token = resp.next_page_token;
+            }
+            if nodes.is_empty() {
+                println!("no segments yet");
+            }
+            print!("{}", render_tree(&nodes));
         }
         SessionCommand::Context {
             session,
@@ -188,8 +218,8 @@ pub async fn run(args: SessionArgs) -> Result<(), String> {
                     Some(pb::context_item::Item::Summary(s)) => {
                         let summary = s.summary.unwrap_or_default();
                         println!(
-                            "[summary of seq {}..{} by {}]\n{}",
-                            s.first_seq, s.last_seq, summary.provider, summary.text
+                            "[level {} summary of seq {}..{} by {}]\n{}",
+                            s.level, s.first_seq, s.last_seq, summary.provider, summary.text
                         );
                     }
                     Some(pb::context_item::Item::Entry(e)) => {
@@ -215,6 +245,52 @@ fn role_name(role: i32) -> &'static str {
 
 fn state_name(state: i32) -> &'static str {
     state_from_pb(state).map_or("?", SegmentState::as_str)
+}
+
+/// Levels `session tree` asks for: with fanout 4, level 16 covers four
+/// billion segments.
+const TREE_DEPTH: u32 = 16;
+
+/// The nodes as a tree: roots (nodes no roll-up covers) oldest first, each
+/// roll-up's children indented beneath it.
+fn render_tree(nodes: &[pb::Segment]) -> String {
+    use std::collections::{HashMap, HashSet};
+    use std::fmt::Write;
+    let by_id: HashMap<u64, &pb::Segment> = nodes.iter().map(|n| (n.id, n)).collect();
+    let covered: HashSet<u64> = nodes
+        .iter()
+        .flat_map(|n| n.child_ids.iter().copied())
+        .collect();
+    let mut roots: Vec<&pb::Segment> = nodes.iter().filter(|n| !covered.contains(&n.id)).collect();
+    roots.sort_by_key(|n| n.first_seq);
+    let mut out = String::new();
+    let mut stack: Vec<(&pb::Segment, usize)> = roots.into_iter().rev().map(|n| (n, 0)).collect();
+    while let Some((node, depth)) = stack.pop() {
+        let summary = node
+            .summary
+            .as_ref()
+            .map(|s| s.text.lines().next().unwrap_or_default().to_owned())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:indent$}L{} #{} (id {}) seq {}..{} {}  {}",
+            "",
+            node.level,
+            node.ordinal,
+            node.id,
+            node.first_seq,
+            node.last_seq,
+            state_name(node.state),
+            summary,
+            indent = depth * 2
+        );
+        for child in node.child_ids.iter().rev() {
+            if let Some(child) = by_id.get(child) {
+                stack.push((child, depth + 1));
+            }
+        }
+    }
+    out
 }
 
 fn print_segment(seg: &pb::Segment) {

@@ -29,6 +29,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub log_format: LogFormat,
     pub segment: SegmentConfig,
+    pub memory: MemoryConfig,
     pub storage: StorageConfig,
     pub limits: LimitsConfig,
     pub provider: ProviderConfig,
@@ -100,6 +101,27 @@ pub enum LogFormat {
 pub struct SegmentConfig {
     pub max_entries: u32,
     pub max_tokens: u32,
+}
+
+/// The memory tree: roll-ups of recaps, and the context carried into a
+/// recap.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Children per roll-up; 0: no roll-ups.
+    pub fanout: u32,
+    /// Estimated tokens of the previous summary carried into a level-1
+    /// recap prompt; 0: none.
+    pub carry_tokens: u32,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig {
+            fanout: 4,
+            carry_tokens: 300,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -206,6 +228,7 @@ impl Default for Config {
             data_dir: PathBuf::from("archivist-data"),
             log_format: LogFormat::Text,
             segment: SegmentConfig::default(),
+            memory: MemoryConfig::default(),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             provider: ProviderConfig::default(),
@@ -318,6 +341,15 @@ impl Config {
         }
         if self.segment.max_tokens == 0 {
             return invalid("segment.max_tokens", "must be at least 1");
+        }
+        if self.memory.fanout == 1 {
+            return invalid(
+                "memory.fanout",
+                "must be 0 (no roll-ups) or at least 2 (a roll-up of one node says nothing new)",
+            );
+        }
+        if self.memory.fanout > 64 {
+            return invalid("memory.fanout", "must be at most 64");
         }
         if self.limits.max_content_bytes == 0 {
             return invalid("limits.max_content_bytes", "must be at least 1");

@@ -18,6 +18,9 @@ use crate::wire::{role_from_pb, state_from_pb};
 const DEFAULT_PAGE_SIZE: u32 = 50;
 const MAX_PAGE_SIZE: u32 = 1000;
 const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// The deepest level ListSegments takes: with fanout 2, level 64 would
+/// cover 2^63 segments.
+const MAX_LEVEL: u32 = 64;
 /// Most segment ids one RequeueSegments call may name.
 const MAX_REQUEUE_IDS: usize = 1000;
 /// A waiting call answers this long before its deadline, so the answer
@@ -153,6 +156,32 @@ pub(super) fn parse_list(
             )),
         }
     }
+    if req.levels.len() > MAX_LEVEL as usize {
+        violations.push(violation(
+            "levels",
+            "TOO_MANY_LEVELS",
+            format!(
+                "{} levels named; there are at most {MAX_LEVEL}",
+                req.levels.len()
+            ),
+        ));
+    }
+    let mut levels = Vec::new();
+    for (i, level) in req.levels.iter().enumerate().take(MAX_LEVEL as usize) {
+        if *level == 0 || *level > MAX_LEVEL {
+            violations.push(violation(
+                format!("levels[{i}]"),
+                "INVALID_LEVEL",
+                format!("{level} is not a level of the memory tree (1 to {MAX_LEVEL})"),
+            ));
+        } else if !levels.contains(level) {
+            levels.push(*level);
+        }
+    }
+    if levels.is_empty() {
+        // What v1 clients expect: segments of entries.
+        levels.push(1);
+    }
     let after = match parse_page_token(&req.page_token) {
         Some(after) => after,
         None => {
@@ -175,6 +204,7 @@ pub(super) fn parse_list(
         session,
         states,
         ids: Vec::new(),
+        levels,
     };
     Ok((filter, after, page_size))
 }

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -70,6 +70,10 @@ pub(crate) struct SummariserConfig {
     pub(crate) reconciler: ReconcilerConfig,
     pub(crate) max_input_tokens: u32,
     pub(crate) max_output_tokens: u32,
+    /// Children per roll-up (0: none).
+    pub(crate) fanout: u32,
+    /// Estimated tokens of context carried into a level-1 recap (0: none).
+    pub(crate) carry_tokens: u32,
 }
 
 impl From<&Config> for SummariserConfig {
@@ -79,6 +83,8 @@ impl From<&Config> for SummariserConfig {
             reconciler: config.reconciler.clone(),
             max_input_tokens: config.provider.max_input_tokens,
             max_output_tokens: config.provider.max_output_tokens,
+            fanout: config.memory.fanout,
+            carry_tokens: config.memory.carry_tokens,
         }
     }
 }
@@ -89,6 +95,8 @@ pub struct Summariser {
     provider: Provider,
     breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
+    /// Tells the reconciler there is work (a roll-up just became owed).
+    wake: Arc<Notify>,
     config: SummariserConfig,
     owner: String,
     running: Mutex<HashMap<SegmentId, watch::Receiver<Option<PassOutcome>>>>,
@@ -102,6 +110,7 @@ impl Summariser {
         provider: Provider,
         breaker: Arc<Breaker>,
         metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
         config: SummariserConfig,
         owner: String,
     ) -> Arc<Summariser> {
@@ -110,6 +119,7 @@ impl Summariser {
             provider,
             breaker,
             metrics,
+            wake,
             config,
             owner,
             running: Mutex::new(HashMap::new()),

@@ -17,9 +17,10 @@ use super::schedule::after_failure;
 use super::{PassOutcome, Summariser, record};
 use crate::failure::{FailureClass, cause_chain};
 use crate::metrics::Outcome;
-use crate::model::{Disposition, Entry, Millis, SegmentId, Summary};
+use crate::model::{Disposition, Millis, SegmentId, Summary, estimate_tokens};
 use crate::provider::{ProviderError, Recap, RecapInput};
-use crate::store::{Claim, EndedPass, StoreError};
+use crate::store::{Claim, EndedPass, Material, StoreError};
+use crate::text::prefix;
 
 /// What the pass needs of a provider's failed attempt.
 impl Classified for ProviderError {
@@ -34,6 +35,15 @@ impl Classified for ProviderError {
     fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
+}
+
+/// What the last request of a combination is.
+#[derive(Clone, Copy)]
+enum Combined {
+    /// A fold of one segment's parts.
+    Parts,
+    /// A roll-up of its children's summaries.
+    Children,
 }
 
 /// Sends and usage added up over the passes of one segment.
@@ -68,7 +78,9 @@ impl Summariser {
         Span::current().record("session", input.segment.session.as_str());
         let started = Instant::now();
         let mut tally = Tally::default();
-        let result = self.recap(&claim, &input.entries, &mut tally, cancel).await;
+        let result = self
+            .recap(&claim, &input.material, &mut tally, cancel)
+            .await;
         let outcome = match &result {
             Ok(_) => Outcome::Success,
             Err(PassEnd::GaveUp(end)) => Outcome::Failure(end.class()),
@@ -91,8 +103,15 @@ impl Summariser {
                     output_tokens: tally.output_tokens,
                     created_at: Millis::now(),
                 };
-                let held = self.store.complete(&claim, summary, tally.attempts).await?;
-                return Ok(if held {
+                let completed = self
+                    .store
+                    .complete(&claim, summary, tally.attempts, self.config.fanout)
+                    .await?;
+                if completed.rollup.is_some() {
+                    // A roll-up is owed now: have the reconciler look.
+                    self.wake.notify_one();
+                }
+                return Ok(if completed.held {
                     PassOutcome::Summarised
                 } else {
                     PassOutcome::NotClaimed
@@ -138,50 +157,101 @@ impl Summariser {
         })
     }
 
-    /// The segment's recap: one pass when it fits the provider's input
-    /// budget; otherwise one pass per chunk, then folds of the chunks'
-    /// recaps until one is left. Ok(None) when the claim was lost.
+    /// The node's recap. A level-1 segment: one pass when it fits the
+    /// provider's input budget, else one pass per chunk and then their
+    /// recaps combined. A roll-up: its children's summaries combined.
+    /// Ok(None) when the claim was lost between parts.
     async fn recap(
         &self,
         claim: &Claim,
-        entries: &[Entry],
+        material: &Material,
         tally: &mut Tally,
         cancel: &CancellationToken,
     ) -> Result<Option<Recap>, PassEnd<ProviderError>> {
         let budget = self.provider.content_budget(self.config.max_input_tokens);
-        let chunks = match budget {
-            Some(budget) => plan_chunks(entries, budget),
-            None => vec![entries.to_vec()],
-        };
-        if let [only] = chunks.as_slice() {
-            return self
-                .one_pass(RecapInput::Entries(only), tally, cancel)
-                .await
-                .map(Some);
-        }
-        let budget = budget.unwrap_or(u32::MAX);
-        let mut parts = Vec::with_capacity(chunks.len());
-        for chunk in &chunks {
-            if !self.renew(claim).await {
-                return Ok(None);
-            }
-            parts.push(
-                self.one_pass(RecapInput::Entries(chunk), tally, cancel)
-                    .await?
-                    .text,
-            );
-        }
-        loop {
-            if let [_] = parts.as_slice() {
-                // Not reached by construction (each round keeps two or more
-                // parts until the last fold), but never loop on one part.
-                return self
-                    .one_pass(RecapInput::Parts(&parts), tally, cancel)
+        match material {
+            Material::Entries { entries, carry } => {
+                let carry = match self.config.carry_tokens {
+                    0 => None,
+                    n => carry
+                        .as_deref()
+                        .map(|c| prefix(c, (n as usize).saturating_mul(4))),
+                };
+                let carry_cost = carry.map_or(0, estimate_tokens);
+                let chunks = match budget {
+                    Some(budget) => plan_chunks(entries, budget.saturating_sub(carry_cost).max(16)),
+                    None => vec![entries.clone()],
+                };
+                if let [only] = chunks.as_slice() {
+                    let input = RecapInput::Entries {
+                        entries: only,
+                        carry,
+                    };
+                    return self.one_pass(input, tally, cancel).await.map(Some);
+                }
+                let mut parts = Vec::with_capacity(chunks.len());
+                for chunk in &chunks {
+                    if !self.renew(claim).await {
+                        return Ok(None);
+                    }
+                    let input = RecapInput::Entries {
+                        entries: chunk,
+                        carry,
+                    };
+                    parts.push(self.one_pass(input, tally, cancel).await?.text);
+                }
+                let budget = budget.unwrap_or(u32::MAX);
+                self.combine(claim, parts, budget, Combined::Parts, tally, cancel)
                     .await
-                    .map(Some);
+            }
+            Material::Summaries(children) => {
+                let budget = budget.unwrap_or(u32::MAX);
+                self.combine(
+                    claim,
+                    children.clone(),
+                    budget,
+                    Combined::Children,
+                    tally,
+                    cancel,
+                )
+                .await
+            }
+        }
+    }
+
+    /// One recap of `parts` in order: a single request (`last`) once they
+    /// fit `budget` together, else rounds of folds of groups that each fit
+    /// until they do. Every round shrinks the count, and no request exceeds
+    /// the budget.
+    async fn combine(
+        &self,
+        claim: &Claim,
+        mut parts: Vec<String>,
+        budget: u32,
+        last: Combined,
+        tally: &mut Tally,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Recap>, PassEnd<ProviderError>> {
+        loop {
+            let cost = parts
+                .iter()
+                .fold(0u32, |sum, p| sum.saturating_add(estimate_tokens(p)));
+            if cost <= budget || parts.len() < 2 {
+                if let [only] = parts.as_mut_slice() {
+                    // One part longer than the budget: send what fits.
+                    let keep = prefix(only, budget.saturating_sub(8) as usize * 4).len();
+                    only.truncate(keep);
+                }
+                if tally.passes > 0 && !self.renew(claim).await {
+                    return Ok(None);
+                }
+                let input = match last {
+                    Combined::Parts => RecapInput::Parts(&parts),
+                    Combined::Children => RecapInput::Children(&parts),
+                };
+                return self.one_pass(input, tally, cancel).await.map(Some);
             }
             let groups = plan_folds(parts, budget);
-            let last_round = groups.len() == 1;
             parts = Vec::with_capacity(groups.len());
             for group in groups {
                 // A lone part has nothing to fold with: it goes on as it is.
@@ -189,15 +259,12 @@ impl Summariser {
                     parts.extend(group);
                     continue;
                 }
-                if !self.renew(claim).await {
+                if tally.passes > 0 && !self.renew(claim).await {
                     return Ok(None);
                 }
                 let folded = self
                     .one_pass(RecapInput::Parts(&group), tally, cancel)
                     .await?;
-                if last_round {
-                    return Ok(Some(folded));
-                }
                 parts.push(folded.text);
             }
         }

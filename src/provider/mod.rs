@@ -4,6 +4,7 @@
 
 pub mod extractive;
 pub mod openai;
+mod prompts;
 
 use std::time::Duration;
 
@@ -17,10 +18,16 @@ pub use openai::OpenAi;
 /// What one attempt summarises.
 #[derive(Clone, Copy, Debug)]
 pub enum RecapInput<'a> {
-    /// A segment's entries, or a run of them.
-    Entries(&'a [Entry]),
+    /// A segment's entries, or a run of them, with the summary of what came
+    /// before as context not to be retold.
+    Entries {
+        entries: &'a [Entry],
+        carry: Option<&'a str>,
+    },
     /// Recaps of consecutive parts of one segment, to fold into one.
     Parts(&'a [String]),
+    /// A roll-up's children's summaries, oldest first.
+    Children(&'a [String]),
 }
 
 /// A successful recap, before it is stored.
@@ -125,8 +132,8 @@ impl Provider {
         match self {
             // Local and CPU-bound, a few microseconds an entry.
             Provider::Extractive(e) => Ok(match input {
-                RecapInput::Entries(entries) => e.summarise(entries, max_output_tokens),
-                RecapInput::Parts(parts) => {
+                RecapInput::Entries { entries, .. } => e.summarise(entries, max_output_tokens),
+                RecapInput::Parts(parts) | RecapInput::Children(parts) => {
                     let entries: Vec<Entry> = parts
                         .iter()
                         .enumerate()
@@ -145,18 +152,4 @@ impl Provider {
             Provider::OpenAi(p) => p.summarise(&input).await,
         }
     }
-}
-
-/// A transcript as a provider reads it: one `role: content` line an entry.
-pub fn render_entries(entries: &[Entry]) -> String {
-    let mut out = String::new();
-    for (i, e) in entries.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(e.role.as_str());
-        out.push_str(": ");
-        out.push_str(&e.content);
-    }
-    out
 }

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ProviderError, Recap, RecapInput, render_entries};
+use super::prompts::{self, Prompt};
+use super::{ProviderError, Recap, RecapInput};
 use crate::config::ProviderConfig;
 use crate::failure::{
     ErrorBody, FailureClass, cause_chain, classify_http, parse_retry_after, redact,
@@ -17,17 +18,6 @@ use crate::failure::{
 use crate::text::hex;
 
 pub const NAME: &str = "openai";
-/// Bumped whenever the prompts change, and recorded in every summary.
-pub const PROMPT_VERSION: &str = "recap-v1";
-
-const SYSTEM_PROMPT: &str = "You write recaps of conversation segments for an AI agent's long-term \
-memory. Keep every fact, decision, open question, name, number and commitment the agent may need \
-later; drop greetings and filler. Write plain sentences in the past tense, in the language of the \
-conversation, with no preamble.";
-
-const FOLD_PROMPT: &str = "You merge recaps of consecutive parts of one conversation into a single \
-recap for an AI agent's long-term memory. Keep every fact, decision, open question, name, number \
-and commitment; remove repetition. Write plain sentences in the past tense, with no preamble.";
 
 /// Longest stretch of an error body quoted in a cause.
 const MAX_BODY_QUOTE: usize = 300;
@@ -154,16 +144,13 @@ impl OpenAi {
     /// The system prompts' share of the input budget, in estimated tokens,
     /// with room for the request's JSON framing.
     pub fn prompt_tokens(&self) -> u32 {
-        crate::model::estimate_tokens(SYSTEM_PROMPT.max(FOLD_PROMPT)) + 32
+        prompts::overhead_tokens() + 32
     }
 
     /// One attempt. The caller bounds it in time.
     pub async fn summarise(&self, input: &RecapInput<'_>) -> Result<Recap, ProviderError> {
-        let (system, user) = match input {
-            RecapInput::Entries(entries) => (SYSTEM_PROMPT, render_entries(entries)),
-            RecapInput::Parts(parts) => (FOLD_PROMPT, render_parts(parts)),
-        };
-        self.send(system, &user).await.map_err(|f| ProviderError {
+        let (prompt, user) = prompts::request(input);
+        self.send(prompt, &user).await.map_err(|f| ProviderError {
             provider: NAME,
             class: f.class,
             http_status: f.status,
@@ -175,13 +162,13 @@ impl OpenAi {
         })
     }
 
-    async fn send(&self, system: &str, user: &str) -> Result<Recap, Failed> {
+    async fn send(&self, prompt: Prompt, user: &str) -> Result<Recap, Failed> {
         let body = ChatRequest {
             model: &self.model,
             messages: [
                 Message {
                     role: "system",
-                    content: system,
+                    content: prompt.system,
                 },
                 Message {
                     role: "user",
@@ -271,7 +258,7 @@ impl OpenAi {
         Ok(Recap {
             text: content,
             model: parsed.model.unwrap_or_else(|| self.model.clone()),
-            prompt_version: PROMPT_VERSION.to_owned(),
+            prompt_version: prompt.version.to_owned(),
             input_tokens: usage.prompt_tokens,
             output_tokens: usage.completion_tokens,
         })
@@ -312,15 +299,4 @@ fn quote(text: &str) -> String {
     }
     let cut: String = flat.chars().take(MAX_BODY_QUOTE).collect();
     format!("{cut}… [truncated]")
-}
-
-fn render_parts(parts: &[String]) -> String {
-    let mut out = String::new();
-    for (i, part) in parts.iter().enumerate() {
-        if i > 0 {
-            out.push_str("\n\n");
-        }
-        out.push_str(&format!("Part {}:\n{}", i + 1, part));
-    }
-    out
 }

@@ -1,90 +1,413 @@
-//! The budget rule of GetContext, the same for every backend: walking a
-//! session from its newest segment back, a SUMMARISED segment contributes
-//! its summary and any other its raw entries (newest first), until the next
-//! item would pass `max_tokens`; then the walk stops and the context is
-//! `truncated`. A backend feeds the walk and stops reading when it says so,
-//! so a long session costs only what fits.
+//! GetContext's rule, the same for every backend: a **cover** of the
+//! session, oldest first, whose seq ranges are contiguous and never
+//! overlap, built from the memory tree.
+//!
+//! - The coarsest cover is the session's roots (the nodes no roll-up covers
+//!   yet), each as its summary; a node without a summary stands as its
+//!   children, down to a level-1 segment's raw entries: never a hole.
+//! - When the coarsest cover fits `max_tokens`, the newest summarised
+//!   roll-up is replaced by its children (zoomed in), newest first, for as
+//!   long as the cover still fits; the first that does not fit ends the
+//!   zooming, so recent history comes in the finest detail that fits and
+//!   older history stays zoomed out.
+//! - Only when the coarsest cover does not fit is the oldest history
+//!   dropped, item by item from the oldest end (`truncated`).
+//!
+//! A backend supplies the tree (`Tree`); the cost of a call follows the
+//! budget and the number of roots, never the session's length: entries are
+//! read newest first and only as far as they are returned.
 
-use crate::model::{Context, ContextItem, Entry, Segment, SegmentState, Summary};
+use crate::model::{Context, ContextItem, Entry, Segment, SegmentState, estimate_tokens};
+use crate::store::StoreError;
 
-/// What one segment contributes to a context.
-pub(super) enum Contribution {
-    /// Its summary, as one item.
-    Summary(Summary),
-    /// Its raw entries, which the backend reads newest first.
-    Entries,
+/// What a backend gives the cover.
+pub(super) trait Tree {
+    /// The session's roots (nodes no roll-up covers yet), oldest first.
+    fn roots(&mut self) -> Result<Vec<Segment>, StoreError>;
+    /// A roll-up's children, oldest first.
+    fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError>;
+    /// A level-1 segment's entries, newest first, until `visit` says stop.
+    fn entries(
+        &mut self,
+        segment: &Segment,
+        visit: &mut dyn FnMut(Entry) -> bool,
+    ) -> Result<(), StoreError>;
 }
 
-/// What a segment contributes: its summary once it has one, else its
-/// entries.
-pub(super) fn contribution(segment: &mut Segment) -> Contribution {
-    match (segment.state, segment.summary.take()) {
-        (SegmentState::Summarised, Some(summary)) => Contribution::Summary(summary),
-        _ => Contribution::Entries,
+/// A part of a cover before its items are read: a summarised node, or a
+/// level-1 segment without a summary, which stands as its entries.
+enum Unit {
+    Summary(Segment),
+    Entries(Segment),
+}
+
+impl Unit {
+    fn cost(&self) -> u64 {
+        match self {
+            Unit::Summary(node) => node
+                .summary
+                .as_ref()
+                .map_or(0, |s| u64::from(estimate_tokens(&s.text))),
+            Unit::Entries(segment) => u64::from(segment.token_estimate),
+        }
+    }
+
+    /// A summarised roll-up, which can be zoomed into.
+    fn zoomable(&self) -> bool {
+        matches!(self, Unit::Summary(node) if node.level > 1)
     }
 }
 
-/// A context being filled from the newest item back.
-pub(super) struct Budget {
-    limit: u32,
-    total: u32,
+/// The coarsest units standing for `node`, oldest first, appended to `out`.
+fn coarsest(tree: &mut impl Tree, node: Segment, out: &mut Vec<Unit>) -> Result<(), StoreError> {
+    match (node.state, &node.summary) {
+        (SegmentState::Summarised, Some(_)) => out.push(Unit::Summary(node)),
+        _ if node.level <= 1 => out.push(Unit::Entries(node)),
+        _ => {
+            for child in tree.children(&node)? {
+                coarsest(tree, child, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The cover of the session `tree` reads, within `max_tokens` (0: no
+/// limit).
+pub(super) fn cover(tree: &mut impl Tree, max_tokens: u32) -> Result<Context, StoreError> {
+    let limit = match max_tokens {
+        0 => u64::MAX,
+        n => u64::from(n),
+    };
+    let mut units = Vec::new();
+    for root in tree.roots()? {
+        coarsest(tree, root, &mut units)?;
+    }
+    let total: u64 = units.iter().map(Unit::cost).sum();
+    let mut out = Output::default();
+    if total > limit {
+        // Even the coarsest cover is too long: keep its newest part.
+        out.truncated = true;
+        let mut left = limit;
+        while let Some(unit) = units.pop() {
+            let cost = unit.cost();
+            match unit {
+                Unit::Summary(node) => {
+                    if cost > left {
+                        break;
+                    }
+                    left -= cost;
+                    out.push_summary(node);
+                }
+                Unit::Entries(segment) => {
+                    let mut full = false;
+                    tree.entries(&segment, &mut |entry| {
+                        let cost = u64::from(entry.tokens);
+                        if cost > left {
+                            full = true;
+                            return false;
+                        }
+                        left -= cost;
+                        out.push_entry(entry);
+                        true
+                    })?;
+                    if full {
+                        break;
+                    }
+                }
+            }
+        }
+        return Ok(out.finish());
+    }
+    // It fits: zoom into the newest roll-ups while the slack allows.
+    let mut slack = limit - total;
+    let mut zooming = true;
+    while let Some(unit) = units.pop() {
+        if zooming && unit.zoomable() {
+            let Unit::Summary(node) = &unit else {
+                unreachable!("zoomable units are summaries")
+            };
+            let mut finer = Vec::new();
+            for child in tree.children(node)? {
+                coarsest(tree, child, &mut finer)?;
+            }
+            let finer_cost: u64 = finer.iter().map(Unit::cost).sum();
+            let coarse_cost = unit.cost();
+            let fits = finer_cost <= coarse_cost.saturating_add(slack);
+            if !finer.is_empty() && fits {
+                slack = slack.saturating_add(coarse_cost) - finer_cost;
+                units.extend(finer);
+                continue;
+            }
+            zooming = false;
+        }
+        match unit {
+            Unit::Summary(node) => out.push_summary(node),
+            Unit::Entries(segment) => tree.entries(&segment, &mut |entry| {
+                out.push_entry(entry);
+                true
+            })?,
+        }
+    }
+    Ok(out.finish())
+}
+
+/// A cover being built from its newest item back.
+#[derive(Default)]
+struct Output {
     items: Vec<ContextItem>,
+    tokens: u64,
     truncated: bool,
 }
 
-impl Budget {
-    /// `max_tokens` 0 means no limit.
-    pub(super) fn new(max_tokens: u32) -> Budget {
-        Budget {
-            limit: if max_tokens == 0 {
-                u32::MAX
-            } else {
-                max_tokens
-            },
-            total: 0,
-            items: Vec::new(),
-            truncated: false,
-        }
-    }
-
-    /// Takes the next older item if it fits; false (and the context is
-    /// truncated) when it does not, and the walk must stop.
-    fn take(&mut self, item: ContextItem) -> bool {
-        match self.total.checked_add(item.tokens()) {
-            Some(t) if t <= self.limit => {
-                self.total = t;
-                self.items.push(item);
-                true
-            }
-            _ => {
-                self.truncated = true;
-                false
-            }
-        }
-    }
-
-    /// Takes a segment's summary; false when the walk must stop.
-    pub(super) fn take_summary(&mut self, segment: &Segment, summary: Summary) -> bool {
-        self.take(ContextItem::Summary {
-            segment_id: segment.id,
-            first_seq: segment.first_seq,
-            last_seq: segment.last_seq,
+impl Output {
+    fn push_summary(&mut self, node: Segment) {
+        let Some(summary) = node.summary else {
+            return;
+        };
+        let item = ContextItem::Summary {
+            segment_id: node.id,
+            level: node.level,
+            first_seq: node.first_seq,
+            last_seq: node.last_seq,
             summary,
-        })
+        };
+        self.tokens += u64::from(item.tokens());
+        self.items.push(item);
     }
 
-    /// Takes the next older raw entry; false when the walk must stop.
-    pub(super) fn take_entry(&mut self, entry: Entry) -> bool {
-        self.take(ContextItem::Entry(entry))
+    fn push_entry(&mut self, entry: Entry) {
+        self.tokens += u64::from(entry.tokens);
+        self.items.push(ContextItem::Entry(entry));
     }
 
-    /// The context, oldest first.
-    pub(super) fn finish(mut self) -> Context {
+    /// The cover, oldest first.
+    fn finish(mut self) -> Context {
         self.items.reverse();
         Context {
             items: self.items,
             truncated: self.truncated,
-            tokens: self.total,
+            tokens: u32::try_from(self.tokens).unwrap_or(u32::MAX),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::model::{Millis, Role, SegmentId, Summary};
+
+    /// A tree in memory: nodes by id, children by parent.
+    #[derive(Default)]
+    struct Fake {
+        nodes: HashMap<SegmentId, Segment>,
+        roots: Vec<SegmentId>,
+        entries: HashMap<SegmentId, Vec<Entry>>,
+        reads: usize,
+    }
+
+    fn node(id: SegmentId, level: u32, seqs: (u64, u64), summary: Option<&str>) -> Segment {
+        Segment {
+            id,
+            session: "s".to_owned(),
+            ordinal: 1,
+            state: if summary.is_some() {
+                SegmentState::Summarised
+            } else {
+                SegmentState::Pending
+            },
+            first_seq: seqs.0,
+            last_seq: seqs.1,
+            entry_count: (seqs.1 - seqs.0 + 1) as u32,
+            token_estimate: 10 * (seqs.1 - seqs.0 + 1) as u32,
+            summary: summary.map(|text| Summary {
+                text: text.to_owned(),
+                provider: "p".to_owned(),
+                model: "m".to_owned(),
+                prompt_version: "v".to_owned(),
+                input_tokens: 0,
+                output_tokens: 0,
+                created_at: Millis(0),
+            }),
+            attempts: 0,
+            passes: 0,
+            last_failure: None,
+            next_attempt_at: None,
+            closed_at: None,
+            level,
+            child_ids: Vec::new(),
+        }
+    }
+
+    impl Fake {
+        /// Eight level-1 segments of two entries (seqs 1..=16), rolled up
+        /// by fours into two level-2 nodes, rolled up into one level-3 node.
+        /// Summaries of level 1 cost 8 tokens, level 2 cost 6, level 3 5.
+        fn eight(summarised_l2: [bool; 2], top: bool) -> Fake {
+            let mut f = Fake::default();
+            for i in 0..8u64 {
+                let mut n = node(i + 1, 1, (2 * i + 1, 2 * i + 2), Some("level one recap"));
+                n.ordinal = i as u32 + 1;
+                f.entries.insert(
+                    n.id,
+                    (n.first_seq..=n.last_seq)
+                        .map(|seq| Entry {
+                            seq,
+                            client_entry_id: None,
+                            role: Role::User,
+                            content: "x".repeat(24),
+                            created_at: Millis(0),
+                            tokens: 10,
+                        })
+                        .collect(),
+                );
+                f.nodes.insert(n.id, n);
+            }
+            for (k, done) in summarised_l2.iter().enumerate() {
+                let id = 100 + k as u64;
+                let mut n = node(
+                    id,
+                    2,
+                    (8 * k as u64 + 1, 8 * k as u64 + 8),
+                    done.then_some("a roll"),
+                );
+                n.child_ids = (1..=4).map(|c| 4 * k as u64 + c).collect();
+                f.nodes.insert(id, n);
+            }
+            let mut t = node(200, 3, (1, 16), top.then_some("all"));
+            t.child_ids = vec![100, 101];
+            f.nodes.insert(200, t);
+            f.roots = vec![200];
+            f
+        }
+    }
+
+    impl Tree for Fake {
+        fn roots(&mut self) -> Result<Vec<Segment>, StoreError> {
+            self.reads += self.roots.len();
+            Ok(self.roots.iter().map(|id| self.nodes[id].clone()).collect())
+        }
+
+        fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError> {
+            self.reads += node.child_ids.len();
+            Ok(node
+                .child_ids
+                .iter()
+                .map(|id| self.nodes[id].clone())
+                .collect())
+        }
+
+        fn entries(
+            &mut self,
+            segment: &Segment,
+            visit: &mut dyn FnMut(Entry) -> bool,
+        ) -> Result<(), StoreError> {
+            for e in self.entries[&segment.id].iter().rev() {
+                self.reads += 1;
+                if !visit(e.clone()) {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// (first seq, last seq, level; 0 for a raw entry) of each item.
+    fn shape(ctx: &Context) -> Vec<(u64, u64, u32)> {
+        ctx.items
+            .iter()
+            .map(|i| match i {
+                ContextItem::Summary {
+                    first_seq,
+                    last_seq,
+                    level,
+                    ..
+                } => (*first_seq, *last_seq, *level),
+                ContextItem::Entry(e) => (e.seq, e.seq, 0),
+            })
+            .collect()
+    }
+
+    fn contiguous(ctx: &Context, from: u64, to: u64) -> bool {
+        let mut next = from;
+        for (first, last, _) in shape(ctx) {
+            if first != next {
+                return false;
+            }
+            next = last + 1;
+        }
+        next == to + 1
+    }
+
+    #[test]
+    fn no_limit_is_the_finest_cover() {
+        let ctx = cover(&mut Fake::eight([true, true], true), 0).expect("cover");
+        assert_eq!(shape(&ctx).len(), 8);
+        assert!(shape(&ctx).iter().all(|s| s.2 == 1));
+        assert!(contiguous(&ctx, 1, 16) && !ctx.truncated);
+        assert_eq!(ctx.tokens, 8 * 8);
+    }
+
+    #[test]
+    fn a_tight_budget_zooms_out_the_oldest_first() {
+        // The top alone costs 5; both level-2 nodes 12; one level-2 and four
+        // level-1 summaries 6 + 32 = 38; everything at level 1, 64.
+        let cases = [
+            (5, vec![(1, 16, 3)]),
+            (36, vec![(1, 8, 2), (9, 16, 2)]),
+            (37, vec![(1, 8, 2), (9, 16, 2)]),
+            (
+                38,
+                vec![(1, 8, 2), (9, 10, 1), (11, 12, 1), (13, 14, 1), (15, 16, 1)],
+            ),
+            (
+                63,
+                vec![(1, 8, 2), (9, 10, 1), (11, 12, 1), (13, 14, 1), (15, 16, 1)],
+            ),
+        ];
+        for (budget, want) in cases {
+            let ctx = cover(&mut Fake::eight([true, true], true), budget).expect("cover");
+            assert_eq!(shape(&ctx), want, "budget {budget}");
+            assert!(!ctx.truncated && ctx.tokens <= budget, "budget {budget}");
+        }
+    }
+
+    #[test]
+    fn a_node_without_a_summary_stands_as_its_children() {
+        // The top and the first level-2 node failed: the coarsest cover is
+        // four level-1 recaps and the second level-2 node.
+        let ctx = cover(&mut Fake::eight([false, true], false), 38).expect("cover");
+        assert_eq!(
+            shape(&ctx),
+            vec![(1, 2, 1), (3, 4, 1), (5, 6, 1), (7, 8, 1), (9, 16, 2)]
+        );
+        assert!(contiguous(&ctx, 1, 16) && !ctx.truncated);
+        // And a level-1 segment without one, as its raw entries.
+        let mut f = Fake::eight([false, true], false);
+        if let Some(n) = f.nodes.get_mut(&1) {
+            n.summary = None;
+            n.state = SegmentState::Pending;
+        }
+        let ctx = cover(&mut f, 0).expect("cover");
+        assert_eq!(shape(&ctx)[..3], [(1, 1, 0), (2, 2, 0), (3, 4, 1)]);
+        assert!(contiguous(&ctx, 1, 16));
+    }
+
+    #[test]
+    fn only_a_cover_too_long_at_its_coarsest_is_truncated_and_reads_little() {
+        // Nothing summarised: sixteen raw entries of 10 tokens each.
+        let mut f = Fake::eight([false, false], false);
+        for n in f.nodes.values_mut() {
+            n.summary = None;
+            n.state = SegmentState::Pending;
+        }
+        let ctx = cover(&mut f, 35).expect("cover");
+        assert!(ctx.truncated);
+        assert_eq!(shape(&ctx), vec![(14, 14, 0), (15, 15, 0), (16, 16, 0)]);
+        // The three entries kept and the one that did not fit, plus the
+        // tree's nodes: not the other twelve entries.
+        assert!(f.reads <= 4 + 11, "{} reads", f.reads);
     }
 }

@@ -94,19 +94,46 @@ pub(crate) struct Claim {
     pub(crate) token: i64,
 }
 
-/// What to read for one pass over a segment.
+/// What to read for one pass over a node of the memory tree.
 #[derive(Clone, Debug)]
 pub(crate) struct PassInput {
     pub(crate) segment: Segment,
-    pub(crate) entries: Vec<Entry>,
+    pub(crate) material: Material,
+}
+
+/// What a node's recap is written from.
+#[derive(Clone, Debug)]
+pub(crate) enum Material {
+    /// A level-1 segment's entries, and the newest summary of what came just
+    /// before them (context for the recap, not to be retold).
+    Entries {
+        entries: Vec<Entry>,
+        carry: Option<String>,
+    },
+    /// A roll-up's children's summaries, oldest first.
+    Summaries(Vec<String>),
+}
+
+/// What completing a pass did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Completed {
+    /// The claim still held: the summary is written.
+    pub(crate) held: bool,
+    /// The roll-up this completion made whole, created PENDING in the same
+    /// transaction.
+    pub(crate) rollup: Option<SegmentId>,
 }
 
 /// Which segments a listing or a requeue covers.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SegmentFilter {
     pub(crate) session: Option<SessionName>,
+    /// Empty: every state.
     pub(crate) states: Vec<SegmentState>,
+    /// Empty: every segment that matches the rest.
     pub(crate) ids: Vec<SegmentId>,
+    /// Levels of the memory tree; empty: every level.
+    pub(crate) levels: Vec<u32>,
 }
 
 /// Which segments a backfill run takes: any tenant's, by session and by
@@ -228,7 +255,7 @@ impl Store {
         on_backend!(self, b => b.list_segments(tenant, filter, after, limit).await)
     }
 
-    /// Every segment of one session, in ordinal order.
+    /// Every level-1 segment of one session, in ordinal order.
     pub(crate) async fn session_segments(
         &self,
         tenant: &Tenant,
@@ -237,8 +264,8 @@ impl Store {
         on_backend!(self, b => b.session_segments(tenant, session).await)
     }
 
-    /// What an agent puts in its prompt (the rule is `context.rs`'s); reads
-    /// from the newest end only as far as the budget goes.
+    /// What an agent puts in its prompt: the session's cover within
+    /// `max_tokens` (the rule is `context.rs`'s).
     pub(crate) async fn context(
         &self,
         tenant: &Tenant,
@@ -306,15 +333,17 @@ impl Store {
         on_backend!(self, b => b.claim(id, owner, lease).await)
     }
 
-    /// Writes the summary and marks the segment SUMMARISED, if `claim` still
-    /// holds it. Returns false (and writes nothing) when the claim was lost.
+    /// Writes the summary and marks the node SUMMARISED, if `claim` still
+    /// holds it (else writes nothing), and in the same transaction creates
+    /// the roll-up of `fanout` nodes (0: none) that this one completes.
     pub(crate) async fn complete(
         &self,
         claim: &Claim,
         summary: Summary,
         attempts: u32,
-    ) -> Result<bool, StoreError> {
-        on_backend!(self, b => b.complete(claim, summary, attempts).await)
+        fanout: u32,
+    ) -> Result<Completed, StoreError> {
+        on_backend!(self, b => b.complete(claim, summary, attempts, fanout).await)
     }
 
     /// Records a pass that wrote no summary, as its disposition says, and

@@ -88,7 +88,9 @@ async fn claims_are_exclusive_and_fenced() {
             .await
             .expect("claim")
             .expect("free");
-        assert_eq!(input.entries.len(), 2);
+        assert!(
+            matches!(input.material, Material::Entries { ref entries, .. } if entries.len() == 2)
+        );
         assert!(
             store
                 .claim(id, "two", LEASE)
@@ -103,22 +105,25 @@ async fn claims_are_exclusive_and_fenced() {
         };
         assert!(
             !store
-                .complete(&stale, summary("r"), 1)
+                .complete(&stale, summary("r"), 1, 0)
                 .await
                 .expect("complete")
+                .held
         );
         assert!(
             store
-                .complete(&first, summary("r"), 2)
+                .complete(&first, summary("r"), 2, 0)
                 .await
                 .expect("complete")
+                .held
         );
         // Done once: the same claim cannot write twice.
         assert!(
             !store
-                .complete(&first, summary("r"), 1)
+                .complete(&first, summary("r"), 1, 0)
                 .await
                 .expect("complete")
+                .held
         );
         let seg = store.segment(&t, id).await.expect("segment");
         assert_eq!(seg.state, SegmentState::Summarised);
@@ -279,9 +284,10 @@ async fn backlog_counts_follow_every_state_change() {
             .expect("free");
         assert!(
             store
-                .complete(&first, summary("r"), 1)
+                .complete(&first, summary("r"), 1, 0)
                 .await
                 .expect("complete")
+                .held
         );
         let (second, _) = store
             .claim(due[1], "w", LEASE)
@@ -326,9 +332,10 @@ async fn context_keeps_the_newest_that_fits() {
             .expect("free");
         assert!(
             store
-                .complete(&claim, summary("recap"), 1)
+                .complete(&claim, summary("recap"), 1, 0)
                 .await
                 .expect("complete")
+                .held
         );
         store
             .append(&t, &s, entries(&["new one", "new two"]), POLICY, 0)

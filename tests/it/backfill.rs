@@ -23,7 +23,9 @@ async fn backfill(data_dir: &Path, base: &str, args: &[&str]) -> (i32, String) {
         .env("ARCHIVIST_PROVIDER_KIND", "openai")
         .env("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1"))
         .env("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms")
-        .env("ARCHIVIST_RETRY_MAX_BACKOFF", "40ms");
+        .env("ARCHIVIST_RETRY_MAX_BACKOFF", "40ms")
+        // These tests count level-1 sends and summaries: no roll-ups.
+        .env("ARCHIVIST_MEMORY_FANOUT", "0");
     // The fake provider answers on this runtime: wait for the child on a
     // blocking thread.
     let out = tokio::task::spawn_blocking(move || command.output().expect("run backfill"))
@@ -137,6 +139,8 @@ async fn beside_a_live_server_each_recap_is_sent_once() {
     config.segment.max_entries = 1;
     config.reconciler.interval = Duration::from_millis(100);
     config.reconciler.concurrency = 1;
+    // Roll-ups off: this test counts the sends of level-1 segments.
+    config.memory.fanout = 0;
     let server = TestServer::start_at(dir.path(), config, None).await;
     let segments = 60;
     crate::reconciler::closed_segments(&server, "s", segments).await;

@@ -222,6 +222,7 @@ async fn bad_listing_arguments_are_invalid() {
         states,
         page_size: 10,
         page_token: token.to_owned(),
+        levels: Vec::new(),
     };
     let status = client
         .list_segments(list("not-a-token", vec![], ""))

@@ -191,6 +191,7 @@ pub async fn list_segments(
                 states: Vec::new(),
                 page_size: 0,
                 page_token: token,
+                levels: Vec::new(),
             })
             .await
             .expect("list")

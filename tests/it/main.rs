@@ -13,4 +13,5 @@ mod reconciler;
 mod security;
 mod segments;
 mod tooling;
+mod tree;
 mod winddown;

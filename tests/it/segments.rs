@@ -237,6 +237,7 @@ async fn listing_is_paginated_in_ordinal_order_and_filters_by_state() {
                 states: Vec::new(),
                 page_size: 3,
                 page_token: token,
+                levels: Vec::new(),
             })
             .await
             .expect("list")
@@ -264,6 +265,7 @@ async fn listing_is_paginated_in_ordinal_order_and_filters_by_state() {
             states: vec![pb::SegmentState::Open.into()],
             page_size: 0,
             page_token: String::new(),
+            levels: Vec::new(),
         })
         .await
         .expect("list")
@@ -275,6 +277,7 @@ async fn listing_is_paginated_in_ordinal_order_and_filters_by_state() {
             states: Vec::new(),
             page_size: 0,
             page_token: String::new(),
+            levels: Vec::new(),
         })
         .await
         .expect("list")

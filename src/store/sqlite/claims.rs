@@ -12,7 +12,7 @@ use super::Sqlite;
 use super::rows::{self, SEGMENT_COLUMNS, SEGMENT_FROM, after_segment};
 use super::segments::{Order, entries_between};
 use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary};
-use crate::store::{Claim, EndedPass, PassInput, StoreError};
+use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
 /// The claim still holds the segment: same owner, same fencing token, and
 /// the segment still PENDING. Its values are named `:id`, `:owner`,
@@ -90,7 +90,8 @@ impl Sqlite {
         claim: &Claim,
         summary: Summary,
         attempts: u32,
-    ) -> Result<bool, StoreError> {
+        fanout: u32,
+    ) -> Result<Completed, StoreError> {
         let claim = claim.clone();
         self.write(move |conn| {
             let summarised = SegmentState::Summarised.code();
@@ -104,7 +105,10 @@ impl Sqlite {
                 &[(":state", &summarised), (":attempts", &attempts)],
             )?;
             if !held {
-                return Ok(false);
+                return Ok(Completed {
+                    held: false,
+                    rollup: None,
+                });
             }
             conn.prepare_cached(
                 "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
@@ -120,7 +124,10 @@ impl Sqlite {
                 summary.output_tokens,
                 summary.created_at.0
             ])?;
-            Ok(true)
+            Ok(Completed {
+                held: true,
+                rollup: roll_up(conn, claim.segment_id, fanout)?,
+            })
         })
         .await
     }
@@ -237,7 +244,8 @@ impl Sqlite {
     }
 }
 
-/// The segment and its entries, for a pass.
+/// What a pass over the node `id` reads: a level-1 segment's entries and
+/// the summary carried into its recap, or a roll-up's children's summaries.
 fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError> {
     let sql = format!("SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1");
     let (segment, session_id) = conn
@@ -246,6 +254,20 @@ fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError>
         .optional()?
         .ok_or(StoreError::SegmentNotFound(id))?;
     let segment = segment?;
+    if segment.level > 1 {
+        let mut summaries = Vec::with_capacity(segment.child_ids.len());
+        let mut stmt = conn.prepare_cached(
+            "SELECT m.text FROM segments c JOIN summaries m ON m.segment_id = c.id \
+             WHERE c.parent_id = ?1 ORDER BY c.ordinal",
+        )?;
+        for text in stmt.query_map([id], |r| r.get::<_, String>(0))? {
+            summaries.push(text?);
+        }
+        return Ok(PassInput {
+            segment,
+            material: Material::Summaries(summaries),
+        });
+    }
     let mut entries = Vec::with_capacity(segment.entry_count as usize);
     entries_between(
         conn,
@@ -253,10 +275,140 @@ fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError>
         segment.first_seq,
         segment.last_seq,
         Order::Asc,
-        |e| {
+        &mut |e| {
             entries.push(e);
             true
         },
     )?;
-    Ok(PassInput { segment, entries })
+    let carry = carried(conn, session_id, segment.ordinal)?;
+    Ok(PassInput {
+        segment,
+        material: Material::Entries { entries, carry },
+    })
+}
+
+/// The newest summary of a node that ends just before the level-1 segment
+/// of `ordinal`: the previous segment's, or a roll-up's that it ends. Read
+/// by primary key up the previous segment's ancestors, so its cost does not
+/// grow with the session.
+fn carried(conn: &Connection, session_id: i64, ordinal: u32) -> Result<Option<String>, StoreError> {
+    if ordinal <= 1 {
+        return Ok(None);
+    }
+    let mut node = conn
+        .prepare_cached(
+            "SELECT id, last_seq, parent_id FROM segments \
+             WHERE session_id = ?1 AND level = 1 AND ordinal = ?2",
+        )?
+        .query_row(params![session_id, ordinal - 1], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, u64>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+            ))
+        })
+        .optional()?;
+    let Some((_, end, _)) = node else {
+        return Ok(None);
+    };
+    let mut newest: Option<(i64, String)> = None;
+    let mut summary = conn
+        .prepare_cached("SELECT m.created_at, m.text FROM summaries m WHERE m.segment_id = ?1")?;
+    let mut parent =
+        conn.prepare_cached("SELECT id, last_seq, parent_id FROM segments WHERE id = ?1")?;
+    while let Some((id, last_seq, parent_id)) = node {
+        if last_seq != end {
+            break;
+        }
+        if let Some((at, text)) = summary
+            .query_row([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .optional()?
+            && newest
+                .as_ref()
+                .is_none_or(|(newest_at, _)| at >= *newest_at)
+        {
+            newest = Some((at, text));
+        }
+        node = match parent_id {
+            Some(p) => parent
+                .query_row([p], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, u64>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                    ))
+                })
+                .optional()?,
+            None => None,
+        };
+    }
+    Ok(newest.map(|(_, text)| text))
+}
+
+/// Creates the roll-up that `node` (just SUMMARISED) completes, if it does:
+/// its group is the `fanout` consecutive nodes of its level and session
+/// (ordinals 1..=fanout form roll-up 1, and so on), all SUMMARISED and none
+/// yet in a roll-up. Runs in the transaction that completed `node`, so a
+/// crash never loses a roll-up. Returns the roll-up's id.
+fn roll_up(
+    conn: &Connection,
+    node: SegmentId,
+    fanout: u32,
+) -> Result<Option<SegmentId>, StoreError> {
+    if fanout < 2 {
+        return Ok(None);
+    }
+    let (session_id, level, ordinal): (i64, u32, u32) = conn
+        .prepare_cached("SELECT session_id, level, ordinal FROM segments WHERE id = ?1")?
+        .query_row([node], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let group = (ordinal - 1) / fanout;
+    let (first, last) = (group * fanout + 1, group * fanout + fanout);
+    let (count, summarised, parented, first_seq, last_seq, entries): (u32, u32, u32, u64, u64, u64) =
+        conn.prepare_cached(
+            "SELECT count(*), coalesce(sum(state = ?5), 0), coalesce(sum(parent_id IS NOT NULL), 0), \
+             coalesce(min(first_seq), 0), coalesce(max(last_seq), 0), coalesce(sum(entry_count), 0) \
+             FROM segments WHERE session_id = ?1 AND level = ?2 AND ordinal BETWEEN ?3 AND ?4",
+        )?
+        .query_row(
+            params![session_id, level, first, last, SegmentState::Summarised.code()],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+        )?;
+    if count != fanout || summarised != fanout || parented != 0 {
+        return Ok(None);
+    }
+    // What the roll-up's pass reads: its children's summaries.
+    let tokens: u32 = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(length(CAST(m.text AS BLOB)) / 4 + 5), 0) FROM segments c \
+             JOIN summaries m ON m.segment_id = c.id \
+             WHERE c.session_id = ?1 AND c.level = ?2 AND c.ordinal BETWEEN ?3 AND ?4",
+        )?
+        .query_row(params![session_id, level, first, last], |r| r.get(0))?;
+    let now = Millis::now().0;
+    let id: SegmentId = conn
+        .prepare_cached(
+            "INSERT INTO segments (session_id, level, ordinal, state, first_seq, last_seq, \
+             entry_count, token_estimate, next_attempt_at, closed_at, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9) RETURNING id",
+        )?
+        .query_row(
+            params![
+                session_id,
+                level + 1,
+                group + 1,
+                SegmentState::Pending.code(),
+                first_seq,
+                last_seq,
+                u32::try_from(entries).unwrap_or(u32::MAX),
+                tokens,
+                now
+            ],
+            |r| r.get(0),
+        )?;
+    conn.prepare_cached(
+        "UPDATE segments SET parent_id = ?1 \
+         WHERE session_id = ?2 AND level = ?3 AND ordinal BETWEEN ?4 AND ?5",
+    )?
+    .execute(params![id, session_id, level, first, last])?;
+    Ok(Some(id))
 }

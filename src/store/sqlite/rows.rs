@@ -14,9 +14,10 @@ use crate::store::StoreError;
 pub(super) const SEGMENT_COLUMNS: &str = "s.id, x.name, s.ordinal, s.state, s.first_seq, \
      s.last_seq, s.entry_count, s.token_estimate, s.attempts, s.passes, s.next_attempt_at, \
      s.closed_at, s.last_failure, m.text, m.provider, m.model, m.prompt_version, \
-     m.input_tokens, m.output_tokens, m.created_at";
+     m.input_tokens, m.output_tokens, m.created_at, s.level, \
+     (SELECT group_concat(c.id, ',' ORDER BY c.ordinal) FROM segments c WHERE c.parent_id = s.id)";
 /// How many columns `SEGMENT_COLUMNS` names.
-const SEGMENT_COLUMN_COUNT: usize = 20;
+const SEGMENT_COLUMN_COUNT: usize = 22;
 pub(super) const SEGMENT_FROM: &str = "segments s JOIN sessions x ON x.id = s.session_id \
      LEFT JOIN summaries m ON m.segment_id = s.id";
 
@@ -58,6 +59,15 @@ pub(super) fn segment(r: &Row<'_>) -> Decoded<Segment> {
         }),
         None => None,
     };
+    let mut child_ids = Vec::new();
+    if let Some(list) = r.get::<_, Option<String>>(21)? {
+        for id in list.split(',') {
+            match id.parse() {
+                Ok(id) => child_ids.push(id),
+                Err(_) => return Ok(Err(StoreError::Corrupt(format!("child id {id:?}")))),
+            }
+        }
+    }
     Ok(Ok(Segment {
         id: r.get(0)?,
         session: r.get(1)?,
@@ -73,6 +83,8 @@ pub(super) fn segment(r: &Row<'_>) -> Decoded<Segment> {
         last_failure,
         next_attempt_at: r.get::<_, Option<i64>>(10)?.map(Millis),
         closed_at: r.get::<_, Option<i64>>(11)?.map(Millis),
+        level: r.get(20)?,
+        child_ids,
     }))
 }
 

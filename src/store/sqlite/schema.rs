@@ -4,7 +4,7 @@ use rusqlite::Connection;
 
 use crate::store::StoreError;
 
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE sessions (
     id              INTEGER PRIMARY KEY,
@@ -97,6 +97,95 @@ INSERT INTO segment_counts (tenant, state, n)
     SELECT x.tenant, s.state, count(*)
     FROM segments s JOIN sessions x ON x.id = s.session_id
     GROUP BY x.tenant, s.state;
+
+CREATE TRIGGER segments_counted_on_insert AFTER INSERT ON segments
+BEGIN
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+
+CREATE TRIGGER segments_counted_on_state AFTER UPDATE OF state ON segments
+WHEN OLD.state != NEW.state
+BEGIN
+    UPDATE segment_counts SET n = n - 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = OLD.session_id)
+          AND state = OLD.state;
+    INSERT OR IGNORE INTO segment_counts (tenant, state, n)
+        VALUES ((SELECT tenant FROM sessions WHERE id = NEW.session_id), NEW.state, 0);
+    UPDATE segment_counts SET n = n + 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
+          AND state = NEW.state;
+END;
+"#,
+    r#"
+-- The memory tree: every node (a segment of entries at level 1, a roll-up
+-- of level-L nodes at level L + 1) is a row of segments, with its level and
+-- the roll-up it belongs to. Ordinals count nodes of one level, so the
+-- table is rebuilt with a UNIQUE (session_id, level, ordinal). Foreign keys
+-- stay on (they cannot change inside the migration's transaction), and a
+-- rename rewrites the references to the renamed table, so summaries is
+-- rebuilt too, to refer to the new segments; ids are kept throughout.
+DROP INDEX segments_by_state_due;
+DROP TRIGGER segments_counted_on_insert;
+DROP TRIGGER segments_counted_on_state;
+ALTER TABLE segments RENAME TO segments_v3;
+
+CREATE TABLE segments (
+    id                   INTEGER PRIMARY KEY,
+    session_id           INTEGER NOT NULL REFERENCES sessions (id),
+    level                INTEGER NOT NULL DEFAULT 1,
+    ordinal              INTEGER NOT NULL,
+    parent_id            INTEGER,
+    state                INTEGER NOT NULL,
+    first_seq            INTEGER NOT NULL,
+    last_seq             INTEGER NOT NULL,
+    entry_count          INTEGER NOT NULL,
+    token_estimate       INTEGER NOT NULL,
+    attempts             INTEGER NOT NULL DEFAULT 0,
+    passes               INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at      INTEGER,
+    closed_at            INTEGER,
+    last_failure         TEXT,
+    failure_class        TEXT,
+    provider_fingerprint TEXT,
+    claim_owner          TEXT,
+    claim_token          INTEGER NOT NULL DEFAULT 0,
+    claim_expires_at     INTEGER,
+    created_at           INTEGER NOT NULL,
+    UNIQUE (session_id, level, ordinal)
+);
+
+INSERT INTO segments (id, session_id, level, ordinal, parent_id, state, first_seq, last_seq,
+    entry_count, token_estimate, attempts, passes, next_attempt_at, closed_at, last_failure,
+    failure_class, provider_fingerprint, claim_owner, claim_token, claim_expires_at, created_at)
+SELECT id, session_id, 1, ordinal, NULL, state, first_seq, last_seq,
+    entry_count, token_estimate, attempts, passes, next_attempt_at, closed_at, last_failure,
+    failure_class, provider_fingerprint, claim_owner, claim_token, claim_expires_at, created_at
+FROM segments_v3;
+
+CREATE TABLE summaries_v4 (
+    segment_id     INTEGER PRIMARY KEY REFERENCES segments (id),
+    text           TEXT    NOT NULL,
+    provider       TEXT    NOT NULL,
+    model          TEXT    NOT NULL,
+    prompt_version TEXT    NOT NULL,
+    input_tokens   INTEGER NOT NULL,
+    output_tokens  INTEGER NOT NULL,
+    created_at     INTEGER NOT NULL
+);
+INSERT INTO summaries_v4 SELECT * FROM summaries;
+DROP TABLE summaries;
+DROP TABLE segments_v3;
+ALTER TABLE summaries_v4 RENAME TO summaries;
+
+CREATE INDEX segments_by_state_due ON segments (state, next_attempt_at);
+-- A roll-up's children, and a session's roots (the nodes no roll-up
+-- covers yet), which is where GetContext starts.
+CREATE INDEX segments_by_parent ON segments (parent_id) WHERE parent_id IS NOT NULL;
+CREATE INDEX segments_roots ON segments (session_id, first_seq) WHERE parent_id IS NULL;
 
 CREATE TRIGGER segments_counted_on_insert AFTER INSERT ON segments
 BEGIN

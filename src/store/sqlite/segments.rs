@@ -11,7 +11,7 @@ use super::sessions::session_row;
 use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
-use crate::store::context::{Budget, Contribution, contribution};
+use crate::store::context::{Tree, cover};
 use crate::store::{BackfillFilter, SegmentFilter, StoreError};
 
 /// Oldest first or newest first.
@@ -29,7 +29,7 @@ pub(super) fn entries_between(
     first: u64,
     last: u64,
     order: Order,
-    mut visit: impl FnMut(Entry) -> bool,
+    visit: &mut dyn FnMut(Entry) -> bool,
 ) -> Result<(), StoreError> {
     let sql = format!(
         "SELECT {ENTRY_COLUMNS} FROM entries WHERE session_id = ?1 AND seq BETWEEN ?2 AND ?3 \
@@ -46,6 +46,44 @@ pub(super) fn entries_between(
         }
     }
     Ok(())
+}
+
+/// A session's memory tree as the cover reads it.
+struct SqliteTree<'c> {
+    conn: &'c Connection,
+    session_id: i64,
+}
+
+impl Tree for SqliteTree<'_> {
+    fn roots(&mut self) -> Result<Vec<Segment>, StoreError> {
+        let sql = format!(
+            "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
+             WHERE s.session_id = ?1 AND s.parent_id IS NULL ORDER BY s.first_seq"
+        );
+        collect_segments(self.conn, &sql, [self.session_id])
+    }
+
+    fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError> {
+        let sql = format!(
+            "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} WHERE s.parent_id = ?1 ORDER BY s.ordinal"
+        );
+        collect_segments(self.conn, &sql, [node.id])
+    }
+
+    fn entries(
+        &mut self,
+        segment: &Segment,
+        visit: &mut dyn FnMut(Entry) -> bool,
+    ) -> Result<(), StoreError> {
+        entries_between(
+            self.conn,
+            self.session_id,
+            segment.first_seq,
+            segment.last_seq,
+            Order::Desc,
+            visit,
+        )
+    }
 }
 
 /// Every segment a query over `SEGMENT_FROM` returns.
@@ -138,7 +176,7 @@ impl Sqlite {
         self.read(move |conn| {
             let sql = format!(
                 "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
-                 WHERE x.tenant = ?1 AND x.name = ?2 ORDER BY s.ordinal"
+                 WHERE x.tenant = ?1 AND x.name = ?2 AND s.level = 1 ORDER BY s.ordinal"
             );
             let out = collect_segments(conn, &sql, params![tenant, session])?;
             if out.is_empty() && session_row(conn, &tenant, &session)?.is_none() {
@@ -161,37 +199,13 @@ impl Sqlite {
             let Some(row) = session_row(conn, &tenant, &session)? else {
                 return Err(StoreError::SessionNotFound(session));
             };
-            let sql = format!(
-                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} WHERE s.session_id = ?1 \
-                 ORDER BY s.ordinal DESC"
-            );
-            let mut segments = conn.prepare_cached(&sql)?;
-            let mut budget = Budget::new(max_tokens);
-            for segment in segments.query_map([row.id], rows::segment)? {
-                let mut segment = segment??;
-                let more = match contribution(&mut segment) {
-                    Contribution::Summary(summary) => budget.take_summary(&segment, summary),
-                    Contribution::Entries => {
-                        let mut more = true;
-                        entries_between(
-                            conn,
-                            row.id,
-                            segment.first_seq,
-                            segment.last_seq,
-                            Order::Desc,
-                            |entry| {
-                                more = budget.take_entry(entry);
-                                more
-                            },
-                        )?;
-                        more
-                    }
-                };
-                if !more {
-                    break;
-                }
-            }
-            Ok(budget.finish())
+            cover(
+                &mut SqliteTree {
+                    conn,
+                    session_id: row.id,
+                },
+                max_tokens,
+            )
         })
         .await
     }
@@ -364,6 +378,11 @@ fn filter_clause(tenant: &str, filter: &SegmentFilter) -> (String, Vec<Value>) {
             " AND s.state IN ({})",
             state_codes(&filter.states)
         ));
+    }
+    if !filter.levels.is_empty() {
+        // Levels are integers checked at the edge, never caller text.
+        let levels: Vec<String> = filter.levels.iter().map(u32::to_string).collect();
+        clause.push_str(&format!(" AND s.level IN ({})", levels.join(",")));
     }
     if !filter.ids.is_empty() {
         let mut marks = Vec::with_capacity(filter.ids.len());

@@ -171,3 +171,61 @@ async fn kept_counts_equal_a_recount() {
     assert_eq!(kept, recount);
     assert!(!recount.is_empty());
 }
+
+#[tokio::test]
+async fn a_database_from_before_the_tree_keeps_its_data() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+        for sql in &schema::MIGRATIONS[..3] {
+            conn.execute_batch(sql).expect("old schema");
+        }
+        conn.pragma_update(None, "user_version", 3)
+            .expect("version");
+        conn.execute_batch(
+            "INSERT INTO sessions (id, tenant, name, next_seq, next_ordinal, created_at) \
+                 VALUES (1, '', 'old', 3, 2, 0);
+             INSERT INTO entries VALUES (1, 1, NULL, 1, 'first', 5, 0), (1, 2, NULL, 1, 'second', 5, 0);
+             INSERT INTO segments (id, session_id, ordinal, state, first_seq, last_seq, \
+                 entry_count, token_estimate, attempts, passes, created_at) \
+                 VALUES (7, 1, 1, 3, 1, 2, 2, 10, 1, 1, 0);
+             INSERT INTO summaries VALUES (7, 'old recap', 'p', 'm', 'v', 1, 1, 0);",
+        )
+        .expect("old rows");
+    }
+    let store = Sqlite::open(dir.path(), Durability::Process)
+        .await
+        .expect("migrated");
+    let seg = store.segment(&Tenant::default(), 7).await.expect("segment");
+    assert_eq!((seg.level, seg.ordinal), (1, 1));
+    assert!(seg.child_ids.is_empty());
+    assert_eq!(seg.summary.expect("summary").text, "old recap");
+    let backlog = store.backlog(None).await.expect("backlog");
+    assert_eq!(backlog.summarised, 1);
+    // Appends go on after it, at the next ordinal.
+    assert!(append(&store, "old", &["third"]).await);
+    let ctx = store
+        .context(&Tenant::default(), &session("old"), 0)
+        .await
+        .expect("context");
+    assert_eq!(ctx.items.len(), 2);
+    // Every reference still points at the live tables.
+    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let dangling: i64 = conn
+        .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })
+        .expect("check");
+    assert_eq!(dangling, 0);
+    let schema: String = conn
+        .query_row(
+            "SELECT group_concat(sql, ' ') FROM sqlite_master WHERE sql IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .expect("schema");
+    assert!(
+        !schema.contains("_v3") && !schema.contains("_v4"),
+        "{schema}"
+    );
+}

@@ -1,0 +1,101 @@
+//! Every prompt archivist sends, in one place, each with the version that
+//! every summary written from it records (`prompt_version`). Change a text,
+//! bump its version.
+
+use super::RecapInput;
+use crate::model::Entry;
+
+/// A system prompt and its version.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Prompt {
+    pub(crate) version: &'static str,
+    pub(crate) system: &'static str,
+}
+
+/// A level-1 recap: a segment of entries, with the summary of what came
+/// before it as context.
+pub(crate) const RECAP: Prompt = Prompt {
+    version: "recap-v2",
+    system: "You write recaps of conversation segments for an AI agent's long-term memory. \
+Keep every fact, decision, open question, name, number and commitment the agent may need later; \
+drop greetings and filler. Write plain sentences in the past tense, in the language of the \
+conversation, with no preamble. When the message gives earlier context, use it only to keep \
+names and threads straight: do not retell it.",
+};
+
+/// Folding the recaps of consecutive parts of one oversized segment.
+pub(crate) const FOLD: Prompt = Prompt {
+    version: "fold-v1",
+    system: "You merge recaps of consecutive parts of one conversation into a single recap for \
+an AI agent's long-term memory. Keep every fact, decision, open question, name, number and \
+commitment; remove repetition. Write plain sentences in the past tense, with no preamble.",
+};
+
+/// A roll-up: one recap of consecutive recaps of a conversation, for the
+/// level above them in the memory tree.
+pub(crate) const ROLLUP: Prompt = Prompt {
+    version: "rollup-v1",
+    system: "You condense consecutive recaps of one long conversation into one shorter recap for \
+an AI agent's long-term memory, which will stand in for all of them. Keep the decisions, open \
+questions, names, numbers and commitments that still matter; drop detail that a later recap \
+supersedes. Write plain sentences in the past tense, with no preamble.",
+};
+
+/// What introduces carried context in a recap request.
+const CARRY_HEADER: &str = "Earlier in this conversation (context only; do not retell it):";
+/// What introduces the segment after carried context.
+const SEGMENT_HEADER: &str = "The conversation segment to recap:";
+
+/// The prompt and the user message of one request.
+pub(crate) fn request(input: &RecapInput<'_>) -> (Prompt, String) {
+    match input {
+        RecapInput::Entries { entries, carry } => {
+            let transcript = render_entries(entries);
+            let user = match carry {
+                Some(carry) => format!("{CARRY_HEADER}\n{carry}\n\n{SEGMENT_HEADER}\n{transcript}"),
+                None => transcript,
+            };
+            (RECAP, user)
+        }
+        RecapInput::Parts(parts) => (FOLD, render_numbered("Part", parts)),
+        RecapInput::Children(children) => (ROLLUP, render_numbered("Recap", children)),
+    }
+}
+
+/// The longest system prompt and framing, in estimated tokens: what every
+/// request spends before its content.
+pub(crate) fn overhead_tokens() -> u32 {
+    let longest = [RECAP.system, FOLD.system, ROLLUP.system]
+        .into_iter()
+        .map(crate::model::estimate_tokens)
+        .max()
+        .unwrap_or(0);
+    longest
+        + crate::model::estimate_tokens(CARRY_HEADER)
+        + crate::model::estimate_tokens(SEGMENT_HEADER)
+}
+
+/// A transcript as a provider reads it: one `role: content` line an entry.
+pub(crate) fn render_entries(entries: &[Entry]) -> String {
+    let mut out = String::new();
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(e.role.as_str());
+        out.push_str(": ");
+        out.push_str(&e.content);
+    }
+    out
+}
+
+fn render_numbered(label: &str, texts: &[String]) -> String {
+    let mut out = String::new();
+    for (i, text) in texts.iter().enumerate() {
+        if i > 0 {
+            out.push_str("\n\n");
+        }
+        out.push_str(&format!("{label} {}:\n{text}", i + 1));
+    }
+    out
+}

@@ -1,0 +1,428 @@
+//! The memory tree through the real server: roll-ups of recaps, the
+//! context carried into a recap, and a GetContext cover that zooms out
+//! instead of forgetting.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use archivist::pb;
+use wiremock::{Request, Respond, ResponseTemplate};
+
+use crate::harness::{TestServer, eventually, state};
+use crate::provider::{completion, error_json, fast, provider};
+
+/// A provider that answers level-1 recaps with a long text naming the
+/// entries they saw, and roll-ups with a short one naming the recaps; it
+/// keeps every request's user message, and fails roll-ups while told to.
+#[derive(Clone, Default)]
+struct TreeProvider {
+    recaps: Arc<Mutex<Vec<String>>>,
+    rollups: Arc<Mutex<Vec<String>>>,
+    fail_rollups: Arc<AtomicBool>,
+}
+
+/// The numbers of the "entry-N" markers in `text`.
+fn markers(text: &str, prefix: &str) -> Vec<u32> {
+    text.split(prefix)
+        .skip(1)
+        .filter_map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+impl Respond for TreeProvider {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body: serde_json::Value = serde_json::from_slice(&request.body).expect("JSON body");
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        let user = body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if system.contains("condense consecutive recaps") {
+            self.rollups.lock().expect("lock").push(user.clone());
+            if self.fail_rollups.load(Ordering::SeqCst) {
+                return error_json(503, "overloaded", "try later");
+            }
+            let n = markers(&user, "covers-").len();
+            return completion(&format!("Roll-up of {n} recaps."));
+        }
+        // What the segment itself holds, after any carried context.
+        let segment = user
+            .rsplit("The conversation segment to recap:")
+            .next()
+            .unwrap_or_default();
+        let seen = markers(segment, "entry-");
+        self.recaps.lock().expect("lock").push(user.clone());
+        let first = seen.first().copied().unwrap_or(0);
+        let last = seen.last().copied().unwrap_or(0);
+        // Long on purpose: sixteen of these do not fit a small budget.
+        completion(&format!(
+            "Recap covers-{first} to {last}: the team discussed the billing migration, its \
+             timeout, the rerun plan and who owns the follow-up in some detail."
+        ))
+    }
+}
+
+async fn tree_server(responder: TreeProvider) -> (wiremock::MockServer, TestServer) {
+    let mock = provider(responder).await;
+    let server = TestServer::start_with(|c| {
+        fast(c, &mock.uri());
+        c.segment.max_entries = 4;
+        c.memory.fanout = 4;
+        c.reconciler.interval = Duration::from_millis(100);
+        c.reconciler.max_spacing = Duration::from_millis(400);
+        c.retry.max_attempts = 1;
+        // One pass at a time, so that each recap finds the one before it
+        // written (a recap never waits for its predecessor).
+        c.reconciler.concurrency = 1;
+    })
+    .await;
+    (mock, server)
+}
+
+async fn append_entries(server: &TestServer, session: &str, n: u32) {
+    for i in 1..=n {
+        server
+            .append(
+                session,
+                &[&format!("Message entry-{i} of the conversation.")],
+            )
+            .await;
+    }
+}
+
+async fn levels(server: &TestServer, session: &str, levels: Vec<u32>) -> Vec<pb::Segment> {
+    let mut client = server.client.clone();
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: session.to_owned(),
+                levels: levels.clone(),
+                page_size: 100,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        out.extend(page.segments);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// The seq ranges of a cover's items, oldest first.
+fn ranges(ctx: &pb::GetContextResponse) -> Vec<(u64, u64, u32)> {
+    ctx.items
+        .iter()
+        .map(|item| match item.item.as_ref().expect("item") {
+            pb::context_item::Item::Summary(s) => (s.first_seq, s.last_seq, s.level),
+            pb::context_item::Item::Entry(e) => (e.seq, e.seq, 0),
+        })
+        .collect()
+}
+
+/// Asserts the cover runs from seq 1 to `last` with no gap and no overlap.
+fn assert_full_cover(ctx: &pb::GetContextResponse, last: u64) {
+    let ranges = ranges(ctx);
+    assert!(!ctx.truncated, "{ranges:?}");
+    let mut next = 1;
+    for (first, end, _) in &ranges {
+        assert_eq!(*first, next, "gap or overlap in {ranges:?}");
+        next = end + 1;
+    }
+    assert_eq!(next, last + 1, "the cover ends at the last seq: {ranges:?}");
+}
+
+#[tokio::test]
+async fn sixty_four_entries_make_a_tree_and_each_node_is_summarised_once() {
+    let responder = TreeProvider::default();
+    let (_mock, server) = tree_server(responder.clone()).await;
+    append_entries(&server, "s", 64).await;
+    let done = eventually(Duration::from_secs(20), || async {
+        let b = server.backlog().await;
+        b.summarised == 21 && b.pending == 0
+    })
+    .await;
+    assert!(done, "{:?}", server.backlog().await);
+
+    let l1 = levels(&server, "s", vec![1]).await;
+    let l2 = levels(&server, "s", vec![2]).await;
+    let l3 = levels(&server, "s", vec![3]).await;
+    assert_eq!((l1.len(), l2.len(), l3.len()), (16, 4, 1));
+    // Level 1 is what a v1 client lists by default.
+    assert_eq!(levels(&server, "s", vec![]).await.len(), 16);
+    for node in l1.iter().chain(&l2).chain(&l3) {
+        assert_eq!(state(node), pb::SegmentState::Summarised);
+        assert_eq!((node.attempts, node.passes), (1, 1), "node {}", node.id);
+    }
+    for (i, node) in l2.iter().enumerate() {
+        assert_eq!(node.ordinal as usize, i + 1);
+        let children: Vec<u64> = l1[i * 4..i * 4 + 4].iter().map(|s| s.id).collect();
+        assert_eq!(node.child_ids, children);
+        assert_eq!(
+            (node.first_seq, node.last_seq),
+            (16 * i as u64 + 1, 16 * i as u64 + 16)
+        );
+        assert_eq!(node.entry_count, 16);
+    }
+    let top = &l3[0];
+    assert_eq!(top.child_ids, l2.iter().map(|s| s.id).collect::<Vec<_>>());
+    assert_eq!((top.first_seq, top.last_seq, top.entry_count), (1, 64, 64));
+    assert_eq!(top.level, 3);
+    let got = server.segment(top.id).await;
+    assert_eq!(got.summary.expect("summary").prompt_version, "rollup-v1");
+
+    // Sixteen recaps and five roll-ups, each sent once.
+    let recaps = responder.recaps.lock().expect("lock").clone();
+    let rollups = responder.rollups.lock().expect("lock").clone();
+    assert_eq!(recaps.len(), 16);
+    assert_eq!(rollups.len(), 5);
+    // A roll-up carries its children's summaries and no raw entry: four
+    // recaps of level 1 for each level-2 node, four roll-ups for the top.
+    let mut of_recaps = 0;
+    for request in &rollups {
+        let labelled = (1..=4)
+            .filter(|i| request.contains(&format!("Recap {i}:\n")))
+            .count();
+        assert_eq!(labelled, 4, "{request}");
+        assert!(!request.contains("entry-"), "{request}");
+        match markers(request, "covers-").len() {
+            4 => of_recaps += 1,
+            0 => assert_eq!(request.matches("Roll-up of 4 recaps.").count(), 4),
+            n => panic!("{n} recaps in {request}"),
+        }
+    }
+    assert_eq!(of_recaps, 4);
+    // Every level-1 recap after the first carries the previous summary as
+    // context not to be retold, and recaps only its own entries.
+    let mut carried = 0;
+    for request in &recaps {
+        let own = markers(
+            request
+                .rsplit("The conversation segment to recap:")
+                .next()
+                .unwrap_or_default(),
+            "entry-",
+        );
+        assert_eq!(own.len(), 4, "{request}");
+        if own[0] > 1 {
+            assert!(
+                request.contains("Earlier in this conversation (context only; do not retell it):"),
+                "{request}"
+            );
+            // The newest summary ending just before: the previous recap, or
+            // a roll-up it completed.
+            match markers(request, "covers-").first() {
+                Some(first) => assert_eq!(*first, own[0] - 4, "{request}"),
+                None => assert!(request.contains("Roll-up of 4 recaps."), "{request}"),
+            }
+            carried += 1;
+        } else {
+            assert!(
+                !request.contains("Earlier in this conversation"),
+                "{request}"
+            );
+        }
+    }
+    assert_eq!(carried, 15);
+}
+
+#[tokio::test]
+async fn a_tight_budget_zooms_out_instead_of_forgetting() {
+    let responder = TreeProvider::default();
+    let (_mock, server) = tree_server(responder.clone()).await;
+    append_entries(&server, "s", 64).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            server.backlog().await.summarised == 21
+        })
+        .await
+    );
+    // Level-1 recaps alone do not fit.
+    let everything = server.context("s", 0).await;
+    let level_one: u32 = everything.estimated_tokens;
+    assert_eq!(everything.items.len(), 16);
+    assert_full_cover(&everything, 64);
+    let budget = level_one / 3;
+    let ctx = server.context("s", budget).await;
+    assert_full_cover(&ctx, 64);
+    assert!(ctx.estimated_tokens <= budget);
+    let ranges = ranges(&ctx);
+    assert!(
+        ranges.iter().any(|(_, _, level)| *level >= 2),
+        "zoomed out: {ranges:?}"
+    );
+    // The newest history is the finest.
+    assert_eq!(ranges.last().map(|r| r.2), Some(1), "{ranges:?}");
+    // The coarsest cover is one summary: anything smaller is truncated.
+    let one = server.context("s", 5).await;
+    assert!(one.truncated);
+
+    // Raw entries of the open segment come after the tree, newest kept.
+    append_entries_from(&server, "s", 65, 2).await;
+    let ctx = server.context("s", budget + 40).await;
+    assert_full_cover(&ctx, 66);
+    assert_eq!(ranges_of_entries(&ctx), vec![65, 66]);
+}
+
+async fn append_entries_from(server: &TestServer, session: &str, from: u32, n: u32) {
+    for i in from..from + n {
+        server
+            .append(
+                session,
+                &[&format!("Message entry-{i} of the conversation.")],
+            )
+            .await;
+    }
+}
+
+fn ranges_of_entries(ctx: &pb::GetContextResponse) -> Vec<u64> {
+    ctx.items
+        .iter()
+        .filter_map(|item| match item.item.as_ref() {
+            Some(pb::context_item::Item::Entry(e)) => Some(e.seq),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn failed_roll_ups_leave_no_hole_and_are_completed_later() {
+    let responder = TreeProvider::default();
+    responder.fail_rollups.store(true, Ordering::SeqCst);
+    let (_mock, server) = tree_server(responder.clone()).await;
+    append_entries(&server, "s", 64).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            levels(&server, "s", vec![1])
+                .await
+                .iter()
+                .filter(|s| state(s) == pb::SegmentState::Summarised)
+                .count()
+                == 16
+        })
+        .await
+    );
+    // Roll-ups exist and failed as segments do: PENDING with their Failure.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            levels(&server, "s", vec![2])
+                .await
+                .iter()
+                .any(|s| s.last_failure.is_some())
+        })
+        .await
+    );
+    let l2 = levels(&server, "s", vec![2]).await;
+    assert_eq!(l2.len(), 4);
+    for node in &l2 {
+        assert_eq!(state(node), pb::SegmentState::Pending, "{node:?}");
+    }
+    let failed = l2
+        .iter()
+        .find(|s| s.last_failure.is_some())
+        .expect("failed");
+    let failure = failed.last_failure.as_ref().expect("failure");
+    assert!(matches!(
+        failure.kind,
+        Some(pb::failure::Kind::Unavailable(_))
+    ));
+    // The cover falls back to level-1 recaps: complete, no hole.
+    let ctx = server.context("s", 0).await;
+    assert_full_cover(&ctx, 64);
+    assert!(ranges(&ctx).iter().all(|(_, _, level)| *level == 1));
+
+    // Once the provider recovers, the reconciler completes the tree.
+    responder.fail_rollups.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let b = server.backlog().await;
+            b.summarised == 21 && b.pending == 0
+        })
+        .await,
+        "{:?}",
+        server.backlog().await
+    );
+    let ctx = server.context("s", 60).await;
+    assert_full_cover(&ctx, 64);
+}
+
+#[tokio::test]
+async fn fanout_zero_makes_no_roll_ups() {
+    let mock = provider(TreeProvider::default()).await;
+    let server = TestServer::start_with(|c| {
+        fast(c, &mock.uri());
+        c.segment.max_entries = 4;
+        c.memory.fanout = 0;
+        c.memory.carry_tokens = 0;
+    })
+    .await;
+    append_entries(&server, "s", 32).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            server.backlog().await.summarised == 8
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.backlog().await.summarised, 8);
+    assert!(levels(&server, "s", vec![2, 3]).await.is_empty());
+}
+
+/// Runs `archivist session ARGS…` against `server`; returns its stdout.
+async fn session_cli(server: &TestServer, args: &[&str]) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
+    command
+        .arg("session")
+        .arg("--server")
+        .arg(format!("http://{}", server.addr))
+        .args(args);
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run the client"))
+        .await
+        .expect("joined");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_terminal_client_shows_the_tree_and_each_items_level() {
+    let responder = TreeProvider::default();
+    let (_mock, server) = tree_server(responder).await;
+    append_entries(&server, "s", 32).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            server.backlog().await.summarised == 10
+        })
+        .await
+    );
+    let tree = session_cli(&server, &["tree", "s"]).await;
+    let lines: Vec<&str> = tree.lines().collect();
+    assert_eq!(lines.len(), 10, "{tree}");
+    assert!(
+        lines[0].starts_with("L2 #1 ") && lines[0].contains("seq 1..16"),
+        "{tree}"
+    );
+    assert!(
+        lines[1].starts_with("  L1 #1 ") && lines[1].contains("seq 1..4"),
+        "{tree}"
+    );
+    assert!(lines[5].starts_with("L2 #2 "), "{tree}");
+    let context = session_cli(&server, &["context", "s"]).await;
+    assert!(
+        context.contains("[level 1 summary of seq 1..4"),
+        "{context}"
+    );
+    let zoomed = session_cli(&server, &["context", "s", "--max-tokens", "100"]).await;
+    assert!(zoomed.contains("[level 2 summary of seq 1..16"), "{zoomed}");
+}
