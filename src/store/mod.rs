@@ -266,7 +266,7 @@ impl Store {
 
     /// What an agent puts in its prompt: the session's cover within
     /// `max_tokens` (the rule is `context.rs`'s).
-    pub(crate) async fn context(
+    pub async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
