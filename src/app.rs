@@ -8,12 +8,14 @@ use tokio::sync::Notify;
 
 use crate::breaker::{Breaker, MAX_PROBE_SPACING};
 use crate::config::{Config, DurabilityConfig};
+use crate::events::Hub;
 use crate::metrics::Metrics;
 use crate::model::Millis;
 use crate::pass::schedule::lease;
-use crate::pass::{Summariser, SummariserConfig};
+use crate::pass::{Reports, Summariser, SummariserConfig};
 use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
+use crate::service::Service;
 use crate::store::{Durability, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,8 @@ pub struct App {
     /// Makes the reconciler scan sooner: closes, requeues and new roll-ups
     /// notify it.
     pub(crate) wake: Arc<Notify>,
+    /// Session events for watchers.
+    pub(crate) events: Arc<Hub>,
     /// Identifies the provider configuration (never the key itself).
     pub(crate) provider_fingerprint: String,
     pub(crate) config: Config,
@@ -62,12 +66,16 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
         let wake = Arc::new(Notify::new());
+        let events = Arc::new(Hub::default());
         let summariser = Summariser::new(
             store.clone(),
             provider,
-            breaker.clone(),
-            metrics.clone(),
-            wake.clone(),
+            Reports {
+                breaker: breaker.clone(),
+                metrics: metrics.clone(),
+                wake: wake.clone(),
+                events: events.clone(),
+            },
             SummariserConfig::from(config),
             owner,
         );
@@ -77,6 +85,7 @@ impl App {
             metrics,
             summariser,
             wake,
+            events,
             provider_fingerprint,
             config: config.clone(),
         })
@@ -93,6 +102,17 @@ impl App {
     /// What makes the reconciler scan sooner.
     pub fn wake(&self) -> Arc<Notify> {
         self.wake.clone()
+    }
+
+    /// The operations behind the RPCs, over this app's parts.
+    pub(crate) fn service(&self) -> Service {
+        Service::new(
+            self.store.clone(),
+            self.summariser.clone(),
+            self.wake.clone(),
+            self.events.clone(),
+            &self.config,
+        )
     }
 
     /// The background drain over this app's parts.

@@ -85,6 +85,7 @@ mod breaker;
 pub mod cli;
 pub mod client;
 pub mod config;
+mod events;
 pub mod failure;
 mod grpc;
 mod metrics;

@@ -22,7 +22,6 @@ use crate::config::{Config, ProviderKind};
 use crate::grpc::{GrpcService, NameOversize, RecordCalls, ShedLoad};
 use crate::metrics::Metrics;
 use crate::pb;
-use crate::service::Service;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -89,16 +88,7 @@ pub async fn run_with_key(
         );
     }
     let summariser = app.summariser.clone();
-    let wake = app.wake.clone();
-    let service = Arc::new(Service::new(
-        store.clone(),
-        summariser.clone(),
-        wake,
-        config.segment_policy(),
-        config.limits.max_tenant_bytes,
-        config.flush.ceiling,
-        config.reconciler.concurrency as usize,
-    ));
+    let service = Arc::new(app.service());
 
     let background = CancellationToken::new();
     let reconciler_task = tokio::spawn(app.reconciler().run(background.clone()));
@@ -114,7 +104,7 @@ pub async fn run_with_key(
             "bearer-token authentication is on"
         );
     }
-    let archivist = GrpcService::new(service, config.limits.clone())
+    let archivist = GrpcService::new(service.clone(), config.limits.clone())
         .into_server(auth, config.limits.max_message_bytes as usize);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -170,6 +160,8 @@ pub async fn run_with_key(
             info!(ceiling = ?config.shutdown.ceiling, "shutting down: no new calls; running calls and passes get until the ceiling");
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
+            // Watch streams would hold the graceful shutdown open forever.
+            service.stop_watchers();
             health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;
             // No new passes from here; running ones carry on.
             background.cancel();

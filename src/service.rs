@@ -5,17 +5,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
+use crate::events::{Event, EventKind, Hub};
 use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionName, Tenant,
 };
 use crate::pass::{PassOutcome, Summariser};
-use crate::store::{SegmentFilter, Store, StoreError};
+use crate::store::{Erased, SegmentFilter, Store, StoreError};
 
 /// How long before a flush answers the passes it started are cancelled, so
 /// their claims are released by the time it does.
@@ -41,12 +44,15 @@ pub(crate) enum ServiceError {
     Store(#[from] StoreError),
 }
 
-/// The service's state: the store, the summariser and the reconciler's
-/// wake-up.
+/// The service's state: the store, the summariser, the reconciler's
+/// wake-up and the watchers' hub.
 pub(crate) struct Service {
     store: Store,
     summariser: Arc<Summariser>,
     wake: Arc<Notify>,
+    events: Arc<Hub>,
+    /// Cancelled when the server stops: watch streams end with UNAVAILABLE.
+    stopping: CancellationToken,
     policy: SegmentPolicy,
     max_tenant_bytes: u64,
     flush_ceiling: Duration,
@@ -66,24 +72,87 @@ pub(crate) struct Flushed {
 }
 
 impl Service {
+    /// Built by the composition root (`App::service`).
     pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
         wake: Arc<Notify>,
-        policy: SegmentPolicy,
-        max_tenant_bytes: u64,
-        flush_ceiling: Duration,
-        flush_concurrency: usize,
+        events: Arc<Hub>,
+        config: &Config,
     ) -> Service {
         Service {
             store,
             summariser,
             wake,
-            policy,
-            max_tenant_bytes,
-            flush_ceiling,
-            flush_concurrency: flush_concurrency.max(1),
+            events,
+            stopping: CancellationToken::new(),
+            policy: config.segment_policy(),
+            max_tenant_bytes: config.limits.max_tenant_bytes,
+            flush_ceiling: config.flush.ceiling,
+            flush_concurrency: (config.reconciler.concurrency as usize).max(1),
         }
+    }
+
+    /// Ends every watch stream (with UNAVAILABLE): the server is stopping.
+    pub(crate) fn stop_watchers(&self) {
+        self.stopping.cancel();
+    }
+
+    /// Tells the session's watchers that the segments `ids` closed.
+    async fn closed(&self, tenant: &Tenant, session: &SessionName, ids: &[SegmentId]) {
+        if !self.events.is_watched(&tenant.0, session.as_str()) {
+            return;
+        }
+        for id in ids {
+            // The event carries the segment as it is now; one that cannot be
+            // read (erased meanwhile) has nothing to tell.
+            if let Ok(segment) = self.store.segment(tenant, *id).await {
+                self.events.publish(
+                    &tenant.0,
+                    session.as_str(),
+                    Event {
+                        kind: EventKind::Closed,
+                        segment: Some(segment),
+                        at: Millis::now(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Erases the session (see `Store::delete_session`) and tells its
+    /// watchers, whose streams then end.
+    pub(crate) async fn delete(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Erased, ServiceError> {
+        let erased = self.store.delete_session(tenant, session).await?;
+        self.events.publish(
+            &tenant.0,
+            session.as_str(),
+            Event {
+                kind: EventKind::Deleted,
+                segment: None,
+                at: Millis::now(),
+            },
+        );
+        Ok(erased)
+    }
+
+    /// A watcher of an existing session, and what ends its stream at
+    /// shutdown.
+    pub(crate) async fn watch(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<(broadcast::Receiver<Event>, CancellationToken), ServiceError> {
+        // Subscribed before the check, so nothing between them is missed.
+        let events = self.events.subscribe(tenant, session.as_str());
+        if !self.store.has_session(tenant, session).await? {
+            return Err(StoreError::SessionNotFound(session.as_str().to_owned()).into());
+        }
+        Ok((events, self.stopping.clone()))
     }
 
     pub(crate) async fn append(
@@ -99,6 +168,8 @@ impl Service {
         if !outcome.closed_segment_ids.is_empty() {
             // Recaps run in the background; the append never waits on them.
             self.wake.notify_one();
+            self.closed(tenant, session, &outcome.closed_segment_ids)
+                .await;
         }
         Ok(outcome)
     }
@@ -115,6 +186,7 @@ impl Service {
         let Some(id) = self.store.close_open_segment(tenant, session).await? else {
             return Ok(None);
         };
+        self.closed(tenant, session, &[id]).await;
         let Some(deadline) = wait_until else {
             self.wake.notify_one();
             return Ok(Some(self.store.segment(tenant, id).await?));
@@ -142,7 +214,9 @@ impl Service {
         // Passes this flush starts are cancelled a little before `until`, so
         // that their claims are let go by the time the answer is sent.
         let cancel_at = until.checked_sub(RELEASE_ALLOWANCE).unwrap_or(until);
-        self.store.close_open_segment(tenant, session).await?;
+        if let Some(id) = self.store.close_open_segment(tenant, session).await? {
+            self.closed(tenant, session, &[id]).await;
+        }
         let segments = self.store.session_segments(tenant, session).await?;
         // Only what is due (or already running, to join it): a segment
         // waiting out a Retry-After or its spacing is not sent sooner because

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use prost::Message;
 
+use crate::events::{Event, EventKind};
 use crate::failure::{Failure, FailureClass};
 use crate::model::{
     AppendOutcome, Backlog, Context, ContextItem, Entry, Millis, Role, Segment, SegmentState,
@@ -274,5 +275,31 @@ pub(crate) fn append_to_pb(outcome: AppendOutcome) -> pb::AppendEntriesResponse 
             .collect(),
         open_segment_id: outcome.open_segment_id,
         closed_segment_ids: outcome.closed_segment_ids,
+    }
+}
+
+pub(crate) fn event_to_pb(event: Event) -> pb::SessionEvent {
+    pb::SessionEvent {
+        kind: match event.kind {
+            EventKind::Closed => pb::SessionEventKind::Closed,
+            EventKind::Summarised => pb::SessionEventKind::Summarised,
+            EventKind::Failed => pb::SessionEventKind::Failed,
+            EventKind::Parked => pb::SessionEventKind::Parked,
+            EventKind::Deleted => pb::SessionEventKind::Deleted,
+        }
+        .into(),
+        segment: event.segment.map(segment_to_pb),
+        at: Some(timestamp(event.at)),
+        missed: 0,
+    }
+}
+
+/// The marker a watcher gets after losing `missed` events.
+pub(crate) fn gap_to_pb(missed: u64) -> pb::SessionEvent {
+    pb::SessionEvent {
+        kind: pb::SessionEventKind::Gap.into(),
+        segment: None,
+        at: Some(timestamp(Millis::now())),
+        missed,
     }
 }

@@ -55,6 +55,17 @@ pub enum SessionCommand {
     Flush { session: String },
     /// List the session's segments with their states and summaries.
     Show { session: String },
+    /// Erase the session: its entries, segments, roll-ups and summaries.
+    /// Asks first on a terminal.
+    Delete {
+        session: String,
+        /// Do not ask (for scripts; required when not on a terminal).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Print the session's events (closed, summarised, failed, parked,
+    /// deleted) as they happen, until it is erased or the server stops.
+    Watch { session: String },
     /// Show the session's memory tree: each roll-up above the nodes it
     /// covers, newest last.
     Tree { session: String },
@@ -170,6 +181,40 @@ pub async fn run(args: SessionArgs) -> Result<(), String> {
                     break;
                 }
                 token = resp.next_page_token;
+            }
+        }
+        SessionCommand::Delete { session, yes } => {
+            if !yes {
+                confirm(&format!(
+                    "Erase session {session:?} and everything archivist keeps of it? [y/N] "
+                ))?;
+            }
+            let resp = client
+                .delete_session(pb::DeleteSessionRequest {
+                    session_id: session.clone(),
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            println!(
+                "erased session {session}: {} entries, {} segments and roll-ups",
+                resp.entries_deleted, resp.segments_deleted
+            );
+        }
+        SessionCommand::Watch { session } => {
+            let mut stream = client
+                .watch_session(pb::WatchSessionRequest {
+                    session_id: session,
+                })
+                .await
+                .map_err(|s| describe(&s))?
+                .into_inner();
+            loop {
+                match stream.message().await {
+                    Ok(Some(event)) => print_event(&event),
+                    Ok(None) => break,
+                    Err(status) => return Err(describe(&status)),
+                }
             }
         }
         SessionCommand::Tree { session } => {
@@ -291,6 +336,73 @@ fn render_tree(nodes: &[pb::Segment]) -> String {
         }
     }
     out
+}
+
+/// Asks on the terminal; anything but yes is an error. Off a terminal there
+/// is nobody to ask, so `--yes` is required.
+fn confirm(question: &str) -> Result<(), String> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Err("not on a terminal, so nobody can confirm: pass --yes to erase".to_owned());
+    }
+    print!("{question}");
+    let _ = std::io::stdout().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| format!("cannot read the answer: {e}"))?;
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err("not erased".to_owned()),
+    }
+}
+
+fn print_event(event: &pb::SessionEvent) {
+    let at = event
+        .at
+        .and_then(|t| std::time::SystemTime::try_from(t).ok())
+        .map(|t| humantime::format_rfc3339_millis(t).to_string())
+        .unwrap_or_default();
+    let kind = match pb::SessionEventKind::try_from(event.kind) {
+        Ok(pb::SessionEventKind::Closed) => "CLOSED",
+        Ok(pb::SessionEventKind::Summarised) => "SUMMARISED",
+        Ok(pb::SessionEventKind::Failed) => "FAILED",
+        Ok(pb::SessionEventKind::Parked) => "PARKED",
+        Ok(pb::SessionEventKind::Deleted) => "DELETED",
+        Ok(pb::SessionEventKind::Gap) => {
+            println!(
+                "{at} GAP: {} events lost (this watcher fell behind)",
+                event.missed
+            );
+            return;
+        }
+        Ok(pb::SessionEventKind::Unspecified) | Err(_) => "?",
+    };
+    match &event.segment {
+        Some(seg) => {
+            let failure = seg
+                .last_failure
+                .as_ref()
+                .and_then(|f| f.causes.last())
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            println!(
+                "{at} {kind} level {} #{} (id {}) seq {}..{}{}",
+                seg.level,
+                seg.ordinal,
+                seg.id,
+                seg.first_seq,
+                seg.last_seq,
+                if kind == "FAILED" || kind == "PARKED" {
+                    failure
+                } else {
+                    String::new()
+                }
+            );
+        }
+        None => println!("{at} {kind}"),
+    }
 }
 
 fn print_segment(seg: &pb::Segment) {

@@ -9,10 +9,15 @@ mod status;
 mod validate;
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Code, Request, Response, Status};
@@ -20,10 +25,13 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::{Auth, AuthError};
 use crate::config::LimitsConfig;
+use crate::events::{Event, EventKind};
 use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
-use crate::wire::{append_to_pb, backlog_to_pb, context_to_pb, segment_to_pb};
+use crate::wire::{
+    append_to_pb, backlog_to_pb, context_to_pb, event_to_pb, gap_to_pb, segment_to_pb,
+};
 pub(crate) use gate::{NameOversize, RecordCalls, ShedLoad};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
@@ -227,5 +235,85 @@ impl pb::archivist_server::Archivist for GrpcService {
             .await
             .map_err(service_status)?;
         Ok(Response::new(backlog_to_pb(backlog)))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let req = request.into_inner();
+        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        let erased = self
+            .service
+            .delete(&tenant, &session)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::DeleteSessionResponse {
+            entries_deleted: erased.entries,
+            segments_deleted: erased.segments,
+        }))
+    }
+
+    type WatchSessionStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send + 'static>>;
+
+    async fn watch_session(
+        &self,
+        request: Request<pb::WatchSessionRequest>,
+    ) -> Result<Response<Self::WatchSessionStream>, Status> {
+        let tenant = tenant(&request)?;
+        let req = request.into_inner();
+        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        let (events, stopping) = self
+            .service
+            .watch(&tenant, &session)
+            .await
+            .map_err(service_status)?;
+        let (tx, rx) = mpsc::channel(WATCH_SEND_BUFFER);
+        tokio::spawn(forward_events(events, stopping, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Messages a watch stream holds for a client that reads slowly; past that
+/// the hub's own buffer fills and the watcher loses its oldest events.
+const WATCH_SEND_BUFFER: usize = 16;
+
+/// Feeds one watcher's stream until the session is erased (the stream ends
+/// after that event), the server stops (UNAVAILABLE), or the client goes.
+async fn forward_events(
+    mut events: broadcast::Receiver<Event>,
+    stopping: CancellationToken,
+    tx: mpsc::Sender<Result<pb::SessionEvent, Status>>,
+) {
+    loop {
+        let event = tokio::select! {
+            () = stopping.cancelled() => {
+                let mut details = ErrorDetails::new();
+                details.set_error_info("SHUTTING_DOWN", ERROR_DOMAIN, HashMap::new());
+                let _ = tx
+                    .send(Err(Status::with_error_details(
+                        Code::Unavailable,
+                        "the server is stopping; watch again once it is back",
+                        details,
+                    )))
+                    .await;
+                return;
+            }
+            () = tx.closed() => return,
+            event = events.recv() => event,
+        };
+        let (message, last) = match event {
+            Ok(event) => {
+                let last = event.kind == EventKind::Deleted;
+                (event_to_pb(event), last)
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => (gap_to_pb(missed), false),
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if tx.send(Ok(message)).await.is_err() || last {
+            return;
+        }
     }
 }

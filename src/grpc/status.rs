@@ -86,6 +86,7 @@ fn store_status(err: &StoreError) -> Status {
         ),
         StoreError::Shared(inner) => return store_status(inner),
         StoreError::Closed => (Code::Unavailable, "SHUTTING_DOWN", Vec::new()),
+        StoreError::CheckpointBusy => (Code::Unavailable, "ERASURE_PENDING", Vec::new()),
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,

@@ -25,6 +25,7 @@ use tracing::{Instrument, info_span};
 
 use crate::breaker::{Breaker, Signal};
 use crate::config::{Config, ReconcilerConfig, RetryConfig};
+use crate::events::Hub;
 use crate::failure::Failure;
 use crate::metrics::Metrics;
 use crate::model::SegmentId;
@@ -89,6 +90,15 @@ impl From<&Config> for SummariserConfig {
     }
 }
 
+/// Whom a summariser tells how its passes went.
+pub(crate) struct Reports {
+    pub(crate) breaker: Arc<Breaker>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// The reconciler, of new work (a roll-up owed).
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) events: Arc<Hub>,
+}
+
 /// Runs passes and keeps the registry of those running in this process.
 pub struct Summariser {
     store: Store,
@@ -97,6 +107,8 @@ pub struct Summariser {
     metrics: Arc<Metrics>,
     /// Tells the reconciler there is work (a roll-up just became owed).
     wake: Arc<Notify>,
+    /// Tells watchers how passes end.
+    events: Arc<Hub>,
     config: SummariserConfig,
     owner: String,
     running: Mutex<HashMap<SegmentId, watch::Receiver<Option<PassOutcome>>>>,
@@ -108,18 +120,17 @@ impl Summariser {
     pub(crate) fn new(
         store: Store,
         provider: Provider,
-        breaker: Arc<Breaker>,
-        metrics: Arc<Metrics>,
-        wake: Arc<Notify>,
+        reports: Reports,
         config: SummariserConfig,
         owner: String,
     ) -> Arc<Summariser> {
         Arc::new(Summariser {
             store,
             provider,
-            breaker,
-            metrics,
-            wake,
+            breaker: reports.breaker,
+            metrics: reports.metrics,
+            wake: reports.wake,
+            events: reports.events,
             config,
             owner,
             running: Mutex::new(HashMap::new()),

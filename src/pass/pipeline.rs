@@ -15,11 +15,12 @@ use super::recap::{plan_chunks, plan_folds};
 use super::retry::{Classified, PassEnd, run_pass};
 use super::schedule::after_failure;
 use super::{PassOutcome, Summariser, record};
+use crate::events::{Event, EventKind};
 use crate::failure::{FailureClass, cause_chain};
 use crate::metrics::Outcome;
 use crate::model::{Disposition, Millis, SegmentId, Summary, estimate_tokens};
 use crate::provider::{ProviderError, Recap, RecapInput};
-use crate::store::{Claim, EndedPass, Material, StoreError};
+use crate::store::{Claim, EndedPass, Material, PassInput, StoreError};
 use crate::text::prefix;
 
 /// What the pass needs of a provider's failed attempt.
@@ -111,11 +112,11 @@ impl Summariser {
                     // A roll-up is owed now: have the reconciler look.
                     self.wake.notify_one();
                 }
-                return Ok(if completed.held {
-                    PassOutcome::Summarised
-                } else {
-                    PassOutcome::NotClaimed
-                });
+                if !completed.held {
+                    return Ok(PassOutcome::NotClaimed);
+                }
+                self.tell(&input, EventKind::Summarised).await;
+                return Ok(PassOutcome::Summarised);
             }
             // The claim was lost between parts: someone else owns it now.
             Ok(None) => return Ok(PassOutcome::NotClaimed),
@@ -150,6 +151,11 @@ impl Summariser {
         };
         if !self.store.end_pass(&claim, ended).await? {
             return Ok(PassOutcome::NotClaimed);
+        }
+        match disposition {
+            Disposition::Retry { .. } => self.tell(&input, EventKind::Failed).await,
+            Disposition::Park => self.tell(&input, EventKind::Parked).await,
+            Disposition::Release => {}
         }
         Ok(match failure {
             Some(failure) => PassOutcome::Failed(failure),
@@ -267,6 +273,26 @@ impl Summariser {
                     .await?;
                 parts.push(folded.text);
             }
+        }
+    }
+
+    /// Tells the watchers of the node's session how its pass ended, with the
+    /// node as it is now.
+    async fn tell(&self, input: &PassInput, kind: EventKind) {
+        let session = &input.segment.session;
+        if !self.events.is_watched(&input.tenant.0, session) {
+            return;
+        }
+        if let Ok((segment, _)) = self.store.segment_any(input.segment.id).await {
+            self.events.publish(
+                &input.tenant.0,
+                session,
+                Event {
+                    kind,
+                    segment: Some(segment),
+                    at: Millis::now(),
+                },
+            );
         }
     }
 

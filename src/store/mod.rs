@@ -67,6 +67,11 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store is shut down")]
     Closed,
+    #[error(
+        "the session is erased, but the database is too busy to empty its write-ahead log now; \
+         the erased text leaves the files at the next checkpoint"
+    )]
+    CheckpointBusy,
     #[error(transparent)]
     Shared(Arc<StoreError>),
     #[error("a database worker thread failed")]
@@ -97,6 +102,8 @@ pub(crate) struct Claim {
 /// What to read for one pass over a node of the memory tree.
 #[derive(Clone, Debug)]
 pub(crate) struct PassInput {
+    /// The tenant whose session holds the node.
+    pub(crate) tenant: Tenant,
     pub(crate) segment: Segment,
     pub(crate) material: Material,
 }
@@ -112,6 +119,14 @@ pub(crate) enum Material {
     },
     /// A roll-up's children's summaries, oldest first.
     Summaries(Vec<String>),
+}
+
+/// What erasing a session removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Erased {
+    pub(crate) entries: u64,
+    /// Segments and roll-ups.
+    pub(crate) segments: u64,
 }
 
 /// What completing a pass did.
@@ -220,6 +235,28 @@ impl Store {
         session: &SessionName,
     ) -> Result<Option<SegmentId>, StoreError> {
         on_backend!(self, b => b.close_open_segment(tenant, session).await)
+    }
+
+    /// Erases a session: its entries, segments, roll-ups, summaries and
+    /// failures, in one transaction, and with them its bytes from the
+    /// tenant's count; the text is gone from the database files when this
+    /// returns. A pass running for it writes nothing afterwards (its claim
+    /// names a segment that no longer exists).
+    pub(crate) async fn delete_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Erased, StoreError> {
+        on_backend!(self, b => b.delete_session(tenant, session).await)
+    }
+
+    /// Whether the tenant has a session of that name.
+    pub(crate) async fn has_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<bool, StoreError> {
+        on_backend!(self, b => b.has_session(tenant, session).await)
     }
 
     /// Closes every open segment of every session (at shutdown); returns

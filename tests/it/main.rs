@@ -7,6 +7,7 @@ mod context;
 mod errors;
 mod failures;
 mod harness;
+mod lifecycle;
 mod logs;
 mod provider;
 mod reconciler;

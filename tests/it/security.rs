@@ -12,10 +12,10 @@ use tonic_types::StatusExt;
 use crate::harness::TestServer;
 use crate::provider::{Script, completion, fast};
 
-const TOKEN_A: &str = "token-of-tenant-a-5f1e";
-const TOKEN_B: &str = "token-of-tenant-b-93c2";
+pub const TOKEN_A: &str = "token-of-tenant-a-5f1e";
+pub const TOKEN_B: &str = "token-of-tenant-b-93c2";
 
-fn tenants(config: &mut Config) {
+pub fn tenants(config: &mut Config) {
     config.auth.tenants = vec![
         TenantConfig {
             name: "a".into(),
@@ -30,7 +30,7 @@ fn tenants(config: &mut Config) {
     ];
 }
 
-async fn client(server: &TestServer, token: Option<&str>) -> archivist::client::Client {
+pub async fn client(server: &TestServer, token: Option<&str>) -> archivist::client::Client {
     connect_with(&ClientOptions {
         address: format!("http://{}", server.addr),
         token: token.map(str::to_owned),

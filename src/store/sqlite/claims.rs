@@ -11,7 +11,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::Sqlite;
 use super::rows::{self, SEGMENT_COLUMNS, SEGMENT_FROM, after_segment};
 use super::segments::{Order, entries_between};
-use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary};
+use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary, Tenant};
 use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
 /// The claim still holds the segment: same owner, same fencing token, and
@@ -247,10 +247,18 @@ impl Sqlite {
 /// What a pass over the node `id` reads: a level-1 segment's entries and
 /// the summary carried into its recap, or a roll-up's children's summaries.
 fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError> {
-    let sql = format!("SELECT {SEGMENT_COLUMNS}, s.session_id FROM {SEGMENT_FROM} WHERE s.id = ?1");
-    let (segment, session_id) = conn
+    let sql = format!(
+        "SELECT {SEGMENT_COLUMNS}, s.session_id, x.tenant FROM {SEGMENT_FROM} WHERE s.id = ?1"
+    );
+    let (segment, session_id, tenant) = conn
         .prepare_cached(&sql)?
-        .query_row([id], |r| Ok((rows::segment(r)?, after_segment::<i64>(r)?)))
+        .query_row([id], |r| {
+            Ok((
+                rows::segment(r)?,
+                after_segment::<i64>(r, 0)?,
+                Tenant(after_segment::<String>(r, 1)?),
+            ))
+        })
         .optional()?
         .ok_or(StoreError::SegmentNotFound(id))?;
     let segment = segment?;
@@ -264,6 +272,7 @@ fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError>
             summaries.push(text?);
         }
         return Ok(PassInput {
+            tenant,
             segment,
             material: Material::Summaries(summaries),
         });
@@ -282,6 +291,7 @@ fn pass_input(conn: &Connection, id: SegmentId) -> Result<PassInput, StoreError>
     )?;
     let carry = carried(conn, session_id, segment.ordinal)?;
     Ok(PassInput {
+        tenant,
         segment,
         material: Material::Entries { entries, carry },
     })

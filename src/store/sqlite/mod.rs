@@ -38,6 +38,9 @@ const MAX_IDLE_READERS: usize = 8;
 /// How long a statement waits on a lock held by another process (a backfill
 /// run beside the server) before failing with SQLITE_BUSY.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an erasure's checkpoint is tried before the call says the
+/// text is still in the WAL (50 tries, 20 ms apart).
+const CHECKPOINT_TRIES: usize = 50;
 /// The database file inside the data directory.
 const DATABASE_FILE: &str = "archivist.sqlite3";
 
@@ -97,6 +100,11 @@ impl Sqlite {
         writer
             .pragma_update(None, "synchronous", durability.pragma())
             .map_err(open_err)?;
+        // Deleted content is overwritten, not left in free pages: an erased
+        // session's text must leave the files (with a checkpoint of the WAL).
+        writer
+            .pragma_update(None, "secure_delete", "ON")
+            .map_err(open_err)?;
         writer
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
@@ -147,6 +155,31 @@ impl Sqlite {
             mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
         })?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Copies every committed page from the WAL into the database file and
+    /// empties the WAL (`TRUNCATE`), so that what was overwritten or erased
+    /// is in neither file. Retries while readers or a batch hold it up.
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        let path = self.inner.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = Connection::open(&path).map_err(|e| StoreError::Open {
+                path: path.clone(),
+                source: e.into(),
+            })?;
+            configure(&conn)?;
+            for _ in 0..CHECKPOINT_TRIES {
+                let busy: i64 =
+                    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+                if busy == 0 {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(StoreError::CheckpointBusy)
+        })
+        .await
+        .map_err(StoreError::Worker)?
     }
 
     /// Runs `f` on a read connection, in one read transaction (a consistent

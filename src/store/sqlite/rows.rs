@@ -28,9 +28,9 @@ pub(super) const ENTRY_COLUMNS: &str = "seq, client_entry_id, role, content, tok
 /// stored data makes no sense.
 pub(super) type Decoded<T> = rusqlite::Result<Result<T, StoreError>>;
 
-/// The first column selected after a segment's.
-pub(super) fn after_segment<T: FromSql>(r: &Row<'_>) -> rusqlite::Result<T> {
-    r.get(SEGMENT_COLUMN_COUNT)
+/// The `n`th column (from 0) selected after a segment's.
+pub(super) fn after_segment<T: FromSql>(r: &Row<'_>, n: usize) -> rusqlite::Result<T> {
+    r.get(SEGMENT_COLUMN_COUNT + n)
 }
 
 pub(super) fn segment(r: &Row<'_>) -> Decoded<Segment> {

@@ -128,13 +128,15 @@ END;
 -- stay on (they cannot change inside the migration's transaction), and a
 -- rename rewrites the references to the renamed table, so summaries is
 -- rebuilt too, to refer to the new segments; ids are kept throughout.
+-- Segment ids are AUTOINCREMENT from here on: a claim names its segment by
+-- id, so an id must never come back for another segment after an erasure.
 DROP INDEX segments_by_state_due;
 DROP TRIGGER segments_counted_on_insert;
 DROP TRIGGER segments_counted_on_state;
 ALTER TABLE segments RENAME TO segments_v3;
 
 CREATE TABLE segments (
-    id                   INTEGER PRIMARY KEY,
+    id                   INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id           INTEGER NOT NULL REFERENCES sessions (id),
     level                INTEGER NOT NULL DEFAULT 1,
     ordinal              INTEGER NOT NULL,
@@ -207,6 +209,15 @@ BEGIN
     UPDATE segment_counts SET n = n + 1
         WHERE tenant = (SELECT tenant FROM sessions WHERE id = NEW.session_id)
           AND state = NEW.state;
+END;
+"#,
+    r#"
+-- Erasing a session deletes its segments: the kept counts follow.
+CREATE TRIGGER segments_counted_on_delete AFTER DELETE ON segments
+BEGIN
+    UPDATE segment_counts SET n = n - 1
+        WHERE tenant = (SELECT tenant FROM sessions WHERE id = OLD.session_id)
+          AND state = OLD.state;
 END;
 "#,
 ];

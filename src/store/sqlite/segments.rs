@@ -134,7 +134,7 @@ impl Sqlite {
             let (segment, claimed) = conn
                 .prepare_cached(&sql)?
                 .query_row(params![id, Millis::now().0], |r| {
-                    Ok((rows::segment(r)?, after_segment::<Option<bool>>(r)?))
+                    Ok((rows::segment(r)?, after_segment::<Option<bool>>(r, 0)?))
                 })
                 .optional()?
                 .ok_or(StoreError::SegmentNotFound(id))?;
@@ -306,7 +306,7 @@ impl Sqlite {
             );
             let mut stmt = conn.prepare(&sql)?;
             let rows = stmt.query_map(params_from_iter(values), |r| {
-                Ok((rows::segment(r)?, after_segment::<bool>(r)?))
+                Ok((rows::segment(r)?, after_segment::<bool>(r, 0)?))
             })?;
             let mut out = Vec::new();
             for row in rows {

@@ -9,7 +9,7 @@ use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, SegmentId, SegmentPolicy, SegmentState, SessionName,
     Tenant, estimate_tokens,
 };
-use crate::store::StoreError;
+use crate::store::{Erased, StoreError};
 
 /// What a tenant's byte cap counts for each stored entry and session on top
 /// of its text (content, id, name): the row and index space around it, so
@@ -83,6 +83,65 @@ impl Sqlite {
             Ok(Some(open))
         })
         .await
+    }
+
+    pub(crate) async fn delete_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Erased, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        let erased = self
+            .write(move |conn| {
+                let Some(row) = session_row(conn, &tenant, &session)? else {
+                    return Err(StoreError::SessionNotFound(session));
+                };
+                // What the append counted for this session, so the tenant's
+                // byte count drops by exactly that.
+                let (entries, bytes): (u64, u64) = conn
+                    .prepare_cached(
+                        "SELECT count(*), coalesce(sum(length(CAST(content AS BLOB)) \
+                         + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2), 0) \
+                         FROM entries WHERE session_id = ?1",
+                    )?
+                    .query_row(params![row.id, ROW_OVERHEAD_BYTES], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })?;
+                conn.prepare_cached(
+                    "DELETE FROM summaries WHERE segment_id IN \
+                     (SELECT id FROM segments WHERE session_id = ?1)",
+                )?
+                .execute([row.id])?;
+                let segments = conn
+                    .prepare_cached("DELETE FROM segments WHERE session_id = ?1")?
+                    .execute([row.id])? as u64;
+                conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1")?
+                    .execute([row.id])?;
+                conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                    .execute([row.id])?;
+                let freed = bytes + session.len() as u64 + ROW_OVERHEAD_BYTES;
+                conn.prepare_cached(
+                    "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) \
+                     WHERE tenant = ?1",
+                )?
+                .execute(params![tenant, freed])?;
+                Ok(Erased { entries, segments })
+            })
+            .await?;
+        self.checkpoint().await?;
+        Ok(erased)
+    }
+
+    pub(crate) async fn has_session(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<bool, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.read(move |conn| Ok(session_row(conn, &tenant, &session)?.is_some()))
+            .await
     }
 
     pub(crate) async fn close_all_open_segments(&self) -> Result<u64, StoreError> {

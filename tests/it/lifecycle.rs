@@ -1,0 +1,364 @@
+//! Session lifecycle: erasure that leaves no trace in the files, fenced
+//! against a pass in flight, and watching a session's recaps land.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use archivist::pb;
+use tonic::Code;
+use wiremock::{Request, Respond, ResponseTemplate};
+
+use crate::harness::{TestServer, append_request, eventually};
+use crate::provider::{completion, error_json, fast, provider};
+use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
+
+/// True when `needle` appears in any file of `dir`.
+fn in_any_file(dir: &std::path::Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+            found.push(path.display().to_string());
+        }
+    }
+    found
+}
+
+/// A provider that echoes the marker of the segment into its recap, so the
+/// marker is in summaries too.
+#[derive(Clone)]
+struct Echo;
+
+impl Respond for Echo {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let body = String::from_utf8_lossy(&request.body);
+        if body.contains("MARKER-") {
+            completion("Recap about MARKER-7f3a9 and its plan.")
+        } else {
+            completion("Recap.")
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
+    let mock = provider(Echo).await;
+    let server = TestServer::start_with(|c| {
+        tenants(c);
+        fast(c, &mock.uri());
+        c.segment.max_entries = 2;
+        c.limits.max_tenant_bytes = 4_000;
+    })
+    .await;
+    let mut a = client(&server, Some(TOKEN_A)).await;
+    let mut b = client(&server, Some(TOKEN_B)).await;
+    for text in [
+        "The secret is MARKER-7f3a9, keep it.",
+        "Noted MARKER-7f3a9.",
+        "And more about MARKER-7f3a9 here.",
+    ] {
+        a.append_entries(append_request("s", &[text]))
+            .await
+            .expect("append");
+    }
+    b.append_entries(append_request("s", &["Tenant b's own words."]))
+        .await
+        .expect("append");
+    // The first segment is summarised with the marker in its recap.
+    a.close_segment(pb::CloseSegmentRequest {
+        session_id: "s".into(),
+        wait: true,
+    })
+    .await
+    .expect("close");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let page = a
+                .clone()
+                .list_segments(pb::ListSegmentsRequest {
+                    session_id: "s".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("list")
+                .into_inner();
+            page.segments.iter().filter(|s| s.summary.is_some()).count() == 2
+        })
+        .await
+    );
+    // Fill tenant a up to its byte cap.
+    let mut filled = 0;
+    while a
+        .append_entries(append_request("filler", &[&"x".repeat(200)]))
+        .await
+        .is_ok()
+    {
+        filled += 1;
+        assert!(filled < 100);
+    }
+    assert!(!in_any_file(server.data_dir(), "MARKER-7f3a9").is_empty());
+
+    let erased = a
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("delete")
+        .into_inner();
+    assert_eq!((erased.entries_deleted, erased.segments_deleted), (3, 2));
+    let traces = in_any_file(server.data_dir(), "MARKER-7f3a9");
+    assert!(traces.is_empty(), "the marker is still in {traces:?}");
+
+    let status = a
+        .get_context(pb::GetContextRequest {
+            session_id: "s".into(),
+            max_tokens: 0,
+        })
+        .await
+        .expect_err("gone");
+    assert_eq!(status.code(), Code::NotFound);
+    let again = a
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect_err("already gone");
+    assert_eq!(again.code(), Code::NotFound);
+    // Tenant b's session of the same name is untouched.
+    let theirs = b
+        .get_context(pb::GetContextRequest {
+            session_id: "s".into(),
+            max_tokens: 0,
+        })
+        .await
+        .expect("b's session")
+        .into_inner();
+    assert_eq!(theirs.items.len(), 1);
+    // The tenant's byte count dropped by what was erased: room again, and
+    // a new session of the same name starts at seq 1.
+    let fresh = a
+        .append_entries(append_request("s", &["A new beginning."]))
+        .await
+        .expect("append after erasure")
+        .into_inner();
+    assert_eq!(fresh.entries[0].seq, 1);
+}
+
+/// A provider that holds every request until released.
+#[derive(Clone, Default)]
+struct Gate {
+    open: Arc<AtomicBool>,
+}
+
+impl Respond for Gate {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        while !self.open.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        completion("A recap written after the erasure.")
+    }
+}
+
+#[tokio::test]
+async fn an_erasure_racing_a_pass_leaves_nothing_behind() {
+    let gate = Gate::default();
+    let mock = provider(gate.clone()).await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    server.append("s", &["Something to recap."]).await;
+    let mut client = server.client.clone();
+    let waiting = tokio::spawn(async move {
+        client
+            .close_segment(pb::CloseSegmentRequest {
+                session_id: "s".into(),
+                wait: true,
+            })
+            .await
+    });
+    // The pass is in flight at the provider.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let erased = server
+        .client
+        .clone()
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("delete")
+        .into_inner();
+    assert_eq!(erased.segments_deleted, 1);
+    gate.open.store(true, Ordering::SeqCst);
+    let answer = waiting.await.expect("joined");
+    let status = answer.expect_err("the segment is gone");
+    assert_eq!(status.code(), Code::NotFound);
+    // The pass wrote nothing: no segment, no summary, no counts.
+    let b = server.backlog().await;
+    assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 0, 0, 0));
+    assert!(in_any_file(server.data_dir(), "after the erasure").is_empty());
+    let fresh = server.append("s", &["Again."]).await;
+    assert_eq!(fresh.entries[0].seq, 1);
+}
+
+/// A provider that fails while told to, else answers.
+#[derive(Clone, Default)]
+struct Switch {
+    failing: Arc<AtomicBool>,
+}
+
+impl Respond for Switch {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        if self.failing.load(Ordering::SeqCst) {
+            error_json(503, "overloaded", "try later")
+        } else {
+            completion("Recap.")
+        }
+    }
+}
+
+/// The next event, waiting at most ten seconds; None when the stream ended.
+async fn next(stream: &mut tonic::Streaming<pb::SessionEvent>) -> Option<pb::SessionEvent> {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("an event in time")
+        .expect("stream")
+}
+
+fn kind(event: &pb::SessionEvent) -> pb::SessionEventKind {
+    pb::SessionEventKind::try_from(event.kind).expect("kind")
+}
+
+#[tokio::test]
+async fn a_watcher_sees_recaps_land_fail_and_the_session_end() {
+    let switch = Switch::default();
+    let mock = provider(switch.clone()).await;
+    let server = TestServer::start_with(|c| {
+        fast(c, &mock.uri());
+        c.segment.max_entries = 2;
+        c.memory.fanout = 2;
+        c.retry.max_attempts = 1;
+        c.reconciler.interval = Duration::from_millis(100);
+        c.reconciler.concurrency = 1;
+    })
+    .await;
+    server.append("s", &["first"]).await;
+    let mut stream = server
+        .client
+        .clone()
+        .watch_session(pb::WatchSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+
+    // A segment closes and is summarised.
+    server.append("s", &["second"]).await;
+    let closed = next(&mut stream).await.expect("event");
+    assert_eq!(kind(&closed), pb::SessionEventKind::Closed);
+    let id = closed.segment.as_ref().expect("segment").id;
+    let summarised = next(&mut stream).await.expect("event");
+    assert_eq!(kind(&summarised), pb::SessionEventKind::Summarised);
+    let seg = summarised.segment.expect("segment");
+    assert_eq!(seg.id, id);
+    assert!(seg.summary.is_some());
+
+    // The next one fails, with its typed failure.
+    switch.failing.store(true, Ordering::SeqCst);
+    server.append("s", &["third", "fourth"]).await;
+    assert_eq!(
+        kind(&next(&mut stream).await.expect("event")),
+        pb::SessionEventKind::Closed
+    );
+    let failed = next(&mut stream).await.expect("event");
+    assert_eq!(kind(&failed), pb::SessionEventKind::Failed);
+    let failure = failed
+        .segment
+        .as_ref()
+        .and_then(|s| s.last_failure.clone())
+        .expect("failure");
+    assert!(matches!(
+        failure.kind,
+        Some(pb::failure::Kind::Unavailable(_))
+    ));
+
+    // Once it recovers: that segment, then the roll-up of both.
+    switch.failing.store(false, Ordering::SeqCst);
+    let mut rollup_summarised = false;
+    while !rollup_summarised {
+        let event = next(&mut stream).await.expect("event");
+        if kind(&event) == pb::SessionEventKind::Summarised
+            && event.segment.as_ref().is_some_and(|s| s.level == 2)
+        {
+            rollup_summarised = true;
+        }
+    }
+
+    // Erasure: DELETED, then the stream ends cleanly.
+    server
+        .client
+        .clone()
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("delete");
+    let deleted = next(&mut stream).await.expect("event");
+    assert_eq!(kind(&deleted), pb::SessionEventKind::Deleted);
+    assert!(
+        next(&mut stream).await.is_none(),
+        "the stream ends after DELETED"
+    );
+}
+
+#[tokio::test]
+async fn watching_is_tenant_scoped_and_needs_the_session() {
+    let server = TestServer::start_with(tenants).await;
+    let mut a = client(&server, Some(TOKEN_A)).await;
+    let mut b = client(&server, Some(TOKEN_B)).await;
+    a.append_entries(append_request("s", &["a's"]))
+        .await
+        .expect("append");
+    let status = b
+        .watch_session(pb::WatchSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect_err("b has no session s");
+    assert_eq!(status.code(), Code::NotFound);
+    let status = b
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect_err("b has no session s");
+    assert_eq!(status.code(), Code::NotFound);
+    a.get_context(pb::GetContextRequest {
+        session_id: "s".into(),
+        max_tokens: 0,
+    })
+    .await
+    .expect("a's session is untouched");
+}
+
+#[tokio::test]
+async fn a_watch_ends_with_unavailable_at_shutdown() {
+    let server = TestServer::start().await;
+    server.append("s", &["x"]).await;
+    let mut stream = server
+        .client
+        .clone()
+        .watch_session(pb::WatchSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let stopping = tokio::spawn(server.stop());
+    let end = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("the stream ends before the shutdown ceiling");
+    let status = end.expect_err("UNAVAILABLE");
+    assert_eq!(status.code(), Code::Unavailable);
+    stopping.await.expect("stopped");
+}
