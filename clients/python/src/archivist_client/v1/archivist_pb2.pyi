@@ -26,6 +26,16 @@ class SegmentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEGMENT_STATE_PENDING: _ClassVar[SegmentState]
     SEGMENT_STATE_SUMMARISED: _ClassVar[SegmentState]
     SEGMENT_STATE_PARKED: _ClassVar[SegmentState]
+
+class SessionEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_EVENT_KIND_UNSPECIFIED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_CLOSED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_SUMMARISED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_FAILED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_PARKED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_DELETED: _ClassVar[SessionEventKind]
+    SESSION_EVENT_KIND_GAP: _ClassVar[SessionEventKind]
 ROLE_UNSPECIFIED: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
@@ -36,6 +46,13 @@ SEGMENT_STATE_OPEN: SegmentState
 SEGMENT_STATE_PENDING: SegmentState
 SEGMENT_STATE_SUMMARISED: SegmentState
 SEGMENT_STATE_PARKED: SegmentState
+SESSION_EVENT_KIND_UNSPECIFIED: SessionEventKind
+SESSION_EVENT_KIND_CLOSED: SessionEventKind
+SESSION_EVENT_KIND_SUMMARISED: SessionEventKind
+SESSION_EVENT_KIND_FAILED: SessionEventKind
+SESSION_EVENT_KIND_PARKED: SessionEventKind
+SESSION_EVENT_KIND_DELETED: SessionEventKind
+SESSION_EVENT_KIND_GAP: SessionEventKind
 
 class NewEntry(_message.Message):
     __slots__ = ("client_entry_id", "role", "content")
@@ -217,7 +234,7 @@ class Failure(_message.Message):
     def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at")
+    __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at", "level", "child_ids")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +248,8 @@ class Segment(_message.Message):
     LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
     NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
     CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
     id: int
     session_id: str
     ordinal: int
@@ -244,19 +263,23 @@ class Segment(_message.Message):
     last_failure: Failure
     next_attempt_at: _timestamp_pb2.Timestamp
     closed_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., entry_count: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., attempts: _Optional[int] = ..., passes: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    level: int
+    child_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., entry_count: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., attempts: _Optional[int] = ..., passes: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level: _Optional[int] = ..., child_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
-    __slots__ = ("session_id", "states", "page_size", "page_token")
+    __slots__ = ("session_id", "states", "page_size", "page_token", "levels")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     states: _containers.RepeatedScalarFieldContainer[SegmentState]
     page_size: int
     page_token: str
-    def __init__(self, session_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[SegmentState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., states: _Optional[_Iterable[_Union[SegmentState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., levels: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListSegmentsResponse(_message.Message):
     __slots__ = ("segments", "next_page_token")
@@ -275,16 +298,18 @@ class GetContextRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class ContextSummary(_message.Message):
-    __slots__ = ("segment_id", "first_seq", "last_seq", "summary")
+    __slots__ = ("segment_id", "first_seq", "last_seq", "summary", "level")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     first_seq: int
     last_seq: int
     summary: Summary
-    def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ...) -> None: ...
+    level: int
+    def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., level: _Optional[int] = ...) -> None: ...
 
 class ContextItem(_message.Message):
     __slots__ = ("summary", "entry")
@@ -346,3 +371,35 @@ class Backlog(_message.Message):
     oldest_pending_age: _duration_pb2.Duration
     parked_by_class: _containers.ScalarMap[str, int]
     def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionResponse(_message.Message):
+    __slots__ = ("entries_deleted", "segments_deleted")
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    entries_deleted: int
+    segments_deleted: int
+    def __init__(self, entries_deleted: _Optional[int] = ..., segments_deleted: _Optional[int] = ...) -> None: ...
+
+class WatchSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("kind", "segment", "at", "missed")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    kind: SessionEventKind
+    segment: Segment
+    at: _timestamp_pb2.Timestamp
+    missed: int
+    def __init__(self, kind: _Optional[_Union[SessionEventKind, str]] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed: _Optional[int] = ...) -> None: ...

@@ -76,6 +76,16 @@ class ArchivistStub:
                 request_serializer=archivist_dot_v1_dot_archivist__pb2.GetBacklogRequest.SerializeToString,
                 response_deserializer=archivist_dot_v1_dot_archivist__pb2.Backlog.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/archivist.v1.Archivist/DeleteSession',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSessionResponse.FromString,
+                _registered_method=True)
+        self.WatchSession = channel.unary_stream(
+                '/archivist.v1.Archivist/WatchSession',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class ArchivistServicer:
@@ -112,22 +122,26 @@ class ArchivistServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSegment(self, request, context):
-        """One segment with its state, summary, attempts and last failure.
+        """One node of the memory tree (a segment or a roll-up) with its state,
+        summary, attempts and last failure.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSegments(self, request, context):
-        """Segments in ordinal order (per session), paginated.
+        """Segments in id order (ordinal order within a session and level),
+        paginated; level 1 only unless `levels` names others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetContext(self, request, context):
-        """What an agent puts in its prompt: summaries where they exist, raw entries
-        elsewhere, oldest dropped first to fit max_tokens.
+        """What an agent puts in its prompt: a cover of the session, oldest first,
+        finest for recent history and zoomed out (roll-ups) for older history,
+        raw entries where no summary exists; the oldest dropped only when the
+        coarsest cover does not fit max_tokens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -143,6 +157,27 @@ class ArchivistServicer:
 
     def GetBacklog(self, request, context):
         """Counts per state, the oldest PENDING age, and parked segments per class.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """Erases a session: its entries, segments, roll-ups, summaries and
+        failures, in one transaction. A pass running for it writes nothing
+        afterwards; the next append starts a new session at seq 1. With SQLite
+        the erased text is gone from the database files when the call returns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSession(self, request, context):
+        """The session's events as they happen: segments and roll-ups closed,
+        summarised, failed, parked, and the session's erasure, which ends the
+        stream. No replay: read ListSegments after subscribing. A watcher too
+        slow to keep up loses the oldest events and gets a GAP event saying how
+        many; it never slows the service. Ends with UNAVAILABLE at shutdown.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -190,6 +225,16 @@ def add_ArchivistServicer_to_server(servicer, server):
                     servicer.GetBacklog,
                     request_deserializer=archivist_dot_v1_dot_archivist__pb2.GetBacklogRequest.FromString,
                     response_serializer=archivist_dot_v1_dot_archivist__pb2.Backlog.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'WatchSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSession,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -410,6 +455,60 @@ class Archivist:
             '/archivist.v1.Archivist/GetBacklog',
             archivist_dot_v1_dot_archivist__pb2.GetBacklogRequest.SerializeToString,
             archivist_dot_v1_dot_archivist__pb2.Backlog.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/archivist.v1.Archivist/DeleteSession',
+            archivist_dot_v1_dot_archivist__pb2.DeleteSessionRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/archivist.v1.Archivist/WatchSession',
+            archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,
