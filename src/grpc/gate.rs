@@ -35,7 +35,7 @@ const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 /// The metrics label for a request path: one of ours, or "other", so that
 /// callers (even unauthenticated ones) cannot mint label values.
 fn method_label(path: &str) -> &'static str {
-    const METHODS: [&str; 8] = [
+    const METHODS: [&str; 9] = [
         "AppendEntries",
         "CloseSegment",
         "FlushSession",
@@ -44,6 +44,7 @@ fn method_label(path: &str) -> &'static str {
         "GetContext",
         "RequeueSegments",
         "GetBacklog",
+        "ListSessions",
     ];
     match path.strip_prefix(ARCHIVIST_PATH) {
         Some(name) => METHODS.into_iter().find(|m| *m == name).unwrap_or("other"),

@@ -59,6 +59,7 @@ fn failure(class: FailureClass) -> Failure {
         http_status: None,
         provider: "p".to_owned(),
         model: "m".to_owned(),
+        hint: String::new(),
     }
 }
 
