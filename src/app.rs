@@ -145,14 +145,16 @@ impl App {
     }
 
     /// The provider the database last ran with, when it is not this run's:
-    /// the server's record, or a backfill's where no server ran yet, with
-    /// the role that recorded it. None for a database that has no record
-    /// (new, or from before records were kept).
+    /// the server's record (the server is the authority), or for any other
+    /// run a backfill's where no server has run yet, with the role that
+    /// recorded it. None for a database that has no record (new, or from
+    /// before records were kept).
     pub(crate) async fn provider_change(
         &self,
     ) -> Result<Option<(String, ProviderIdentity)>, StoreError> {
         let recorded = match self.store.provider_identity(SERVE).await? {
             Some(served) => Some((SERVE.to_owned(), served)),
+            None if self.role == SERVE => None,
             None => self
                 .store
                 .provider_identity("backfill")

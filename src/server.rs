@@ -192,7 +192,10 @@ pub async fn run_with_key(
             Instant::now() + config.shutdown.ceiling
         }
         () = shutdown => {
-            info!(ceiling = ?config.shutdown.ceiling, "shutting down: no new calls; running calls and passes get until the ceiling");
+            info!(
+                "shutting down: no new calls; running calls and recap passes get until the shutdown ceiling ({}); open segments stay open",
+                crate::text::human_duration(config.shutdown.ceiling)
+            );
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
             health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;

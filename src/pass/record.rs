@@ -142,6 +142,13 @@ fn hint(
                  it are retried once the server runs with another key"
             )
         }
+        (FailureClass::Unavailable | FailureClass::InvalidRequest, Some(Symptom::HtmlPage)) => {
+            format!(
+                "the provider (or a proxy in front of it) answered with an HTML error \
+                 page{status}: the API behind it may be down, or provider.base_url may point \
+                 at a website rather than the API (OpenAI-compatible APIs usually end in /v1)"
+            )
+        }
         (FailureClass::InvalidRequest, _) => format!(
             "the provider refused the request as invalid{status}: the cause says why; a \
              segment too large for the model's context needs a lower \
@@ -183,5 +190,34 @@ fn hint(
             "no recap came back within retry.pass_ceiling ({}); {later}",
             human_duration(retry.pass_ceiling)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_read_as_a_person_would_say_them() {
+        let timed_out = PassCause::TimedOut(Duration::from_millis(9_668)).to_string();
+        assert!(
+            timed_out.starts_with("no answer within 9.7 s"),
+            "{timed_out}"
+        );
+        let ceiling = PassCause::Ceiling(Duration::from_secs(30), None).to_string();
+        assert!(
+            ceiling.contains("its 30 s (retry.pass_ceiling)"),
+            "{ceiling}"
+        );
+        let failed = PassFailed {
+            subject: Subject::Segment(7),
+            class: FailureClass::Timeout,
+            attempts: 1,
+            cause: PassCause::TimedOut(Duration::from_secs(2)),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "recap of segment 7 failed (timeout) after 1 attempt"
+        );
     }
 }

@@ -402,3 +402,41 @@ fn render_parts(parts: &[String]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_error(body: &str) -> serde_json::Error {
+        serde_json::from_str::<ChatResponse>(body)
+            .err()
+            .expect("not a completion")
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_completion_is_described_by_what_it_is() {
+        let page = "<!DOCTYPE html><html><body>502 Bad Gateway</body></html>";
+        let text = decode_message("text/html", page, &json_error(page));
+        assert!(
+            text.starts_with("the provider answered with an HTML page"),
+            "{text}"
+        );
+        assert!(text.contains("502 Bad Gateway"), "{text}");
+        // No content type, but an HTML page all the same.
+        assert!(is_html("no content type", "  <html><p>hi</p></html>"));
+
+        let other = r#"{"object": "list", "data": []}"#;
+        let text = decode_message("application/json", other, &json_error(other));
+        assert!(text.contains("is JSON but not a chat completion"), "{text}");
+        let cut = "{\"choices\": [";
+        let text = decode_message("application/json", cut, &json_error(cut));
+        assert!(text.contains("is not JSON"), "{text}");
+    }
+
+    #[test]
+    fn a_404_naming_no_model_says_the_route_is_missing() {
+        let text = error_detail("404 page not found", &[], Some(Symptom::NoRoute));
+        assert!(text.contains("provider.base_url"), "{text}");
+        assert!(text.contains("404 page not found"), "{text}");
+    }
+}

@@ -8,6 +8,7 @@ mod errors;
 mod failures;
 mod harness;
 mod logs;
+mod operator;
 mod provider;
 mod reconciler;
 mod security;
