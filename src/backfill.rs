@@ -167,11 +167,12 @@ pub(crate) async fn run(
             && queue.peek().is_some()
         {
             if app.breaker.state() != BreakerState::Closed {
+                let left = queue.len() as u64;
                 report.stopped_early = Some(format!(
                     "{TRIP_AFTER} passes in a row failed on the provider's side, so no more were \
-                     started; {} segment(s) were not attempted. `archivist check` shows what \
-                     the provider answers; a running server keeps probing it",
-                    queue.len()
+                     started: {} not attempted. `archivist check` shows what the provider \
+                     answers; a running server keeps probing it",
+                    crate::text::count(left, "segment was", "segments were")
                 ));
                 break;
             }

@@ -60,6 +60,9 @@ enum Command {
         allow_provider_change: bool,
     },
     /// Talk to a running server from a terminal.
+    #[command(
+        after_help = "Exit status: 0 done; 1 an error (NOT_FOUND included); 3 close --wait or flush closed the segment but its recap failed or is not done yet; 64 a usage error."
+    )]
     Session(SessionArgs),
     /// List your sessions on a running server.
     Sessions(ClientFlags),

@@ -62,11 +62,11 @@ pub struct SessionArgs {
     pub command: SessionCommand,
 }
 
-/// A session id is 1 to 128 characters of letters, digits and . _ : -
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
     /// Append one entry: the text arguments, or standard input if none.
     Append {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
         session: String,
         /// user, assistant, system or tool.
         #[arg(long, default_value = "user")]
@@ -79,6 +79,7 @@ pub enum SessionCommand {
     },
     /// Close the open segment and schedule its recap.
     Close {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
         session: String,
         /// Wait for the recap pass to end (exit status 3 if the segment was
         /// closed but its recap failed or is still running).
@@ -87,12 +88,19 @@ pub enum SessionCommand {
     },
     /// Close the open segment and wait for every pending recap (bounded by
     /// the server's flush.ceiling; exit status 3 if not all are done).
-    Flush { session: String },
+    Flush {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
+        session: String,
+    },
     /// The session's segments: states, summaries, attempts, the next
     /// attempt, and what to do about a failure.
-    Show { session: String },
+    Show {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
+        session: String,
+    },
     /// What an agent would put in its prompt.
     Context {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
         session: String,
         /// Token budget; 0 means no limit.
         #[arg(long, default_value_t = 0)]
@@ -101,6 +109,7 @@ pub enum SessionCommand {
     /// Make the session's (or, with no session, every) PENDING segment due
     /// now, and PARKED ones too with --include-parked.
     Requeue {
+        /// The session id (none: every session).
         session: Option<String>,
         /// Only these segments (repeatable).
         #[arg(long = "segment", value_name = "ID")]

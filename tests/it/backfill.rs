@@ -271,3 +271,32 @@ async fn interrupt(dir: tempfile::TempDir) {
     assert_eq!(code, 0, "{out}");
     assert_eq!(json(&out)["summarised"], 1);
 }
+
+#[tokio::test]
+async fn include_parked_that_fails_again_is_not_stopped_early_nor_told_to_rerun_itself() {
+    let refusing = Script::new(vec![error_json(
+        401,
+        "invalid_api_key",
+        "Incorrect API key",
+    )]);
+    let mock = refusing.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    for session in ["a", "b", "c"] {
+        append_and_close(&server, session)
+            .await
+            .expect_err("refused");
+    }
+    let dir = server.stop().await;
+    // Three parked segments, and a provider that still refuses the key:
+    // three passes, all failed, the breaker open after the last one.
+    let (code, out) = backfill(dir.path(), &mock.uri(), &["--include-parked"]).await;
+    assert_eq!(code, 2, "{out}");
+    assert!(!out.contains("stopped early"), "{out}");
+    assert!(
+        out.contains("failed again under this provider setup"),
+        "{out}"
+    );
+    assert!(!out.contains("then rerun with --include-parked"), "{out}");
+    assert!(out.contains("unauthorized: 3"), "{out}");
+    assert_eq!(refusing.calls(), 6, "one send per segment, each time");
+}

@@ -628,3 +628,63 @@ async fn start_up_messages_name_what_to_change() {
         ran.stderr
     );
 }
+
+#[tokio::test]
+async fn serve_refuses_another_provider_unless_told_and_then_records_it() {
+    let server = TestServer::start().await;
+    server
+        .append("s", &["Served by the extractive provider."])
+        .await;
+    let dir = server.stop().await;
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    let env = openai_env("http://127.0.0.1:9");
+    let mut env = borrowed(&env);
+    env.push(("ARCHIVIST_PROVIDER_CHECK_ON_START", Some("false")));
+    let ran = archivist(
+        &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+        &env,
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("last served with extractive"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains("http://127.0.0.1:9/v1"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        !ran.stderr.contains("archivist is serving"),
+        "{}",
+        ran.stderr
+    );
+
+    let told = Serve::start_args(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+            "--allow-provider-change",
+        ],
+        &env,
+    );
+    let changed = told
+        .logged("the provider changed")
+        .await
+        .expect("said so at start-up");
+    assert!(changed.contains("extractive"), "{changed}");
+    told.logged("archivist is serving").await.expect("serving");
+    drop(told);
+    // The new provider is the server's record now: no flag needed again.
+    let again = Serve::start(dir.path(), &env);
+    again
+        .logged("archivist is serving")
+        .await
+        .expect("serving without the flag");
+}
