@@ -97,7 +97,7 @@ pub async fn run_with_key(
             app.provider_identity
         );
     }
-    let metrics_endpoint = match config.metrics.listen {
+    let metrics = match config.metrics.listen {
         Some(at) => Some(
             metrics_endpoint(at, store.clone(), app.metrics.clone(), app.breaker.clone()).await?,
         ),
@@ -158,7 +158,7 @@ pub async fn run_with_key(
         builder = builder.tls_config(tls)?;
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
     }
-    if let Some(metrics) = metrics_endpoint {
+    if let Some(metrics) = metrics {
         if let Ok(at) = metrics.listener.local_addr() {
             info!(metrics = %at, data_dir = %config.data_dir.display(), "metrics at /metrics");
         }

@@ -471,6 +471,12 @@ async fn close(
             let summarised = state_from_pb(seg.state) == Some(SegmentState::Summarised);
             if flags.json {
                 print_json(&json!({ "closed": true, "segment": segment_json(&seg) }));
+            } else if !wait {
+                println!(
+                    "closed segment {} of {session} ({}); its recap runs in the background (`archivist session show {session}` shows it)",
+                    seg.id,
+                    seq_range(&seg)
+                );
             } else {
                 println!(
                     "closed segment {} of {session} ({})",
@@ -478,7 +484,7 @@ async fn close(
                     seq_range(&seg)
                 );
                 print_segment(&seg);
-                if wait && !summarised {
+                if !summarised {
                     println!(
                         "its recap is not done yet: the server goes on with it; `archivist session show {session}` shows it"
                     );
@@ -759,8 +765,10 @@ fn when(t: &prost_types::Timestamp, now: SystemTime) -> String {
         Ok(ahead) if ahead >= Duration::from_secs(1) => {
             format!("{stamp} (in {})", human_duration(ahead))
         }
-        Ok(_) => format!("{stamp} (now)"),
-        Err(past) => format!("{stamp} ({} ago)", human_duration(past.duration())),
+        Err(past) if past.duration() >= Duration::from_secs(1) => {
+            format!("{stamp} ({} ago)", human_duration(past.duration()))
+        }
+        _ => format!("{stamp} (now)"),
     }
 }
 
@@ -812,10 +820,12 @@ fn print_segment(seg: &pb::Segment) {
             .http_status
             .map(|s| format!(" (HTTP {s})"))
             .unwrap_or_default();
+        // The first cause restates the class and attempts.
+        let causes = f.causes.get(1..).unwrap_or_default().join(": ");
         println!(
-            "    last failure: {}{status}: {}",
+            "    last failure: {}{status} after {}: {causes}",
             failure_class_name(f),
-            f.causes.join(": ")
+            count(u64::from(f.attempts), "attempt", "attempts"),
         );
         if !f.hint.is_empty() {
             println!("    fix: {}", f.hint);

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Span, warn};
 
 use super::recap::{plan_chunks, plan_folds};
-use super::retry::{Classified, PassEnd, run_pass};
+use super::retry::{Classified, Logged, PassEnd, run_pass};
 use super::schedule::after_failure;
 use super::{PassOutcome, Summariser, record};
 use crate::config::RetryConfig;
@@ -188,6 +188,7 @@ impl Summariser {
                     cancel,
                     &self.config.retry,
                     self.config.max_output_tokens,
+                    Logged::Yes,
                 )
                 .await
                 .map(Some);
@@ -205,6 +206,7 @@ impl Summariser {
                     cancel,
                     &self.config.retry,
                     self.config.max_output_tokens,
+                    Logged::Yes,
                 )
                 .await?
                 .text,
@@ -221,6 +223,7 @@ impl Summariser {
                         cancel,
                         &self.config.retry,
                         self.config.max_output_tokens,
+                        Logged::Yes,
                     )
                     .await
                     .map(Some);
@@ -244,6 +247,7 @@ impl Summariser {
                         cancel,
                         &self.config.retry,
                         self.config.max_output_tokens,
+                        Logged::Yes,
                     )
                     .await?;
                 if last_round {
@@ -287,6 +291,7 @@ impl Summariser {
                 cancel,
                 retry,
                 PROBE_OUTPUT_TOKENS,
+                Logged::No,
             )
             .await;
         let elapsed = started.elapsed();
@@ -317,9 +322,10 @@ impl Summariser {
         cancel: &CancellationToken,
         retry: &RetryConfig,
         max_output: u32,
+        logged: Logged,
     ) -> Result<Recap, PassEnd<ProviderError>> {
         let answered = AtomicU32::new(0);
-        let report = run_pass(retry, cancel, |_, _| async {
+        let report = run_pass(retry, cancel, logged, |_, _| async {
             let result = self.provider.summarise(input, max_output).await;
             answered.fetch_add(1, Ordering::Relaxed);
             self.metrics.attempt(match &result {

@@ -278,6 +278,15 @@ async fn start_up_warns_of_an_unset_key_and_logs_the_provider_check() {
     assert!(check.contains("unauthorized"), "{check}");
     assert!(check.contains("MY_UNSET_KEY"), "{check}");
     assert_eq!(refusing.calls(), 1, "probed once");
+    // One line: the probe's pass does not log its giving up besides.
+    assert!(
+        !server
+            .lines()
+            .iter()
+            .any(|l| l.contains("recap pass gave up")),
+        "{:#?}",
+        server.lines()
+    );
 }
 
 #[tokio::test]
