@@ -6,17 +6,19 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use std::path::PathBuf;
+
 use crate::breaker::{Breaker, MAX_PROBE_SPACING};
-use crate::config::{Config, DurabilityConfig};
+use crate::config::{Config, DurabilityConfig, ProviderKind};
 use crate::events::Hub;
 use crate::metrics::Metrics;
-use crate::model::Millis;
+use crate::model::{Millis, ProviderIdentity};
 use crate::pass::schedule::lease;
 use crate::pass::{Reports, Summariser, SummariserConfig};
 use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
 use crate::service::Service;
-use crate::store::{Durability, Store, StoreError};
+use crate::store::{Durability, OpenMode, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -24,6 +26,42 @@ pub enum BuildError {
     Store(#[from] StoreError),
     #[error("cannot set up the provider")]
     Provider(#[from] ProviderSetupError),
+    #[error(transparent)]
+    ProviderChanged(Box<ProviderChanged>),
+}
+
+/// A run configured with another provider than the one the database last
+/// ran with: its recaps would come from a different model, for good.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this run is configured to summarise with {configured}, but the database at {} was last {} with {recorded}: recaps written now would come from another provider and stay that way. If the server's configuration is elsewhere, pass it with --config; if the change is intended, pass --allow-provider-change",
+    database.display(),
+    if recorded_by == "serve" { "served" } else { "backfilled" }
+)]
+pub struct ProviderChanged {
+    pub configured: ProviderIdentity,
+    pub recorded: ProviderIdentity,
+    /// The kind of run that recorded it: `serve` or `backfill`.
+    pub recorded_by: String,
+    pub database: PathBuf,
+}
+
+/// The role whose provider every run is checked against: the server's.
+const SERVE: &str = "serve";
+
+/// Warns, naming the variable (never a value), when an OpenAI-compatible
+/// provider is configured and the variable `provider.api_key_env` names
+/// holds no key: requests then go without one, which suits a local server
+/// and gets every recap refused by a hosted API.
+pub(crate) fn warn_if_no_key(config: &Config, api_key: Option<&str>) {
+    if config.provider.kind != ProviderKind::Openai || api_key.is_some_and(|k| !k.is_empty()) {
+        return;
+    }
+    let var = &config.provider.api_key_env;
+    tracing::warn!(
+        variable = %var,
+        "provider.api_key_env names the variable {var}, which is not set (or empty): requests to the provider carry no key. That suits a local server (Ollama, llama.cpp); a hosted API refuses them and every recap is parked as unauthorized. Set {var}, or name the variable that holds the key"
+    );
 }
 
 /// The parts of a running archivist process.
@@ -39,25 +77,53 @@ pub struct App {
     pub(crate) events: Arc<Hub>,
     /// Identifies the provider configuration (never the key itself).
     pub(crate) provider_fingerprint: String,
+    /// Which provider this run summarises with, as the database records it.
+    pub(crate) provider_identity: ProviderIdentity,
+    /// What names this run's process in claims and in the provider record:
+    /// `serve`, `backfill`, `check`, `bench`.
+    role: String,
     pub(crate) config: Config,
 }
 
 impl App {
-    /// Opens the store and builds every part from `config`, with the
-    /// provider key given. `role` names the process in its claims
-    /// (`serve`, `backfill`), so an operator can tell who holds one.
+    /// Opens (creating as needed) the store and builds every part from
+    /// `config`, with the provider key given. `role` names the process in
+    /// its claims (`serve`, `backfill`), so an operator can tell who holds
+    /// one.
     pub async fn build(
         config: &Config,
         api_key: Option<String>,
         role: &str,
     ) -> Result<App, BuildError> {
+        App::open(config, api_key, role, OpenMode::Create).await
+    }
+
+    /// As `build`, opening the database as `mode` says.
+    pub(crate) async fn open(
+        config: &Config,
+        api_key: Option<String>,
+        role: &str,
+        mode: OpenMode,
+    ) -> Result<App, BuildError> {
         let durability = match config.storage.durability {
             DurabilityConfig::Process => Durability::Process,
             DurabilityConfig::Power => Durability::Power,
         };
-        let store = Store::open_with(&config.data_dir, durability).await?;
+        let store = Store::open_as(&config.data_dir, durability, mode).await?;
+        App::with_store(config, api_key, role, store)
+    }
+
+    /// Builds every part around `store` (which may be detached, for a
+    /// probe that must not create a database).
+    pub(crate) fn with_store(
+        config: &Config,
+        api_key: Option<String>,
+        role: &str,
+        store: Store,
+    ) -> Result<App, BuildError> {
         let provider = Provider::from_config(&config.provider, api_key)?;
         let provider_fingerprint = provider.fingerprint();
+        let provider_identity = provider.identity();
         let breaker = Arc::new(Breaker::new(
             config.reconciler.interval,
             config.reconciler.max_spacing.min(MAX_PROBE_SPACING),
@@ -87,8 +153,55 @@ impl App {
             wake,
             events,
             provider_fingerprint,
+            provider_identity,
+            role: role.to_owned(),
             config: config.clone(),
         })
+    }
+
+    /// The provider the database last ran with, when it is not this run's:
+    /// the server's record (the server is the authority), or for any other
+    /// run a backfill's where no server has run yet, with the role that
+    /// recorded it. None for a database that has no record (new, or from
+    /// before records were kept).
+    pub(crate) async fn provider_change(
+        &self,
+    ) -> Result<Option<(String, ProviderIdentity)>, StoreError> {
+        let recorded = match self.store.provider_identity(SERVE).await? {
+            Some(served) => Some((SERVE.to_owned(), served)),
+            None if self.role == SERVE => None,
+            None => self
+                .store
+                .provider_identity("backfill")
+                .await?
+                .map(|b| ("backfill".to_owned(), b)),
+        };
+        Ok(recorded.filter(|(_, identity)| *identity != self.provider_identity))
+    }
+
+    /// Refuses a run whose provider differs from the one the database last
+    /// ran with, unless `allow_change`; then records this run's provider.
+    /// Returns the provider the database had, when it changed.
+    pub(crate) async fn claim_provider(
+        &self,
+        allow_change: bool,
+    ) -> Result<Option<ProviderIdentity>, BuildError> {
+        let changed = self.provider_change().await?;
+        if let Some((recorded_by, recorded)) = &changed
+            && !allow_change
+        {
+            let path = Store::database_path(&self.config.data_dir);
+            return Err(BuildError::ProviderChanged(Box::new(ProviderChanged {
+                configured: self.provider_identity.clone(),
+                recorded: recorded.clone(),
+                recorded_by: recorded_by.clone(),
+                database: std::path::absolute(&path).unwrap_or(path),
+            })));
+        }
+        self.store
+            .record_provider_identity(&self.role, &self.provider_identity)
+            .await?;
+        Ok(changed.map(|(_, identity)| identity))
     }
 
     pub fn store(&self) -> &Store {
@@ -123,6 +236,7 @@ impl App {
             self.breaker.clone(),
             self.metrics.clone(),
             self.config.reconciler.clone(),
+            self.config.segment.max_idle,
             self.wake.clone(),
         )
     }

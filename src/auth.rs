@@ -16,7 +16,9 @@ pub struct Auth {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    #[error("no bearer token: send `authorization: Bearer <token>`")]
+    #[error(
+        "this server needs a bearer token: the archivist terminal client takes --token (or ARCHIVIST_TOKEN); other clients send the header `authorization: Bearer <token>`"
+    )]
     Missing,
     #[error("the bearer token is not valid")]
     Invalid,

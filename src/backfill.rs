@@ -11,8 +11,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
-use crate::breaker::BreakerState;
-use crate::model::{Millis, Segment, SegmentId, SegmentState, SessionName};
+use crate::breaker::{BreakerState, TRIP_AFTER};
+use crate::model::{Millis, ProviderIdentity, Segment, SegmentId, SegmentState, SessionName};
 use crate::pass::PassOutcome;
 use crate::store::{BackfillFilter, StoreError};
 
@@ -41,14 +41,25 @@ pub(crate) struct Listed {
     pub(crate) session: String,
     pub(crate) state: String,
     pub(crate) attempts: u32,
-    /// The class of its last failure, if any.
-    pub(crate) class: Option<String>,
+    /// The class of its last failure (`not_attempted` when it has none).
+    pub(crate) class: String,
+    /// A live claim holds it: a server is running its pass right now.
+    pub(crate) claimed_elsewhere: bool,
 }
 
 /// What a run did and what is left.
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Report {
+    /// The provider the run summarised with (or, for a dry run, would).
+    pub(crate) provider: Option<ProviderIdentity>,
+    /// The provider the database last ran with, when it was another
+    /// (a dry run reports it; a real run only gets here with
+    /// --allow-provider-change).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) provider_changed_from: Option<ProviderIdentity>,
     pub(crate) dry_run: bool,
+    /// PARKED segments were taken too.
+    pub(crate) include_parked: bool,
     /// Ctrl-C (or SIGTERM) ended the run early.
     pub(crate) interrupted: bool,
     /// Why the run stopped starting passes before the end, if it did.
@@ -58,14 +69,17 @@ pub(crate) struct Report {
     /// Segments taken up by this run that are now summarised (by this run,
     /// or by a server working beside it).
     pub(crate) summarised: u64,
-    /// Left PENDING, by the class of the last failure (`not_attempted`,
-    /// `claimed_elsewhere` when another worker held it).
+    /// Left PENDING, by the class of the last failure (`not_attempted`
+    /// when there was none).
     pub(crate) pending: u64,
     pub(crate) pending_by_class: BTreeMap<String, u64>,
+    /// Of those left PENDING, how many a live claim held when the report
+    /// was made (a server was running their passes).
+    pub(crate) claimed_elsewhere: u64,
     /// Left PARKED, by class.
     pub(crate) parked: u64,
     pub(crate) parked_by_class: BTreeMap<String, u64>,
-    /// The matched segments (a dry run lists what it would do).
+    /// The segments a dry run would take (a real run lists none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) segments: Vec<Listed>,
 }
@@ -94,23 +108,32 @@ pub(crate) async fn run(
     let store = &app.store;
     let summariser = &app.summariser;
     let mut report = Report {
+        provider: Some(app.provider_identity.clone()),
         dry_run: options.dry_run,
+        include_parked: options.include_parked,
         ..Report::default()
     };
     if options.dry_run {
+        // What a real run would take: PENDING segments, and PARKED ones
+        // only with --include-parked; parked ones are counted either way,
+        // as a real run's report counts them as left.
         let states = vec![SegmentState::Pending, SegmentState::Parked];
         for (segment, claimed) in store.backfill_segments(filter(states)).await? {
-            let class = class_of(&segment, claimed);
-            tally(&mut report, segment.state, class.clone());
+            let class = class_of(&segment);
+            tally(&mut report, &segment, claimed);
+            if segment.state == SegmentState::Parked && !options.include_parked {
+                continue;
+            }
+            report.matched += 1;
             report.segments.push(Listed {
                 id: segment.id,
                 session: segment.session,
                 state: segment.state.as_str().to_owned(),
                 attempts: segment.attempts,
                 class,
+                claimed_elsewhere: claimed,
             });
         }
-        report.matched = report.pending + report.parked;
         return Ok(report);
     }
 
@@ -135,19 +158,22 @@ pub(crate) async fn run(
     progress(state);
 
     let mut running = JoinSet::new();
-    let mut queue = candidates.iter().copied();
+    let mut queue = candidates.iter().copied().peekable();
     let concurrency = options.concurrency.max(1);
     loop {
         while running.len() < concurrency
             && report.stopped_early.is_none()
             && !cancel.is_cancelled()
+            && queue.peek().is_some()
         {
             if app.breaker.state() != BreakerState::Closed {
-                report.stopped_early = Some(
-                    "the provider is failing for every segment (the circuit breaker opened); \
-                     the server's reconciler keeps probing"
-                        .to_owned(),
-                );
+                let left = queue.len() as u64;
+                report.stopped_early = Some(format!(
+                    "{TRIP_AFTER} passes in a row failed on the provider's side, so no more were \
+                     started: {} not attempted. `archivist check` shows what the provider \
+                     answers; a running server keeps probing it",
+                    crate::text::count(left, "segment was", "segments were")
+                ));
                 break;
             }
             let Some(id) = queue.next() else { break };
@@ -186,32 +212,32 @@ pub(crate) async fn run(
         if candidates.contains(&segment.id) {
             still += 1;
         }
-        let class = class_of(&segment, claimed);
-        tally(&mut report, segment.state, class);
+        tally(&mut report, &segment, claimed);
     }
     report.summarised = candidates.len() as u64 - still;
     report.matched = report.summarised + report.pending + report.parked;
     Ok(report)
 }
 
-/// What the report files an unsummarised segment under: another worker's
-/// claim, its last failure's class, or not attempted yet.
-fn class_of(segment: &Segment, claimed: bool) -> Option<String> {
-    match (segment.state, claimed, &segment.last_failure) {
-        (SegmentState::Pending, true, _) => Some("claimed_elsewhere".to_owned()),
-        (_, _, Some(f)) => Some(f.class.as_str().to_owned()),
-        (SegmentState::Pending, false, None) => Some("not_attempted".to_owned()),
-        _ => None,
+/// What the report files an unsummarised segment under: its last
+/// failure's class, or not attempted yet.
+fn class_of(segment: &Segment) -> String {
+    match &segment.last_failure {
+        Some(f) => f.class.as_str().to_owned(),
+        None => "not_attempted".to_owned(),
     }
 }
 
-fn tally(report: &mut Report, state: SegmentState, class: Option<String>) {
-    let class = class.unwrap_or_else(|| "unknown".to_owned());
-    match state {
+fn tally(report: &mut Report, segment: &Segment, claimed: bool) {
+    let class = class_of(segment);
+    match segment.state {
         // Counted from the candidates, not listed one by one.
         SegmentState::Summarised => {}
         SegmentState::Pending => {
             report.pending += 1;
+            if claimed {
+                report.claimed_elsewhere += 1;
+            }
             *report.pending_by_class.entry(class).or_default() += 1;
         }
         SegmentState::Parked => {

@@ -1,4 +1,4 @@
-//! The provider-wide circuit breaker: when passes fail across segments for a
+//! The provider-wide circuit breaker: when passes fail in a row for a
 //! reason that is the provider's (down, overloaded, rate limited, out of
 //! quota, refusing the key), the reconciler stops fanning out and probes with
 //! one segment at a time, ever more sparsely, until a pass succeeds.
@@ -157,10 +157,13 @@ impl Breaker {
             (Mode::Closed { failures }, Signal::ProviderFailure) => {
                 let failures = failures + 1;
                 if failures >= TRIP_AFTER {
+                    // Passes, not segments: three in a row may be one
+                    // segment's, so the message claims no more than that.
                     warn!(
                         failures,
                         probe_in_ms = self.first_spacing.as_millis() as u64,
-                        "the provider is failing across segments; the reconciler now probes with one segment at a time"
+                        "{failures} recap passes in a row failed for a reason on the provider's side; until one succeeds, the reconciler runs one pass at a time, the next in {} (`archivist check` shows what the provider answers)",
+                        crate::text::human_duration(self.first_spacing)
                     );
                     Mode::Open {
                         until: Instant::now() + self.first_spacing,
@@ -184,7 +187,8 @@ impl Breaker {
                 let spacing = (*spacing * 2).min(self.max_spacing);
                 warn!(
                     probe_in_ms = spacing.as_millis() as u64,
-                    "the probe failed; the provider is still failing"
+                    "the probe pass failed too: the provider is still failing; the next probe in {}",
+                    crate::text::human_duration(spacing)
                 );
                 Mode::Open {
                     until: Instant::now() + spacing,

@@ -24,6 +24,16 @@ pub enum ConnectError {
     BadAddress(String, #[source] tonic::transport::Error),
     #[error("cannot connect to {0}")]
     Connect(String, #[source] tonic::transport::Error),
+    #[error(
+        "cannot connect to {0}: nothing listens there; is `archivist serve` running, and on this address? (--server or ARCHIVIST_SERVER sets it)"
+    )]
+    Refused(String, #[source] tonic::transport::Error),
+    #[error(
+        "cannot connect to {0}: the server there does not speak TLS (it answered in plaintext); use {1}, or turn on [tls] on the server"
+    )]
+    NotTls(String, String, #[source] tonic::transport::Error),
+    #[error("cannot connect to {0}: no answer within {1}")]
+    ConnectTimeout(String, String),
     #[error("cannot set up TLS for {0}")]
     Tls(String, #[source] tonic::transport::Error),
     #[error("cannot read {0}")]
@@ -52,6 +62,8 @@ pub struct ClientOptions {
     /// PEM certificate and key to present, for mutual TLS.
     pub client_cert: Option<PathBuf>,
     pub client_key: Option<PathBuf>,
+    /// The longest the connection may take to set up.
+    pub connect_timeout: Option<Duration>,
 }
 
 /// Adds the bearer token to every call.
@@ -115,14 +127,70 @@ pub async fn connect_with(options: &ClientOptions) -> Result<Client, ConnectErro
         ),
         None => None,
     };
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| ConnectError::Connect(address.to_owned(), e))?;
+    if let Some(limit) = options.connect_timeout {
+        endpoint = endpoint.connect_timeout(limit);
+    }
+    let channel = endpoint.connect().await.map_err(|e| {
+        let address = address.to_owned();
+        if answered_in_plaintext(&e) {
+            let plain = address.replacen("https://", "http://", 1);
+            ConnectError::NotTls(address, plain, e)
+        } else if io_kind(&e) == Some(std::io::ErrorKind::ConnectionRefused) {
+            ConnectError::Refused(address, e)
+        } else if io_kind(&e) == Some(std::io::ErrorKind::TimedOut) {
+            let limit = options
+                .connect_timeout
+                .map(crate::text::human_duration)
+                .unwrap_or_else(|| "the time allowed".to_owned());
+            ConnectError::ConnectTimeout(address, limit)
+        } else {
+            ConnectError::Connect(address, e)
+        }
+    })?;
     Ok(ArchivistClient::with_interceptor(
         channel,
         BearerToken(token),
     ))
+}
+
+/// Every error in `err`'s chain, and the error inside each `io::Error`
+/// (whose `source()` skips it).
+fn chain<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        out.push(e);
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            out.push(inner);
+        }
+        next = e.source();
+    }
+    out
+}
+
+/// The kind of the first I/O error in the chain, if there is one.
+fn io_kind(err: &tonic::transport::Error) -> Option<std::io::ErrorKind> {
+    chain(err)
+        .into_iter()
+        .find_map(|e| e.downcast_ref::<std::io::Error>().map(std::io::Error::kind))
+}
+
+/// A TLS handshake answered with something that is not TLS: the server
+/// speaks plaintext.
+fn answered_in_plaintext(err: &tonic::transport::Error) -> bool {
+    chain(err).into_iter().any(|e| {
+        matches!(
+            e.downcast_ref::<rustls::Error>(),
+            Some(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType
+            ))
+        )
+    })
 }
 
 fn read(path: &std::path::Path) -> Result<Vec<u8>, ConnectError> {

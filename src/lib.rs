@@ -19,27 +19,32 @@
 //!   error detail.
 //! - `server`: `archivist serve`: wiring, health, reflection, metrics
 //!   endpoint, the bounded shutdown.
-//! - `cli`: the binary's commands other than `serve` (backfill, session).
+//! - `cli`: the binary's commands other than `serve`: `backfill`, `check`
+//!   (one probe of the provider through a real pass), and the terminal
+//!   client (`session`, `sessions`, `backlog`).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!
 //! Private:
 //! - `app`: the composition root; builds store, provider, breaker, metrics
-//!   and summariser once, for serve, backfill and the benches.
+//!   and summariser once, for serve, backfill, check and the benches, and
+//!   holds a run to the provider the database was served with.
 //! - `store/`: the backend-neutral store (`mod.rs`), the context budget rule
 //!   (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
-//!   `segments.rs` reads, `claims.rs` claims), and one suite for every
-//!   backend (`tests.rs`).
+//!   idle closing and the session listing, `segments.rs` reads, `claims.rs`
+//!   claims, `runs.rs` the provider each kind of run last used), and one
+//!   suite for every backend (`tests.rs`).
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
 //!   client and the built-in extractive one.
 //! - `pass/`: recap passes: `retry.rs` the one bounded retry loop,
 //!   `schedule.rs` what follows a pass without a recap (`Disposition`) and
 //!   the lease, `recap.rs` chunk-and-fold planning, `record.rs` the Failure
-//!   of a pass, `pipeline.rs` claim-recap-write, `mod.rs` the registry of
-//!   running passes.
+//!   of a pass and its hint, `pipeline.rs` claim-recap-write and the
+//!   provider probe, `mod.rs` the registry of running passes.
 //! - `breaker`: the provider-wide circuit breaker.
-//! - `reconciler`: the background drain of due PENDING segments.
+//! - `reconciler`: the background drain of due PENDING segments, and the
+//!   closing of segments idle for `segment.max_idle`.
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),

@@ -1,5 +1,10 @@
 //! The `archivist` binary: flags, logging, signals and wiring; the work is
 //! in the library.
+//!
+//! Exit status, for every command: 0 done; 1 an error; 64 a usage error
+//! (bad flags or arguments). `backfill` adds 2 (segments are left
+//! unsummarised); the terminal client adds 3 (a close or flush worked but a
+//! recap is not there); a second SIGINT or SIGTERM exits 130.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -10,15 +15,17 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use archivist::cli::backfill::{self, BackfillArgs};
-use archivist::cli::session::{self, SessionArgs};
-use archivist::cli::{load_config, shutdown_signal};
+use archivist::cli::check::{self, CheckArgs};
+use archivist::cli::session::{self, ClientFlags, SessionArgs};
+use archivist::cli::{EXIT_USAGE, load_config, parse_listen, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "archivist",
     version,
-    about = "Memory summarisation for LLM agents"
+    about = "Memory summarisation for LLM agents",
+    after_help = "Exit status: 0 done, 1 an error, 64 a usage error; backfill: 2 when segments are left; session close --wait and flush: 3 when a recap is not done."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,30 +36,63 @@ struct Cli {
 enum Command {
     /// Run the gRPC server (defaults: 127.0.0.1:50051, ./archivist-data,
     /// the built-in extractive summariser).
+    #[command(after_help = config::keys_help())]
     Serve {
-        /// A TOML configuration file.
-        #[arg(long, env = config::CONFIG_ENV)]
+        /// A TOML configuration file [env: ARCHIVIST_CONFIG].
+        #[arg(long, env = config::CONFIG_ENV, hide_env = true)]
         config: Option<PathBuf>,
-        /// Address to listen on.
-        #[arg(long)]
+        /// Address to listen on, IP:PORT or HOST:PORT (overrides listen and
+        /// ARCHIVIST_LISTEN).
+        #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
         listen: Option<SocketAddr>,
-        /// Directory holding the database.
-        #[arg(long)]
+        /// Directory holding the database (overrides data_dir and
+        /// ARCHIVIST_DATA_DIR).
+        #[arg(long, value_name = "DIR")]
         data_dir: Option<PathBuf>,
         /// Allow a non-loopback listen address with no tenants configured
         /// (anyone who can reach it reads every session).
         #[arg(long)]
         insecure_open: bool,
+        /// Start even though the provider configured differs from the one
+        /// the database was last served with (recaps from now on come from
+        /// the new one).
+        #[arg(long)]
+        allow_provider_change: bool,
     },
     /// Talk to a running server from a terminal.
+    #[command(
+        after_help = "Exit status: 0 done; 1 an error (NOT_FOUND included); 3 close --wait or flush closed the segment but its recap failed or is not done yet; 64 a usage error."
+    )]
     Session(SessionArgs),
+    /// List your sessions on a running server.
+    Sessions(ClientFlags),
+    /// Show a running server's backlog: segments per state, the oldest
+    /// pending, parked ones per failure class.
+    Backlog(ClientFlags),
     /// Drain unsummarised segments, beside a running server or not; exits
-    /// 0 when nothing is left, 2 when something is, 1 on an error.
+    /// 0 when nothing is left, 2 when something is, 1 on an error, 64 on a
+    /// usage error.
     Backfill(BackfillArgs),
+    /// Send one tiny request to the configured provider through a real
+    /// recap pass and say what came back, and what would fix a failure.
+    /// Exits 0 when it answered, 1 when not.
+    Check(CheckArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version are not errors; everything else a usage
+            // error, whose status no command gives to an outcome.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -69,25 +109,34 @@ fn main() -> ExitCode {
             listen,
             data_dir,
             insecure_open,
+            allow_provider_change,
         } => runtime.block_on(serve(Overrides {
             config_file: config,
             listen,
             data_dir,
             insecure_open,
+            allow_provider_change,
         })),
         Command::Backfill(args) => {
             init_logging(LogFormat::Text, "warn");
             runtime.block_on(backfill::run(args))
         }
+        Command::Check(args) => {
+            // The check prints its own findings; retries are not news here.
+            init_logging(LogFormat::Text, "error");
+            runtime.block_on(check::run(args))
+        }
         Command::Session(args) => {
             init_logging(LogFormat::Text, "warn");
-            match runtime.block_on(session::run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            runtime.block_on(session::run(args))
+        }
+        Command::Sessions(flags) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(session::sessions(flags))
+        }
+        Command::Backlog(flags) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(session::backlog(flags))
         }
     }
 }
@@ -104,14 +153,30 @@ async fn serve(overrides: Overrides) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+            let hint = match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    "; something else (another archivist?) listens there: stop it, or choose another address with --listen"
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    "; ports below 1024 need privileges: choose a higher one with --listen"
+                }
+                std::io::ErrorKind::AddrNotAvailable => {
+                    "; that address is not one of this machine's: choose another with --listen"
+                }
+                _ => "",
+            };
+            tracing::error!(
+                listen = %config.listen,
+                "cannot listen on {} (the address from --listen, ARCHIVIST_LISTEN or listen in the configuration): {e}{hint}",
+                config.listen
+            );
             return ExitCode::FAILURE;
         }
     };
     match archivist::server::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %archivist::error_chain(&e), "archivist failed");
+            tracing::error!("archivist cannot run: {}", archivist::error_chain(&e));
             ExitCode::FAILURE
         }
     }

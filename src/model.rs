@@ -294,6 +294,46 @@ pub struct Context {
     pub tokens: u32,
 }
 
+/// One session as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub name: String,
+    /// Entries stored in the session.
+    pub entry_count: u64,
+    /// The seq of its newest entry (0 when it has none).
+    pub last_seq: u64,
+    pub open_segment_id: Option<SegmentId>,
+    /// Its segments still owed a recap, and those parked.
+    pub pending: u64,
+    pub parked: u64,
+    pub created_at: Millis,
+    pub last_append_at: Millis,
+}
+
+/// Which provider a run summarises with: kind, base URL (with any
+/// credentials removed) and model. Never the key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderIdentity {
+    pub kind: String,
+    /// Empty for a provider that calls no endpoint (extractive).
+    pub base_url: String,
+    pub model: String,
+}
+
+impl fmt::Display for ProviderIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.base_url.is_empty() {
+            write!(f, "{} (model {})", self.kind, self.model)
+        } else {
+            write!(
+                f,
+                "{} at {} (model {})",
+                self.kind, self.base_url, self.model
+            )
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Backlog {
     pub open: u64,

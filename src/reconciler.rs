@@ -5,11 +5,12 @@
 //! every tick scans again.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::breaker::Breaker;
 use crate::config::ReconcilerConfig;
@@ -25,6 +26,9 @@ pub struct Reconciler {
     breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
     config: ReconcilerConfig,
+    /// `segment.max_idle`: an OPEN segment with no append this long is
+    /// closed; zero: never.
+    max_idle: Duration,
     wake: Arc<Notify>,
 }
 
@@ -43,6 +47,7 @@ impl Reconciler {
         breaker: Arc<Breaker>,
         metrics: Arc<Metrics>,
         config: ReconcilerConfig,
+        max_idle: Duration,
         wake: Arc<Notify>,
     ) -> Reconciler {
         Reconciler {
@@ -51,21 +56,27 @@ impl Reconciler {
             breaker,
             metrics,
             config,
+            max_idle,
             wake,
         }
     }
 
-    /// Runs until `cancel` fires: scans on every tick, on every wake-up and
-    /// whenever a pass ends, keeping at most `concurrency` passes running.
+    /// Runs until `cancel` fires: closes idle segments on every tick, and
+    /// scans on every tick, on every wake-up and whenever a pass ends,
+    /// keeping at most `concurrency` passes running.
     pub async fn run(self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut running: JoinSet<PassOutcome> = JoinSet::new();
+        let mut ticked = true;
         loop {
+            if std::mem::take(&mut ticked) {
+                self.close_idle().await;
+            }
             self.fill(&mut running).await;
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tick.tick() => {}
+                _ = tick.tick() => ticked = true,
                 _ = self.wake.notified() => {}
                 _ = probe_time(&self.breaker) => {}
                 Some(_) = running.join_next(), if !running.is_empty() => {}
@@ -74,6 +85,41 @@ impl Reconciler {
         // The passes themselves run in the summariser's tasks; shutdown
         // waits for them there, bounded by its ceiling.
         running.detach_all();
+    }
+
+    /// Closes the OPEN segments nobody has appended to for `max_idle`, so
+    /// that a conversation whose host went away without closing it still
+    /// gets its recap. The store reads the idle ones through an index; the
+    /// idle time is in the database, so it carries across restarts.
+    async fn close_idle(&self) {
+        if self.max_idle.is_zero() {
+            return;
+        }
+        let cutoff = Millis(
+            Millis::now()
+                .0
+                .saturating_sub(i64::try_from(self.max_idle.as_millis()).unwrap_or(i64::MAX)),
+        );
+        loop {
+            match self.store.close_idle_segments(cutoff, IDLE_BATCH).await {
+                Ok(closed) => {
+                    if !closed.is_empty() {
+                        info!(
+                            closed = closed.len(),
+                            max_idle = %crate::text::human_duration(self.max_idle),
+                            "closed segments with no append for segment.max_idle; their recaps are due"
+                        );
+                    }
+                    if closed.len() < IDLE_BATCH as usize {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %cause_chain(&e).join(": "), "closing idle segments failed");
+                    return;
+                }
+            }
+        }
     }
 
     async fn fill(&self, running: &mut JoinSet<PassOutcome>) {
@@ -127,3 +173,5 @@ impl Reconciler {
 
 /// The most due segments one scan reads.
 const MAX_SCAN: usize = 4096;
+/// The most idle segments closed in one write.
+const IDLE_BATCH: u32 = 256;

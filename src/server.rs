@@ -15,12 +15,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
-use crate::app::{App, BuildError};
+use crate::app::{App, BuildError, warn_if_no_key};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
-use crate::config::{Config, ProviderKind};
+use crate::config::{Config, ProviderKind, RetryConfig};
 use crate::grpc::{GrpcService, NameOversize, RecordCalls, ShedLoad};
 use crate::metrics::Metrics;
+use crate::pass::{ProbeOutcome, Summariser};
 use crate::pb;
 use crate::store::{Store, StoreError};
 
@@ -68,18 +69,38 @@ pub async fn run_with_key(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    // Everything that can be refused is checked before anything starts, so
+    // a server that cannot run says why without first claiming it serves.
+    let tls = tls_config(&config)?;
+    let auth = Arc::new(Auth::from_config(&config.auth.tenants, |var| {
+        std::env::var(var).ok()
+    })?);
+    warn_if_no_key(&config, api_key.as_deref());
     let app = App::build(&config, api_key, "serve").await?;
     let store = app.store.clone();
+    let changed_from = app.claim_provider(config.allow_provider_change).await?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(
             "summarising with the built-in extractive provider (no LLM); set provider.kind = \"openai\" to use one"
         ),
         ProviderKind::Openai => info!(
-            base_url = %crate::failure::redact(&config.provider.base_url, &[]),
+            base_url = %app.provider_identity.base_url,
             model = %config.provider.model,
             "summarising through an OpenAI-compatible endpoint"
         ),
     }
+    if let Some(before) = changed_from {
+        warn!(
+            "the provider changed (--allow-provider-change): the database last ran with {before}; recaps from now on come from {}",
+            app.provider_identity
+        );
+    }
+    let metrics = match config.metrics.listen {
+        Some(at) => Some(
+            metrics_endpoint(at, store.clone(), app.metrics.clone(), app.breaker.clone()).await?,
+        ),
+        None => None,
+    };
     let unparked = store.unpark_changed(&app.provider_fingerprint).await?;
     if unparked > 0 {
         info!(
@@ -92,10 +113,17 @@ pub async fn run_with_key(
 
     let background = CancellationToken::new();
     let reconciler_task = tokio::spawn(app.reconciler().run(background.clone()));
+    if config.provider.kind == ProviderKind::Openai && config.provider.check_on_start {
+        // Once, in the background: a provider that is down or misconfigured
+        // is said plainly at start-up, but never holds the server back.
+        tokio::spawn(startup_probe(
+            summariser.clone(),
+            app.provider_identity.to_string(),
+            config.retry.clone(),
+            background.clone(),
+        ));
+    }
 
-    let auth = Arc::new(Auth::from_config(&config.auth.tenants, |var| {
-        std::env::var(var).ok()
-    })?);
     if auth.is_open() {
         warn!("no [[auth.tenants]] configured: running open, every caller is one tenant");
     } else {
@@ -113,27 +141,23 @@ pub async fn run_with_key(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
+    let stop_accepting = CancellationToken::new();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+        info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
+    }
+    if let Some(metrics) = metrics {
+        if let Ok(at) = metrics.listener.local_addr() {
+            info!(metrics = %at, data_dir = %config.data_dir.display(), "metrics at /metrics");
+        }
+        tokio::spawn(metrics.serve(background.clone()));
+    }
     let addr = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let stop_accepting = CancellationToken::new();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls_config(&config)? {
-        builder = builder.tls_config(tls)?;
-        info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
-    }
-    if let Some(at) = config.metrics.listen {
-        let metrics =
-            metrics_endpoint(at, store.clone(), app.metrics.clone(), app.breaker.clone()).await?;
-        info!(
-            metrics = %metrics.listener.local_addr().map_or(at, |a| a),
-            data_dir = %config.data_dir.display(),
-            "metrics at /metrics"
-        );
-        tokio::spawn(metrics.serve(background.clone()));
-    }
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
         .layer(NameOversize::new(config.limits.max_message_bytes as usize))
@@ -157,7 +181,10 @@ pub async fn run_with_key(
             Instant::now() + config.shutdown.ceiling
         }
         () = shutdown => {
-            info!(ceiling = ?config.shutdown.ceiling, "shutting down: no new calls; running calls and passes get until the ceiling");
+            info!(
+                "shutting down: no new calls; running calls and recap passes get until the shutdown ceiling ({}); open segments stay open",
+                crate::text::human_duration(config.shutdown.ceiling)
+            );
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
             // Watch streams would hold the graceful shutdown open forever.
@@ -179,17 +206,17 @@ pub async fn run_with_key(
     let grace = (config.shutdown.ceiling / 4).min(Duration::from_secs(1));
     let tracker = summariser.tracker();
     tracker.close();
-    let mut segments_closed = false;
+    // Open segments stay open: they are durable, and a restart must not
+    // cut a conversation in two. One nobody appends to again is closed by
+    // the reconciler once segment.max_idle has passed.
     let settled_in_time = {
-        let calls_then_close = async {
+        let calls = async {
             if !calls_done {
                 let _ = (&mut server).await;
                 calls_done = true;
             }
-            close_open_segments(&store).await;
-            segments_closed = true;
         };
-        let settled = async { tokio::join!(calls_then_close, tracker.wait()) };
+        let settled = async { tokio::join!(calls, tracker.wait()) };
         tokio::time::timeout_at(deadline - grace, settled)
             .await
             .is_ok()
@@ -203,9 +230,6 @@ pub async fn run_with_key(
             if !calls_done {
                 let _ = (&mut server).await;
             }
-            if !segments_closed {
-                close_open_segments(&store).await;
-            }
             tracker.wait().await;
         };
         if tokio::time::timeout_at(deadline, finish).await.is_err() {
@@ -216,6 +240,45 @@ pub async fn run_with_key(
     }
     info!("archivist stopped");
     Ok(())
+}
+
+/// The longest the start-up check of the provider waits for its answer.
+const STARTUP_PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Sends one tiny request to the provider (one attempt) and logs what came
+/// back in one line: that it answers, or what fails and what would fix it.
+async fn startup_probe(
+    summariser: Arc<Summariser>,
+    provider: String,
+    retry: RetryConfig,
+    stop: CancellationToken,
+) {
+    let timeout = retry.attempt_timeout.min(STARTUP_PROBE_TIMEOUT);
+    let retry = RetryConfig {
+        max_attempts: 1,
+        attempt_timeout: timeout,
+        pass_ceiling: timeout,
+        ..retry
+    };
+    let probe = summariser.probe(&retry, &stop).await;
+    let took = crate::text::human_duration(probe.elapsed);
+    match probe.outcome {
+        ProbeOutcome::Answered(_) => {
+            info!("provider check passed: {provider} answered a test request in {took}")
+        }
+        ProbeOutcome::Failed(failure) => warn!(
+            class = failure.class.as_str(),
+            http_status = failure.http_status,
+            "provider check failed: {provider}: {}. Fix: {}. The server runs on, and recaps fail until this is fixed; `archivist check` tries again",
+            failure
+                .causes
+                .last()
+                .map(String::as_str)
+                .unwrap_or("no cause recorded"),
+            failure.hint
+        ),
+        ProbeOutcome::Cancelled => {}
+    }
 }
 
 /// The TLS settings, when `[tls]` sets a certificate.
@@ -278,20 +341,6 @@ impl MetricsEndpoint {
         if let Err(e) = served {
             warn!(error = %e, "the metrics endpoint stopped");
         }
-    }
-}
-
-/// Closes every open segment at shutdown, once appends have stopped, so that
-/// its recap is owed (and done after the restart) rather than waiting for
-/// entries that are not coming.
-async fn close_open_segments(store: &Store) {
-    match store.close_all_open_segments().await {
-        Ok(0) => {}
-        Ok(n) => info!(
-            closed = n,
-            "closed open segments; their recaps run after restart"
-        ),
-        Err(e) => warn!(error = %e, "could not close open segments at shutdown"),
     }
 }
 

@@ -15,7 +15,7 @@ use crate::events::{Event, EventKind, Hub};
 use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
-    SegmentState, SessionName, Tenant,
+    SegmentState, SessionInfo, SessionName, Tenant,
 };
 use crate::pass::{PassOutcome, Summariser};
 use crate::store::{Erased, SegmentFilter, Store, StoreError};
@@ -336,6 +336,31 @@ impl Service {
             self.wake.notify_one();
         }
         Ok(n)
+    }
+
+    /// A page of the tenant's sessions in name order, and the name to
+    /// continue after, if there is more.
+    pub(crate) async fn list_sessions(
+        &self,
+        tenant: &Tenant,
+        after: Option<SessionName>,
+        page_size: u32,
+    ) -> Result<(Vec<SessionInfo>, Option<SessionName>), ServiceError> {
+        // One more than asked tells whether another page follows.
+        let mut sessions = self
+            .store
+            .list_sessions(tenant, after, page_size + 1)
+            .await?;
+        let more = sessions.len() > page_size as usize;
+        sessions.truncate(page_size as usize);
+        let next = match (more, sessions.last()) {
+            (true, Some(last)) => Some(
+                SessionName::parse(&last.name)
+                    .map_err(|e| StoreError::Corrupt(format!("stored session name: {e}")))?,
+            ),
+            _ => None,
+        };
+        Ok((sessions, next))
     }
 
     pub(crate) async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, ServiceError> {

@@ -10,7 +10,7 @@ use crate::events::{Event, EventKind};
 use crate::failure::{Failure, FailureClass};
 use crate::model::{
     AppendOutcome, Backlog, Context, ContextItem, Entry, Millis, Role, Segment, SegmentState,
-    Summary,
+    SessionInfo, Summary,
 };
 use crate::pb;
 
@@ -129,6 +129,7 @@ pub(crate) fn failure_to_pb(f: &Failure) -> pb::Failure {
         http_status: f.http_status.map(u32::from),
         provider: f.provider.clone(),
         model: f.model.clone(),
+        hint: f.hint.clone(),
     }
 }
 
@@ -166,6 +167,7 @@ pub(crate) fn failure_from_pb(f: &pb::Failure) -> Option<Failure> {
         http_status: f.http_status.and_then(|s| u16::try_from(s).ok()),
         provider: f.provider.clone(),
         model: f.model.clone(),
+        hint: f.hint.clone(),
     })
 }
 
@@ -229,6 +231,19 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
         parked: b.parked,
         oldest_pending_age: b.oldest_pending_age.map(duration),
         parked_by_class: b.parked_by_class.into_iter().collect(),
+    }
+}
+
+pub(crate) fn session_info_to_pb(s: SessionInfo) -> pb::SessionInfo {
+    pb::SessionInfo {
+        session_id: s.name,
+        entry_count: s.entry_count,
+        last_seq: s.last_seq,
+        open_segment_id: s.open_segment_id,
+        pending: s.pending,
+        parked: s.parked,
+        created_at: Some(timestamp(s.created_at)),
+        last_append_at: Some(timestamp(s.last_append_at)),
     }
 }
 

@@ -11,11 +11,12 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::App;
+use crate::app::{App, BuildError};
 use crate::backfill::{self, Options, Progress, Report};
 use crate::config::Overrides;
 use crate::failure::cause_chain;
 use crate::model::{Millis, SessionName};
+use crate::store::{OpenMode, StoreError};
 
 /// Exit code when segments are left unsummarised.
 pub(crate) const EXIT_LEFT: u8 = 2;
@@ -44,55 +45,74 @@ pub struct BackfillArgs {
     /// Also retry PARKED segments (bad key, unknown model, invalid request).
     #[arg(long)]
     pub include_parked: bool,
-    /// List what would be done; change nothing.
+    /// List what would be done; change nothing (the database is opened
+    /// read-only).
     #[arg(long)]
     pub dry_run: bool,
     /// Print the report as JSON on standard output.
     #[arg(long)]
     pub json: bool,
+    /// Summarise even though the provider configured here differs from the
+    /// one the database was last served with.
+    #[arg(long)]
+    pub allow_provider_change: bool,
+}
+
+/// Why a run did not get to its report.
+enum Failed {
+    /// The command line asks for something impossible: exit 64.
+    Usage(String),
+    /// Anything else: exit 1.
+    Error(String),
 }
 
 /// Runs the command: 0 when nothing is left unsummarised, 2 when something
-/// is, 1 on an error.
+/// is, 1 on an error, 64 on a usage error.
 pub async fn run(args: BackfillArgs) -> ExitCode {
     match drain(args).await {
         Ok(report) if report.left() == 0 => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(EXIT_LEFT),
-        Err(e) => {
+        Err(Failed::Usage(e)) => {
+            eprintln!("error: {e}\n\nFor more information, try 'archivist backfill --help'.");
+            ExitCode::from(super::EXIT_USAGE)
+        }
+        Err(Failed::Error(e)) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn drain(args: BackfillArgs) -> Result<Report, String> {
+async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
+    let usage = |flag: &'static str| move |e: String| Failed::Usage(format!("{flag}: {e}"));
     let config = super::load_config(&Overrides {
         config_file: args.config.clone(),
-        listen: None,
         data_dir: args.data_dir.clone(),
         // The backfill serves nothing: where the server listens is not its
         // concern.
         insecure_open: true,
-    })?;
+        ..Overrides::default()
+    })
+    .map_err(Failed::Error)?;
     let options = Options {
         session: args
             .session
             .as_deref()
             .map(SessionName::parse)
             .transpose()
-            .map_err(|e| format!("--session: {e}"))?,
+            .map_err(|e| Failed::Usage(format!("--session: {e}")))?,
         closed_before: args
             .closed_before
             .as_deref()
             .map(parse_time)
             .transpose()
-            .map_err(|e| format!("--closed-before: {e}"))?,
+            .map_err(usage("--closed-before"))?,
         closed_after: args
             .closed_after
             .as_deref()
             .map(parse_time)
             .transpose()
-            .map_err(|e| format!("--closed-after: {e}"))?,
+            .map_err(usage("--closed-after"))?,
         concurrency: args
             .concurrency
             .unwrap_or(config.reconciler.concurrency as usize),
@@ -100,12 +120,36 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
         dry_run: args.dry_run,
     };
     if options.concurrency == 0 {
-        return Err("--concurrency must be at least 1".to_owned());
+        return Err(Failed::Usage("--concurrency must be at least 1".to_owned()));
     }
     let api_key = std::env::var(&config.provider.api_key_env).ok();
-    let app = App::build(&config, api_key, "backfill")
+    // A backfill never creates a database: a missing one means the wrong
+    // --data-dir (or directory), and a dry run only reads.
+    let mode = if args.dry_run {
+        OpenMode::ReadOnly
+    } else {
+        OpenMode::Existing
+    };
+    let error = |e: BuildError| Failed::Error(cause_chain(&e).join(": "));
+    let app = App::open(&config, api_key, "backfill", mode)
         .await
-        .map_err(|e| cause_chain(&e).join(": "))?;
+        .map_err(|e| match e {
+            BuildError::Store(StoreError::NoDatabase { path }) => Failed::Error(format!(
+                "there is no database at {}, so there is nothing to backfill (and nothing was created): point --data-dir, or data_dir in --config FILE, at the server's data directory",
+                path.display()
+            )),
+            e => error(e),
+        })?;
+    let changed_from = if args.dry_run {
+        app.provider_change()
+            .await
+            .map_err(|e| error(e.into()))?
+            .map(|(_, identity)| identity)
+    } else {
+        app.claim_provider(args.allow_provider_change)
+            .await
+            .map_err(error)?
+    };
 
     let cancel = CancellationToken::new();
     let on_signal = {
@@ -119,9 +163,11 @@ async fn drain(args: BackfillArgs) -> Result<Report, String> {
     let report = backfill::run(&app, &options, &cancel, |p| display.show(p)).await;
     display.finish();
     on_signal.abort();
-    let report = report.map_err(|e| cause_chain(&e).join(": "))?;
+    let mut report = report.map_err(|e| Failed::Error(cause_chain(&e).join(": ")))?;
+    report.provider_changed_from = changed_from;
     if args.json {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| Failed::Error(e.to_string()))?;
         println!("{text}");
     } else {
         print!("{}", render(&report));
@@ -153,6 +199,7 @@ fn parse_time(text: &str) -> Result<Millis, String> {
 /// seconds otherwise.
 struct Display {
     bar: Option<ProgressBar>,
+    started: Instant,
     last_line: Instant,
     last: Progress,
     quiet: bool,
@@ -162,6 +209,7 @@ impl Display {
     fn new(dry_run: bool) -> Display {
         Display {
             bar: None,
+            started: Instant::now(),
             last_line: Instant::now(),
             last: Progress::default(),
             quiet: dry_run,
@@ -177,7 +225,7 @@ impl Display {
             let bar = self.bar.get_or_insert_with(|| {
                 let bar = ProgressBar::new(p.total);
                 if let Ok(style) = ProgressStyle::with_template(
-                    "{bar:40} {pos}/{len} segments, {per_sec}, {msg} [{elapsed_precise}, eta {eta}]",
+                    "{bar:40} {pos}/{len} segments, {msg} [{elapsed_precise}, eta {eta}]",
                 ) {
                     bar.set_style(style);
                 }
@@ -185,47 +233,92 @@ impl Display {
             });
             bar.set_length(p.total);
             bar.set_position(p.done);
-            bar.set_message(format!("{} summarised", p.summarised));
+            bar.set_message(format!(
+                "{} summarised, {}",
+                p.summarised,
+                rate(p.done, self.started.elapsed())
+            ));
         } else if p.done == 0 || self.last_line.elapsed() >= Duration::from_secs(5) {
             self.last_line = Instant::now();
-            eprintln!(
-                "backfill: {}/{} segments, {} summarised",
-                p.done, p.total, p.summarised
-            );
+            eprintln!("{}", self.line(p));
         }
+    }
+
+    fn line(&self, p: Progress) -> String {
+        format!(
+            "backfill: {}/{} segments, {} summarised, {}",
+            p.done,
+            p.total,
+            p.summarised,
+            rate(p.done, self.started.elapsed())
+        )
     }
 
     fn finish(&mut self) {
         if let Some(bar) = self.bar.take() {
             bar.finish();
         } else if !self.quiet && self.last.total > 0 {
-            eprintln!(
-                "backfill: {}/{} segments, {} summarised",
-                self.last.done, self.last.total, self.last.summarised
-            );
+            eprintln!("{}", self.line(self.last));
         }
+    }
+}
+
+/// Segments a second (or a minute, when fewer), to a sensible precision.
+fn rate(done: u64, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    if done == 0 || secs <= 0.0 {
+        return "0/s".to_owned();
+    }
+    let per_sec = done as f64 / secs;
+    if per_sec >= 10.0 {
+        format!("{per_sec:.0}/s")
+    } else if per_sec >= 1.0 {
+        format!("{per_sec:.1}/s")
+    } else {
+        format!("{:.1}/min", per_sec * 60.0)
     }
 }
 
 /// The report for a person.
 pub(crate) fn render(report: &Report) -> String {
+    use crate::text::count;
     let mut out = String::new();
+    if let Some(provider) = &report.provider {
+        out.push_str(&format!("provider: {provider}\n"));
+    }
+    if let Some(before) = &report.provider_changed_from {
+        if report.dry_run {
+            out.push_str(&format!(
+                "provider changed: the database last ran with {before}; a real run refuses \
+                 unless given --allow-provider-change (or the server's --config)\n"
+            ));
+        } else {
+            out.push_str(&format!(
+                "provider changed: the database last ran with {before} (--allow-provider-change)\n"
+            ));
+        }
+    }
     if report.dry_run {
         out.push_str(&format!(
-            "dry run: {} unsummarised segment(s) match; nothing was changed\n",
-            report.matched
+            "dry run: a run would take {}; nothing was changed\n",
+            count(report.matched, "segment", "segments")
         ));
         for s in &report.segments {
             out.push_str(&format!(
-                "  segment {} of {}: {}, {} attempt(s){}\n",
+                "  segment {} of {}: {}, {}, {}{}\n",
                 s.id,
                 s.session,
                 s.state,
-                s.attempts,
-                s.class
-                    .as_deref()
-                    .map(|c| format!(", last failure {c}"))
-                    .unwrap_or_default()
+                count(u64::from(s.attempts), "attempt", "attempts"),
+                match s.class.as_str() {
+                    "not_attempted" => "not attempted yet".to_owned(),
+                    class => format!("last failure {class}"),
+                },
+                if s.claimed_elsewhere {
+                    " (a server is running its pass now)"
+                } else {
+                    ""
+                }
             ));
         }
     } else {
@@ -234,6 +327,12 @@ pub(crate) fn render(report: &Report) -> String {
     out.push_str(&format!("still pending: {}\n", report.pending));
     for (class, n) in &report.pending_by_class {
         out.push_str(&format!("  {class}: {n}\n"));
+    }
+    if report.claimed_elsewhere > 0 {
+        out.push_str(&format!(
+            "  (a server is running the passes of {} of them now)\n",
+            report.claimed_elsewhere
+        ));
     }
     out.push_str(&format!("parked: {}\n", report.parked));
     for (class, n) in &report.parked_by_class {
@@ -245,10 +344,19 @@ pub(crate) fn render(report: &Report) -> String {
     if let Some(why) = &report.stopped_early {
         out.push_str(&format!("stopped early: {why}\n"));
     }
-    if report.parked > 0 && !report.dry_run {
-        out.push_str(
-            "parked segments need a fixed provider setup; then rerun with --include-parked\n",
-        );
+    if report.parked > 0 {
+        out.push_str(match (report.dry_run, report.include_parked) {
+            (true, false) => {
+                "parked segments are not taken without --include-parked; run `archivist check` first to see whether the provider setup is fixed\n"
+            }
+            (true, true) => "",
+            (false, false) => {
+                "parked segments wait for a fixed provider setup: run `archivist check`, fix what it reports, then rerun with --include-parked (a server started with the fixed setup retries them by itself)\n"
+            }
+            (false, true) => {
+                "parked segments failed again under this provider setup: run `archivist check` to see what is wrong, and fix it before the next run\n"
+            }
+        });
     }
     out
 }

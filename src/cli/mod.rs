@@ -1,11 +1,18 @@
-//! Command-line entry points other than `serve`, and what they share with
-//! it: configuration loading and signals.
+//! Command-line entry points other than `serve` (`backfill`, `check`, the
+//! terminal client in `session.rs`), and what they share with it:
+//! configuration loading, signals, the listen address and exit codes.
 
 pub mod backfill;
+pub mod check;
 pub mod session;
 
 use crate::config::{self, Config, Overrides};
 use crate::failure::cause_chain;
+
+/// Exit code of a usage error (bad flags or arguments), as sysexits'
+/// EX_USAGE: never one a command gives to an outcome, such as backfill's 2
+/// for "work left".
+pub const EXIT_USAGE: u8 = 64;
 
 /// Loads the configuration (file, `ARCHIVIST_*` variables, flags); the
 /// error is the text to print.
@@ -14,6 +21,12 @@ pub fn load_config(overrides: &Overrides) -> Result<Config, String> {
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
     config::load(overrides, env).map_err(|e| cause_chain(&e).join(": "))
+}
+
+/// A `--listen` address: `IP:PORT`, or `HOST:PORT` for a name such as
+/// localhost.
+pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    config::parse_listen(text)
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -59,8 +59,42 @@ pub fn load(
         config.data_dir = dir.clone();
     }
     config.insecure_open = overrides.insecure_open;
+    config.allow_provider_change = overrides.allow_provider_change;
     config.validate()?;
     Ok(config)
+}
+
+/// Every configuration key with its default and its environment variable,
+/// one a line, for `archivist serve --help`.
+pub fn keys_help() -> String {
+    let mut out = String::from(
+        "Configuration: a TOML file (--config FILE, or ARCHIVIST_CONFIG=FILE), then environment \
+         variables, then flags; each overrides the one before, and every key is optional. \
+         An unknown key or a bad value stops the server, naming the key. Durations are \
+         written 500ms, 30s, 1h.\n\nKey (default) and its environment variable:\n",
+    );
+    let rows: Vec<(String, String)> = leaves_of_defaults()
+        .into_iter()
+        .filter(|(_, default)| !matches!(default, toml::Value::Array(_)))
+        .map(|(path, default)| {
+            let shown = match &default {
+                toml::Value::String(s) if s.is_empty() => "(unset)".to_owned(),
+                other => other.to_string(),
+            };
+            (format!("{} = {shown}", path.join(".")), env_name(&path))
+        })
+        .collect();
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, var) in rows {
+        out.push_str(&format!("  {key:width$}  {var}\n"));
+    }
+    out.push_str(
+        "  [[auth.tenants]] name, token_sha256 or token_env   (in the file only)\n\n\
+         The provider's key is read from the variable provider.api_key_env names (its NAME \
+         goes in the configuration, never the key). The terminal client reads \
+         ARCHIVIST_SERVER and ARCHIVIST_TOKEN. Every key is described in docs/configuration.md.",
+    );
+    out
 }
 
 fn read_file(path: &Path) -> Result<toml::Table, ConfigError> {
@@ -282,6 +316,35 @@ ceiling = "15s"
         let c = load(&o, env(&[("ARCHIVIST_LISTEN", "127.0.0.1:7001")])).expect("loads");
         assert_eq!(c.listen.to_string(), "127.0.0.1:7002");
         assert_eq!(c.data_dir, PathBuf::from("/tmp/elsewhere"));
+    }
+
+    #[test]
+    fn a_key_in_api_key_env_is_refused_without_repeating_it() {
+        for pasted in [
+            "sk-proj-abcdefghijklmnop1234567890",
+            "gsk_9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c",
+            "",
+            "MY KEY",
+        ] {
+            let e = load(
+                &Overrides::default(),
+                env(&[("ARCHIVIST_PROVIDER_API_KEY_ENV", pasted)]),
+            )
+            .expect_err("refused");
+            let text = crate::failure::cause_chain(&e).join(": ");
+            assert!(text.contains("provider.api_key_env"), "{text}");
+            if !pasted.is_empty() {
+                assert!(!text.contains(pasted), "the value is repeated: {text}");
+            }
+        }
+        for name in ["OPENAI_API_KEY", "MY_UNSET_KEY", "groq_key", "_K2"] {
+            let c = load(
+                &Overrides::default(),
+                env(&[("ARCHIVIST_PROVIDER_API_KEY_ENV", name)]),
+            )
+            .expect("a variable name is fine");
+            assert_eq!(c.provider.api_key_env, name);
+        }
     }
 
     #[test]

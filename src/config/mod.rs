@@ -5,7 +5,7 @@
 
 mod load;
 
-pub use load::load;
+pub use load::{keys_help, load};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,6 +25,7 @@ const ENV_PREFIX: &str = "ARCHIVIST_";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    #[serde(with = "listen_addr")]
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
     pub log_format: LogFormat,
@@ -44,6 +45,11 @@ pub struct Config {
     /// tenants configured. Never read from a file.
     #[serde(skip)]
     pub insecure_open: bool,
+    /// Set by `--allow-provider-change`: summarise even though the provider
+    /// differs from the one the database last ran with. Never read from a
+    /// file.
+    #[serde(skip)]
+    pub allow_provider_change: bool,
 }
 
 /// Bearer-token tenants. With none, the server runs open (one tenant).
@@ -85,7 +91,7 @@ pub struct TlsConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", with = "listen_addr::option")]
     pub listen: Option<SocketAddr>,
 }
 
@@ -101,6 +107,10 @@ pub enum LogFormat {
 pub struct SegmentConfig {
     pub max_entries: u32,
     pub max_tokens: u32,
+    /// An OPEN segment with no append for this long is closed (by the
+    /// reconciler); zero: never.
+    #[serde(with = "duration")]
+    pub max_idle: Duration,
 }
 
 /// The memory tree: roll-ups of recaps, and the context carried into a
@@ -175,6 +185,9 @@ pub struct ProviderConfig {
     pub api_key_env: String,
     pub max_input_tokens: u32,
     pub max_output_tokens: u32,
+    /// `serve` sends one tiny request at start-up (in the background) and
+    /// logs whether the provider answers, and what would fix it if not.
+    pub check_on_start: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -240,6 +253,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             metrics: MetricsConfig::default(),
             insecure_open: false,
+            allow_provider_change: false,
         }
     }
 }
@@ -249,6 +263,7 @@ impl Default for SegmentConfig {
         SegmentConfig {
             max_entries: 50,
             max_tokens: 4000,
+            max_idle: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -274,6 +289,7 @@ impl Default for ProviderConfig {
             api_key_env: "OPENAI_API_KEY".to_owned(),
             max_input_tokens: 8000,
             max_output_tokens: 512,
+            check_on_start: true,
         }
     }
 }
@@ -423,6 +439,13 @@ impl Config {
                 return invalid("provider.model", "must not be empty");
             }
         }
+        if !is_variable_name(&self.provider.api_key_env) {
+            // The value is not repeated: it may well be the key itself.
+            return invalid(
+                "provider.api_key_env",
+                "must be the NAME of an environment variable (letters, digits and _, such as OPENAI_API_KEY), not the key itself: put the key in a variable and name that variable here (the value given is not shown, in case it is a key)",
+            );
+        }
         if self.provider.max_input_tokens < 64 {
             return invalid("provider.max_input_tokens", "must be at least 64");
         }
@@ -465,6 +488,7 @@ impl Config {
         }
         let longest = crate::failure::LONGEST_WAIT;
         for (key, d) in [
+            ("segment.max_idle", self.segment.max_idle),
             ("retry.initial_backoff", r.initial_backoff),
             ("retry.max_backoff", r.max_backoff),
             ("retry.attempt_timeout", r.attempt_timeout),
@@ -484,6 +508,25 @@ impl Config {
     }
 }
 
+/// Whether `name` can be an environment variable's name and does not look
+/// like a pasted key: letters, digits and `_`, not starting with a digit,
+/// and not a long run mixing lowercase letters and digits as keys do
+/// (variable names are conventionally capitals).
+fn is_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    let Some(first) = chars.next() else {
+        return false;
+    };
+    if !(first.is_ascii_alphabetic() || first == '_')
+        || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return false;
+    }
+    let lower = name.chars().filter(char::is_ascii_lowercase).count();
+    let digits = name.chars().filter(char::is_ascii_digit).count();
+    !(name.len() >= 24 && lower >= 4 && digits >= 4)
+}
+
 /// The hex SHA-256 of a token: what `auth.tenants[].token_sha256` takes.
 pub fn token_sha256(token: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -497,6 +540,7 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
     pub insecure_open: bool,
+    pub allow_provider_change: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -525,6 +569,76 @@ pub enum ConfigError {
     },
     #[error("{key}: {message}")]
     Invalid { key: String, message: String },
+}
+
+/// An address to listen on: `IP:PORT`, or `HOST:PORT` with a name (such as
+/// `localhost:50051`) resolved now, an IPv4 address preferred.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bad = || {
+        format!(
+            "{text:?} is not an address to listen on: write it as IP:PORT or HOST:PORT, such as 127.0.0.1:50051, [::1]:50051 or localhost:50051"
+        )
+    };
+    if !text.contains(':') {
+        return Err(bad());
+    }
+    match std::net::ToSocketAddrs::to_socket_addrs(text) {
+        Ok(addrs) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or(addrs.first())
+                .copied()
+                .ok_or_else(bad)
+        }
+        Err(e) => Err(format!("{} ({e})", bad())),
+    }
+}
+
+/// Listen addresses, read with `parse_listen`.
+mod listen_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(addr: &SocketAddr, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(addr)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_listen(&text).map_err(serde::de::Error::custom)
+    }
+
+    pub mod option {
+        use std::net::SocketAddr;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(
+            addr: &Option<SocketAddr>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match addr {
+                Some(addr) => s.collect_str(addr),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<SocketAddr>, D::Error> {
+            let text = String::deserialize(d)?;
+            super::super::parse_listen(&text)
+                .map(Some)
+                .map_err(serde::de::Error::custom)
+        }
+    }
 }
 
 /// Durations written as `500ms`, `30s`, `1h` (humantime's format).

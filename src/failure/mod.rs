@@ -132,6 +132,9 @@ pub struct Failure {
     pub http_status: Option<u16>,
     pub provider: String,
     pub model: String,
+    /// What most likely fixes it, for a person (empty when unknown).
+    #[serde(default)]
+    pub hint: String,
 }
 
 impl Failure {

@@ -35,7 +35,7 @@ const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
 /// The metrics label for a request path: one of ours, or "other", so that
 /// callers (even unauthenticated ones) cannot mint label values.
 fn method_label(path: &str) -> &'static str {
-    const METHODS: [&str; 10] = [
+    const METHODS: [&str; 11] = [
         "AppendEntries",
         "CloseSegment",
         "FlushSession",
@@ -46,6 +46,7 @@ fn method_label(path: &str) -> &'static str {
         "GetBacklog",
         "DeleteSession",
         "WatchSession",
+        "ListSessions",
     ];
     match path.strip_prefix(ARCHIVIST_PATH) {
         Some(name) => METHODS.into_iter().find(|m| *m == name).unwrap_or("other"),

@@ -31,11 +31,15 @@ use crate::pb;
 use crate::service::Service;
 use crate::wire::{
     append_to_pb, backlog_to_pb, context_to_pb, event_to_pb, gap_to_pb, segment_to_pb,
+    session_info_to_pb,
 };
 pub(crate) use gate::{NameOversize, RecordCalls, ShedLoad};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
-use validate::{call_deadline, page_token, parse_append, parse_list, parse_requeue, parse_session};
+use validate::{
+    call_deadline, page_token, parse_append, parse_list, parse_list_sessions, parse_requeue,
+    parse_session, session_page_token,
+};
 
 pub(crate) struct GrpcService {
     service: Arc<Service>,
@@ -235,6 +239,23 @@ impl pb::archivist_server::Archivist for GrpcService {
             .await
             .map_err(service_status)?;
         Ok(Response::new(backlog_to_pb(backlog)))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let (after, page_size) = parse_list_sessions(request.get_ref())?;
+        let (sessions, next) = self
+            .service
+            .list_sessions(&tenant, after, page_size)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions: sessions.into_iter().map(session_info_to_pb).collect(),
+            next_page_token: next.as_ref().map(session_page_token).unwrap_or_default(),
+        }))
     }
 
     async fn delete_session(

@@ -93,7 +93,26 @@ fn store_status(err: &StoreError) -> Status {
             "TENANT_STORAGE_FULL",
             vec![("limit_bytes".to_owned(), limit.to_string())],
         ),
+        StoreError::ClientEntryIdReused {
+            session,
+            client_entry_id,
+            index,
+            seq,
+        } => (
+            Code::AlreadyExists,
+            "CLIENT_ENTRY_ID_REUSED",
+            vec![
+                ("session_id".to_owned(), session.clone()),
+                ("client_entry_id".to_owned(), client_entry_id.clone()),
+                ("entry".to_owned(), format!("entries[{index}]")),
+                ("seq".to_owned(), seq.to_string()),
+            ],
+        ),
         StoreError::Open { .. }
+        | StoreError::NoDatabase { .. }
+        | StoreError::NeedsMigration { .. }
+        | StoreError::ReadOnly
+        | StoreError::Detached
         | StoreError::DataDir { .. }
         | StoreError::Migration { .. }
         | StoreError::TooNew { .. }
@@ -114,6 +133,14 @@ fn store_status(err: &StoreError) -> Status {
     );
     match (code, err) {
         (Code::NotFound, _) => {}
+        (_, StoreError::ClientEntryIdReused { index, seq, .. }) => {
+            details.add_bad_request_violation(
+                format!("entries[{index}].client_entry_id"),
+                format!(
+                    "already names entry {seq} of this session, which has other content; use a new id for a new entry"
+                ),
+            );
+        }
         (_, StoreError::TenantFull { tenant, limit, .. }) => {
             details.add_quota_failure_violation(
                 format!("tenant:{tenant}"),
@@ -163,9 +190,9 @@ fn failure_status(segment_id: u64, failure: &Failure) -> Status {
     }
     details.set_debug_info(clip_causes(failure.causes.clone()), "");
     let message = format!(
-        "recap of segment {segment_id} failed ({}) after {} attempt(s): {}",
+        "recap of segment {segment_id} failed ({}) after {}: {}",
         failure.class.as_str(),
-        failure.attempts,
+        crate::text::count(u64::from(failure.attempts), "attempt", "attempts"),
         failure
             .causes
             .last()

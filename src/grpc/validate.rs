@@ -209,6 +209,39 @@ pub(super) fn parse_list(
     Ok((filter, after, page_size))
 }
 
+/// Session page tokens: `n1.` and the last session id served.
+pub(super) fn session_page_token(after: &SessionName) -> String {
+    format!("n1.{after}")
+}
+
+/// A ListSessions request, checked: the session id to continue after, and
+/// the page size.
+pub(super) fn parse_list_sessions(
+    req: &pb::ListSessionsRequest,
+) -> Result<(Option<SessionName>, u32), Status> {
+    let after = match req.page_token.as_str() {
+        "" => None,
+        token => match token
+            .strip_prefix("n1.")
+            .and_then(|name| SessionName::parse(name).ok())
+        {
+            Some(name) => Some(name),
+            None => {
+                return Err(invalid(vec![violation(
+                    "page_token",
+                    "INVALID_PAGE_TOKEN",
+                    "not a page token this service issued",
+                )]));
+            }
+        },
+    };
+    let page_size = match req.page_size {
+        0 => DEFAULT_PAGE_SIZE,
+        n => n.min(MAX_PAGE_SIZE),
+    };
+    Ok((after, page_size))
+}
+
 /// A RequeueSegments request, checked: the session (if named) and the ids.
 pub(super) fn parse_requeue(
     req: &pb::RequeueSegmentsRequest,

@@ -12,6 +12,8 @@ mod record;
 pub(crate) mod retry;
 pub(crate) mod schedule;
 
+pub(crate) use pipeline::ProbeOutcome;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -12,13 +12,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Span, warn};
 
 use super::recap::{plan_chunks, plan_folds};
-use super::retry::{Classified, PassEnd, run_pass};
+use super::retry::{Classified, Logged, PassEnd, run_pass};
 use super::schedule::after_failure;
 use super::{PassOutcome, Summariser, record};
+use crate::config::RetryConfig;
 use crate::events::{Event, EventKind};
-use crate::failure::{FailureClass, cause_chain};
+use crate::failure::{Failure, FailureClass, cause_chain};
 use crate::metrics::Outcome;
-use crate::model::{Disposition, Millis, SegmentId, Summary, estimate_tokens};
+use crate::model::{Disposition, Entry, Millis, Role, SegmentId, Summary, estimate_tokens};
 use crate::provider::{ProviderError, Recap, RecapInput};
 use crate::store::{Claim, EndedPass, Material, PassInput, StoreError};
 use crate::text::prefix;
@@ -36,6 +37,32 @@ impl Classified for ProviderError {
     fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
+}
+
+/// What a probe sends: one short user entry, so that the request costs a
+/// handful of tokens.
+const PROBE_TEXT: &str =
+    "archivist check: this is a connectivity test. Reply with one short sentence.";
+/// The most a probe's answer may be.
+const PROBE_OUTPUT_TOKENS: u32 = 32;
+
+/// What a probe of the provider found.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    pub(crate) outcome: ProbeOutcome,
+    /// Sends made.
+    pub(crate) attempts: u32,
+    pub(crate) elapsed: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) enum ProbeOutcome {
+    /// The provider answered with a completion.
+    Answered(Recap),
+    /// The pass gave up; the failure says why, with its hint.
+    Failed(Failure),
+    /// The probe was cancelled (shutdown) before it ended.
+    Cancelled,
 }
 
 /// What the last request of a combination is.
@@ -127,11 +154,11 @@ impl Summariser {
             PassEnd::GaveUp(end) => {
                 let failure = record::failure(
                     &self.provider,
-                    id,
+                    record::Subject::Segment(id),
                     end,
                     tally.attempts,
                     started.elapsed(),
-                    self.config.retry.pass_ceiling,
+                    &self.config.retry,
                 );
                 let disposition = after_failure(
                     &failure,
@@ -308,16 +335,78 @@ impl Summariser {
         }
     }
 
-    /// One pass (the bounded retry loop) over one provider request.
+    /// Sends one tiny synthetic recap through a pass under `retry`,
+    /// touching no store and no claim: what `archivist check` and the
+    /// start-up check of `serve` see of the provider.
+    pub(crate) async fn probe(&self, retry: &RetryConfig, cancel: &CancellationToken) -> Probe {
+        let entries = [Entry {
+            seq: 1,
+            client_entry_id: None,
+            role: Role::User,
+            content: PROBE_TEXT.to_owned(),
+            created_at: Millis::now(),
+            tokens: estimate_tokens(PROBE_TEXT),
+        }];
+        let started = Instant::now();
+        let mut tally = Tally::default();
+        let result = self
+            .send_pass(
+                RecapInput::Entries {
+                    entries: &entries,
+                    carry: None,
+                },
+                &mut tally,
+                cancel,
+                retry,
+                PROBE_OUTPUT_TOKENS,
+                Logged::No,
+            )
+            .await;
+        let elapsed = started.elapsed();
+        let outcome = match result {
+            Ok(recap) => ProbeOutcome::Answered(recap),
+            Err(PassEnd::Cancelled) => ProbeOutcome::Cancelled,
+            Err(PassEnd::GaveUp(end)) => ProbeOutcome::Failed(record::failure(
+                &self.provider,
+                record::Subject::Probe,
+                end,
+                tally.attempts,
+                elapsed,
+                retry,
+            )),
+        };
+        Probe {
+            outcome,
+            attempts: tally.attempts,
+            elapsed,
+        }
+    }
+
+    /// One pass over one provider request, under the configured bounds.
     async fn one_pass(
         &self,
         input: RecapInput<'_>,
         tally: &mut Tally,
         cancel: &CancellationToken,
     ) -> Result<Recap, PassEnd<ProviderError>> {
+        let retry = &self.config.retry;
         let max_output = self.config.max_output_tokens;
+        self.send_pass(input, tally, cancel, retry, max_output, Logged::Yes)
+            .await
+    }
+
+    /// One pass (the bounded retry loop) over one provider request.
+    async fn send_pass(
+        &self,
+        input: RecapInput<'_>,
+        tally: &mut Tally,
+        cancel: &CancellationToken,
+        retry: &RetryConfig,
+        max_output: u32,
+        logged: Logged,
+    ) -> Result<Recap, PassEnd<ProviderError>> {
         let answered = AtomicU32::new(0);
-        let report = run_pass(&self.config.retry, cancel, |_, _| async {
+        let report = run_pass(retry, cancel, logged, |_, _| async {
             let result = self.provider.summarise(input, max_output).await;
             answered.fetch_add(1, Ordering::Relaxed);
             self.metrics.attempt(match &result {

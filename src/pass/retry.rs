@@ -120,11 +120,21 @@ impl Schedule {
     }
 }
 
+/// Whether a pass logs its retries and its giving up: a recap's does; a
+/// probe of the provider, which reports its own result in one line, does
+/// not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Logged {
+    Yes,
+    No,
+}
+
 /// Runs `attempt` under the pass rules of `config`. `attempt` gets the
 /// attempt number (from 1) and the timeout it runs under.
 pub(crate) async fn run_pass<T, E, F, Fut>(
     config: &RetryConfig,
     cancel: &CancellationToken,
+    logged: Logged,
     mut attempt: F,
 ) -> PassReport<T, E>
 where
@@ -158,22 +168,28 @@ where
             Err(_) => {
                 let end = GaveUp::TimedOut { timeout };
                 if attempts >= config.max_attempts || Instant::now() >= deadline {
-                    warn_exhausted(&end, attempts, start.elapsed());
+                    if logged == Logged::Yes {
+                        warn_exhausted(&end, attempts, start.elapsed());
+                    }
                     return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
                 let wait = schedule.next_wait();
                 if !fits(wait, deadline) {
                     let end = GaveUp::Ceiling { last: None };
-                    warn_exhausted(&end, attempts, start.elapsed());
+                    if logged == Logged::Yes {
+                        warn_exhausted(&end, attempts, start.elapsed());
+                    }
                     return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
-                warn_retry::<E>(
-                    attempts,
-                    config.max_attempts,
-                    FailureClass::Timeout,
-                    wait,
-                    None,
-                );
+                if logged == Logged::Yes {
+                    warn_retry::<E>(
+                        attempts,
+                        config.max_attempts,
+                        FailureClass::Timeout,
+                        wait,
+                        None,
+                    );
+                }
                 if sleep_or_cancel(wait, cancel).await.is_err() {
                     return report(Err(PassEnd::Cancelled), attempts);
                 }
@@ -183,7 +199,9 @@ where
         let class = error.class();
         if !class.retry_within_pass() || attempts >= config.max_attempts {
             let end = GaveUp::Error(error);
-            warn_exhausted(&end, attempts, start.elapsed());
+            if logged == Logged::Yes {
+                warn_exhausted(&end, attempts, start.elapsed());
+            }
             return report(Err(PassEnd::GaveUp(end)), attempts);
         }
         let backoff = schedule.next_wait();
@@ -192,7 +210,9 @@ where
             // reconciler schedules the segment no sooner than it asks.
             Some(asked) if asked > config.max_blind_wait => {
                 let end = GaveUp::Error(error);
-                warn_exhausted(&end, attempts, start.elapsed());
+                if logged == Logged::Yes {
+                    warn_exhausted(&end, attempts, start.elapsed());
+                }
                 return report(Err(PassEnd::GaveUp(end)), attempts);
             }
             Some(asked) => asked.max(backoff),
@@ -206,10 +226,14 @@ where
             } else {
                 GaveUp::Ceiling { last: Some(error) }
             };
-            warn_exhausted(&end, attempts, start.elapsed());
+            if logged == Logged::Yes {
+                warn_exhausted(&end, attempts, start.elapsed());
+            }
             return report(Err(PassEnd::GaveUp(end)), attempts);
         }
-        warn_retry(attempts, config.max_attempts, class, wait, Some(&error));
+        if logged == Logged::Yes {
+            warn_retry(attempts, config.max_attempts, class, wait, Some(&error));
+        }
         if sleep_or_cancel(wait, cancel).await.is_err() {
             return report(Err(PassEnd::Cancelled), attempts);
         }
@@ -340,7 +364,7 @@ mod tests {
     async fn retryable_failures_get_exactly_max_attempts() {
         let calls = Arc::new(AtomicU32::new(0));
         let c = config();
-        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -358,7 +382,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn success_after_failures_stops_retrying() {
         let calls = Arc::new(AtomicU32::new(0));
-        let report = run_pass(&config(), &CancellationToken::new(), |n, _| {
+        let report = run_pass(&config(), &CancellationToken::new(), Logged::Yes, |n, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -383,7 +407,7 @@ mod tests {
             FailureClass::QuotaExhausted,
         ] {
             let calls = Arc::new(AtomicU32::new(0));
-            let report = run_pass(&config(), &CancellationToken::new(), |_, _| {
+            let report = run_pass(&config(), &CancellationToken::new(), Logged::Yes, |_, _| {
                 let calls = calls.clone();
                 async move {
                     calls.fetch_add(1, Ordering::SeqCst);
@@ -400,7 +424,7 @@ mod tests {
     async fn retry_after_is_honoured_and_a_long_one_ends_the_pass() {
         let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let c = config();
-        let report = run_pass(&c, &CancellationToken::new(), |n, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |n, _| {
             let times = times.clone();
             async move {
                 times.lock().expect("lock").push(Instant::now());
@@ -421,7 +445,7 @@ mod tests {
 
         let calls = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
-        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -445,7 +469,7 @@ mod tests {
         };
         let calls = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
-        let report = run_pass(&c, &CancellationToken::new(), |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -474,7 +498,7 @@ mod tests {
                 ..config()
             };
             let start = Instant::now();
-            let report = run_pass(&c, &CancellationToken::new(), |_, _| async {
+            let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| async {
                 std::future::pending::<Result<(), Fake>>().await
             })
             .await;
@@ -495,7 +519,7 @@ mod tests {
         let trigger = cancel.clone();
         let start = Instant::now();
         let handle = tokio::spawn(async move {
-            run_pass(&c, &cancel, |_, _| async {
+            run_pass(&c, &cancel, Logged::Yes, |_, _| async {
                 std::future::pending::<Result<(), Fake>>().await
             })
             .await

@@ -71,6 +71,7 @@ mod tests {
             http_status: None,
             provider: "p".to_owned(),
             model: "m".to_owned(),
+            hint: String::new(),
         }
     }
 

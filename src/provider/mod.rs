@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::config::{ProviderConfig, ProviderKind};
 use crate::failure::FailureClass;
-use crate::model::{Entry, Millis, Role, estimate_tokens};
+use crate::model::{Entry, Millis, ProviderIdentity, Role, estimate_tokens};
 
 pub use extractive::Extractive;
 pub use openai::OpenAi;
@@ -40,6 +40,19 @@ pub struct Recap {
     pub output_tokens: u32,
 }
 
+/// What, beyond its class, an attempt's failure says about the setup:
+/// decided where the typed answer was in hand, for the fix a person is
+/// told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Symptom {
+    /// An HTTP 404 that names no model: the URL has no chat-completions
+    /// route, so `base_url` is wrong (often a missing `/v1`).
+    NoRoute,
+    /// An HTML page where JSON was due: `base_url` points at a website, a
+    /// proxy's page or a login wall rather than the API.
+    HtmlPage,
+}
+
 /// One failed attempt, classified where the typed cause was still in hand.
 #[derive(Debug, thiserror::Error)]
 #[error("{provider} recap attempt failed ({})", class.as_str())]
@@ -48,6 +61,7 @@ pub struct ProviderError {
     pub class: FailureClass,
     pub http_status: Option<u16>,
     pub retry_after: Option<Duration>,
+    pub symptom: Option<Symptom>,
     /// The source's cause chain, secrets removed, for log lines.
     pub detail: String,
     #[source]
@@ -95,6 +109,23 @@ impl Provider {
         }
     }
 
+    /// Which provider this is, as the database records it for a run: kind,
+    /// base URL (credentials redacted) and model; never the key.
+    pub fn identity(&self) -> ProviderIdentity {
+        match self {
+            Provider::Extractive(_) => ProviderIdentity {
+                kind: extractive::NAME.to_owned(),
+                base_url: String::new(),
+                model: extractive::MODEL.to_owned(),
+            },
+            Provider::OpenAi(p) => ProviderIdentity {
+                kind: openai::NAME.to_owned(),
+                base_url: p.base_url().to_owned(),
+                model: p.model().to_owned(),
+            },
+        }
+    }
+
     /// Identifies the provider configuration: kind, base URL, model and the
     /// key's identity (a hash of it, never the key). A segment parked under
     /// one fingerprint is due again under another.
@@ -111,6 +142,32 @@ impl Provider {
         match self {
             Provider::Extractive(_) => None,
             Provider::OpenAi(p) => Some(max_input_tokens.saturating_sub(p.prompt_tokens()).max(16)),
+        }
+    }
+
+    /// The base URL requests go to (credentials redacted); empty for a
+    /// provider that calls no endpoint.
+    pub fn base_url(&self) -> &str {
+        match self {
+            Provider::Extractive(_) => "",
+            Provider::OpenAi(p) => p.base_url(),
+        }
+    }
+
+    /// The URL of a chat completion (credentials redacted), if there is one.
+    pub fn endpoint(&self) -> Option<String> {
+        match self {
+            Provider::Extractive(_) => None,
+            Provider::OpenAi(p) => Some(format!("{}/chat/completions", p.base_url())),
+        }
+    }
+
+    /// The name of the variable the key is read from, and whether it held
+    /// one; None for a provider that needs no key.
+    pub fn key_source(&self) -> Option<(&str, bool)> {
+        match self {
+            Provider::Extractive(_) => None,
+            Provider::OpenAi(p) => Some((p.key_env(), !p.secrets().is_empty())),
         }
     }
 
@@ -149,7 +206,7 @@ impl Provider {
                     e.summarise(&entries, max_output_tokens)
                 }
             }),
-            Provider::OpenAi(p) => p.summarise(&input).await,
+            Provider::OpenAi(p) => p.summarise(&input, max_output_tokens).await,
         }
     }
 }

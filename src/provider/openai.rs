@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::prompts::{self, Prompt};
-use super::{ProviderError, Recap, RecapInput};
+use super::{ProviderError, Recap, RecapInput, Symptom};
 use crate::config::ProviderConfig;
 use crate::failure::{
     ErrorBody, FailureClass, cause_chain, classify_http, parse_retry_after, redact,
@@ -24,10 +24,14 @@ const MAX_BODY_QUOTE: usize = 300;
 
 pub struct OpenAi {
     client: reqwest::Client,
+    /// `provider.base_url` with any credentials in it redacted: what logs
+    /// and the database may show.
+    base_url: String,
     endpoint: String,
     model: String,
+    /// The name of the variable the key was read from.
+    key_env: String,
     api_key: Option<String>,
-    max_output_tokens: u32,
 }
 
 /// One failed attempt, before it is classified. Display never repeats the
@@ -40,12 +44,13 @@ pub enum OpenAiError {
     Body(#[source] reqwest::Error),
     #[error("the provider answered HTTP {status}: {detail}")]
     Status { status: u16, detail: String },
-    #[error("the response is not a chat completion ({content_type}): {snippet}")]
+    /// Display carries the JSON error itself (no source): the root of
+    /// the chain then says what came back, not only where parsing stopped.
+    #[error("{}", decode_message(.content_type, .snippet, .json_error))]
     Decode {
         content_type: String,
         snippet: String,
-        #[source]
-        source: serde_json::Error,
+        json_error: serde_json::Error,
     },
     #[error("the provider returned an empty completion")]
     Empty,
@@ -109,17 +114,29 @@ impl OpenAi {
             .pool_idle_timeout(Duration::from_secs(60))
             .user_agent(concat!("archivist/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let base_url = config.base_url.trim_end_matches('/');
         Ok(OpenAi {
             client,
-            endpoint: format!("{}/chat/completions", config.base_url.trim_end_matches('/')),
+            base_url: redact(base_url, &[]),
+            endpoint: format!("{base_url}/chat/completions"),
             model: config.model.clone(),
+            key_env: config.api_key_env.clone(),
             api_key: api_key.filter(|k| !k.is_empty()),
-            max_output_tokens: config.max_output_tokens,
         })
     }
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    /// The base URL, credentials redacted.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    /// The name of the variable the key is read from.
+    pub fn key_env(&self) -> &str {
+        &self.key_env
     }
 
     /// A hash of kind, endpoint, model and key: equal for equal
@@ -147,22 +164,30 @@ impl OpenAi {
         prompts::overhead_tokens() + 32
     }
 
-    /// One attempt. The caller bounds it in time.
-    pub async fn summarise(&self, input: &RecapInput<'_>) -> Result<Recap, ProviderError> {
+    /// One attempt, asking for at most `max_output_tokens`. The caller
+    /// bounds it in time.
+    pub async fn summarise(
+        &self,
+        input: &RecapInput<'_>,
+        max_output_tokens: u32,
+    ) -> Result<Recap, ProviderError> {
         let (prompt, user) = prompts::request(input);
-        self.send(prompt, &user).await.map_err(|f| ProviderError {
-            provider: NAME,
-            class: f.class,
-            http_status: f.status,
-            retry_after: f
-                .retry_after
-                .filter(|_| f.class == FailureClass::RateLimited),
-            detail: redact(&cause_chain(&f.error).join(": "), &self.secrets()),
-            source: Box::new(f.error),
-        })
+        self.send(prompt, &user, max_output_tokens)
+            .await
+            .map_err(|f| ProviderError {
+                provider: NAME,
+                class: f.class,
+                http_status: f.status,
+                retry_after: f
+                    .retry_after
+                    .filter(|_| f.class == FailureClass::RateLimited),
+                symptom: f.symptom,
+                detail: redact(&cause_chain(&f.error).join(": "), &self.secrets()),
+                source: Box::new(f.error),
+            })
     }
 
-    async fn send(&self, prompt: Prompt, user: &str) -> Result<Recap, Failed> {
+    async fn send(&self, prompt: Prompt, user: &str, max_tokens: u32) -> Result<Recap, Failed> {
         let body = ChatRequest {
             model: &self.model,
             messages: [
@@ -175,7 +200,7 @@ impl OpenAi {
                     content: user,
                 },
             ],
-            max_tokens: self.max_output_tokens,
+            max_tokens,
             temperature: 0.2,
             stream: false,
         };
@@ -192,6 +217,7 @@ impl OpenAi {
             error: OpenAiError::Send(e),
             status: None,
             retry_after: None,
+            symptom: None,
         })?;
         let status = response.status().as_u16();
         let header = |name: &str| {
@@ -218,30 +244,47 @@ impl OpenAi {
             error: OpenAiError::Body(e),
             status: Some(status),
             retry_after: None,
+            symptom: None,
         })?;
+        let html = is_html(&content_type, &text);
         if !(200..300).contains(&status) {
+            let class = classify_http(status, &text);
+            let symptom = match class {
+                FailureClass::UnknownModel
+                    if status == 404 && !ErrorBody::parse(&text).is_unknown_model() =>
+                {
+                    Some(Symptom::NoRoute)
+                }
+                _ if html => Some(Symptom::HtmlPage),
+                _ => None,
+            };
             return Err(Failed {
-                class: classify_http(status, &text),
+                class,
                 error: OpenAiError::Status {
                     status,
-                    detail: error_detail(&text, &self.secrets()),
+                    detail: error_detail(&text, &self.secrets(), symptom),
                 },
                 status: Some(status),
                 retry_after,
+                symptom,
             });
         }
-        let malformed = |error| Failed {
+        let malformed = |error, symptom| Failed {
             class: FailureClass::MalformedResponse,
             error,
             status: Some(status),
             retry_after: None,
+            symptom,
         };
-        let parsed: ChatResponse = serde_json::from_str(&text).map_err(|source| {
-            malformed(OpenAiError::Decode {
-                content_type,
-                snippet: quote(&redact(&text, &self.secrets())),
-                source,
-            })
+        let parsed: ChatResponse = serde_json::from_str(&text).map_err(|json_error| {
+            malformed(
+                OpenAiError::Decode {
+                    content_type,
+                    snippet: quote(&redact(&text, &self.secrets())),
+                    json_error,
+                },
+                html.then_some(Symptom::HtmlPage),
+            )
         })?;
         let content = parsed
             .choices
@@ -250,7 +293,7 @@ impl OpenAi {
             .and_then(|c| c.message.content)
             .map(|c| c.trim().to_owned())
             .filter(|c| !c.is_empty())
-            .ok_or_else(|| malformed(OpenAiError::Empty))?;
+            .ok_or_else(|| malformed(OpenAiError::Empty, None))?;
         let usage = parsed.usage.unwrap_or(Usage {
             prompt_tokens: crate::model::estimate_tokens(user),
             completion_tokens: crate::model::estimate_tokens(&content),
@@ -271,18 +314,53 @@ struct Failed {
     class: FailureClass,
     status: Option<u16>,
     retry_after: Option<Duration>,
+    symptom: Option<Symptom>,
+}
+
+/// Whether an answer is an HTML page (by its content type, or by its look
+/// when the type is missing or wrong).
+fn is_html(content_type: &str, body: &str) -> bool {
+    let start = body
+        .trim_start()
+        .get(..15)
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    content_type.to_ascii_lowercase().contains("text/html")
+        || start.starts_with("<!doctype html")
+        || start.starts_with("<html")
+}
+
+/// What a body that is not a chat completion was, for a person.
+fn decode_message(content_type: &str, snippet: &str, error: &serde_json::Error) -> String {
+    if is_html(content_type, snippet) {
+        format!(
+            "the provider answered with an HTML page ({content_type}) where a JSON chat completion was due: {snippet}"
+        )
+    } else if error.is_syntax() || error.is_eof() {
+        format!("the provider's answer ({content_type}) is not JSON ({error}): {snippet}")
+    } else {
+        format!(
+            "the provider's answer ({content_type}) is JSON but not a chat completion ({error}): {snippet}"
+        )
+    }
 }
 
 /// The provider's own message (and code) where the body has one, else a
-/// quote of the body.
-fn error_detail(body: &str, secrets: &[&str]) -> String {
+/// quote of the body; for a 404 without a model named, what that means.
+fn error_detail(body: &str, secrets: &[&str], symptom: Option<Symptom>) -> String {
     let parsed = ErrorBody::parse(body);
     let text = match (parsed.message.is_empty(), parsed.code.is_empty()) {
         (true, _) => body.to_owned(),
         (false, true) => parsed.message,
         (false, false) => format!("{} ({})", parsed.message, parsed.code),
     };
-    quote(&redact(&text, secrets))
+    let quoted = quote(&redact(&text, secrets));
+    match symptom {
+        Some(Symptom::NoRoute) => format!(
+            "no such route (the URL is not a chat-completions endpoint; is provider.base_url right?): {quoted}"
+        ),
+        _ => quoted,
+    }
 }
 
 fn quote(text: &str) -> String {
@@ -299,4 +377,42 @@ fn quote(text: &str) -> String {
     }
     let cut: String = flat.chars().take(MAX_BODY_QUOTE).collect();
     format!("{cut}… [truncated]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_error(body: &str) -> serde_json::Error {
+        serde_json::from_str::<ChatResponse>(body)
+            .err()
+            .expect("not a completion")
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_completion_is_described_by_what_it_is() {
+        let page = "<!DOCTYPE html><html><body>502 Bad Gateway</body></html>";
+        let text = decode_message("text/html", page, &json_error(page));
+        assert!(
+            text.starts_with("the provider answered with an HTML page"),
+            "{text}"
+        );
+        assert!(text.contains("502 Bad Gateway"), "{text}");
+        // No content type, but an HTML page all the same.
+        assert!(is_html("no content type", "  <html><p>hi</p></html>"));
+
+        let other = r#"{"object": "list", "data": []}"#;
+        let text = decode_message("application/json", other, &json_error(other));
+        assert!(text.contains("is JSON but not a chat completion"), "{text}");
+        let cut = "{\"choices\": [";
+        let text = decode_message("application/json", cut, &json_error(cut));
+        assert!(text.contains("is not JSON"), "{text}");
+    }
+
+    #[test]
+    fn a_404_naming_no_model_says_the_route_is_missing() {
+        let text = error_detail("404 page not found", &[], Some(Symptom::NoRoute));
+        assert!(text.contains("provider.base_url"), "{text}");
+        assert!(text.contains("404 page not found"), "{text}");
+    }
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use crate::failure::Failure;
 use crate::model::{
-    AppendOutcome, Backlog, Context, Disposition, Entry, Millis, NewEntry, Segment, SegmentId,
-    SegmentPolicy, SegmentState, SessionName, Summary, Tenant,
+    AppendOutcome, Backlog, Context, Disposition, Entry, Millis, NewEntry, ProviderIdentity,
+    Segment, SegmentId, SegmentPolicy, SegmentState, SessionInfo, SessionName, Summary, Tenant,
 };
 
 /// A backend's own error, kept as the source of a `StoreError` so the cause
@@ -51,6 +51,27 @@ pub enum StoreError {
     },
     #[error("the database is at schema version {found}, newer than this build knows ({known})")]
     TooNew { found: i64, known: usize },
+    #[error(
+        "the database is at schema version {found} and this build needs {known}: start the server (or a backfill that is not a dry run) once to migrate it"
+    )]
+    NeedsMigration { found: i64, known: usize },
+    #[error("there is no database at {path}")]
+    NoDatabase { path: PathBuf },
+    #[error("the store was opened read-only")]
+    ReadOnly,
+    #[error("no database is open")]
+    Detached,
+    #[error(
+        "entries[{index}]: client_entry_id {client_entry_id:?} already names entry {seq} of session {session:?}, with other content; nothing of this call was stored"
+    )]
+    ClientEntryIdReused {
+        session: String,
+        client_entry_id: String,
+        /// The entry's position in the call.
+        index: usize,
+        /// The seq of the entry stored under that id.
+        seq: u64,
+    },
     #[error("database query failed")]
     Query(#[source] BackendError),
     #[error("the write was not committed")]
@@ -88,6 +109,21 @@ pub(crate) enum Durability {
     /// Power loss and operating-system crashes too: an fsync at every
     /// commit, shared by the writes committed together.
     Power,
+}
+
+/// How a run opens the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum OpenMode {
+    /// Creates the data directory and the database as needed, and migrates
+    /// it (the server, the benchmarks).
+    #[default]
+    Create,
+    /// Opens a database that must exist already, and migrates it (a
+    /// backfill: it has nothing to drain in a database nobody served).
+    Existing,
+    /// Opens a database that must exist already, for reading only: nothing
+    /// is created, migrated or written (a dry run, `archivist check`).
+    ReadOnly,
 }
 
 /// A held claim on a segment: the right to write its result, as long as the
@@ -183,6 +219,9 @@ pub struct Store {
 #[derive(Clone)]
 enum Backend {
     Sqlite(sqlite::Sqlite),
+    /// No database: every call fails with `Detached`. For a provider probe
+    /// run where no database exists, which must not create one.
+    Detached,
 }
 
 /// Calls the same method on whichever backend the store runs on.
@@ -190,6 +229,7 @@ macro_rules! on_backend {
     ($store:expr, $b:ident => $call:expr) => {
         match &$store.backend {
             Backend::Sqlite($b) => $call,
+            Backend::Detached => Err(StoreError::Detached),
         }
     };
 }
@@ -206,9 +246,31 @@ impl Store {
         data_dir: &Path,
         durability: Durability,
     ) -> Result<Store, StoreError> {
+        Store::open_as(data_dir, durability, OpenMode::Create).await
+    }
+
+    /// Opens the database in `data_dir` as `mode` says.
+    pub(crate) async fn open_as(
+        data_dir: &Path,
+        durability: Durability,
+        mode: OpenMode,
+    ) -> Result<Store, StoreError> {
         Ok(Store {
-            backend: Backend::Sqlite(sqlite::Sqlite::open(data_dir, durability).await?),
+            backend: Backend::Sqlite(sqlite::Sqlite::open(data_dir, durability, mode).await?),
         })
+    }
+
+    /// A store with no database behind it: every call fails with
+    /// `Detached`.
+    pub(crate) fn detached() -> Store {
+        Store {
+            backend: Backend::Detached,
+        }
+    }
+
+    /// Where the database of `data_dir` is (or would be).
+    pub(crate) fn database_path(data_dir: &Path) -> PathBuf {
+        sqlite::Sqlite::database_path(data_dir)
     }
 
     /// Appends `entries` in order to the session's open segment, creating
@@ -259,10 +321,43 @@ impl Store {
         on_backend!(self, b => b.has_session(tenant, session).await)
     }
 
-    /// Closes every open segment of every session (at shutdown); returns
-    /// how many were closed.
-    pub(crate) async fn close_all_open_segments(&self) -> Result<u64, StoreError> {
-        on_backend!(self, b => b.close_all_open_segments().await)
+    /// Closes the open segments of sessions whose last append was at or
+    /// before `cutoff`, at most `limit` of them, longest idle first; returns
+    /// their ids. A session that took an append since is left alone.
+    pub(crate) async fn close_idle_segments(
+        &self,
+        cutoff: Millis,
+        limit: u32,
+    ) -> Result<Vec<SegmentId>, StoreError> {
+        on_backend!(self, b => b.close_idle_segments(cutoff, limit).await)
+    }
+
+    /// The tenant's sessions in name order, after the name `after` (if
+    /// any), at most `limit` of them.
+    pub(crate) async fn list_sessions(
+        &self,
+        tenant: &Tenant,
+        after: Option<SessionName>,
+        limit: u32,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        on_backend!(self, b => b.list_sessions(tenant, after, limit).await)
+    }
+
+    /// The provider a run of `role` (serve, backfill) last recorded.
+    pub(crate) async fn provider_identity(
+        &self,
+        role: &str,
+    ) -> Result<Option<ProviderIdentity>, StoreError> {
+        on_backend!(self, b => b.provider_identity(role).await)
+    }
+
+    /// Records the provider a run of `role` summarises with.
+    pub(crate) async fn record_provider_identity(
+        &self,
+        role: &str,
+        identity: &ProviderIdentity,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, b => b.record_provider_identity(role, identity).await)
     }
 
     /// One segment, if the tenant's sessions hold it.

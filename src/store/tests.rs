@@ -59,6 +59,7 @@ fn failure(class: FailureClass) -> Failure {
         http_status: None,
         provider: "p".to_owned(),
         model: "m".to_owned(),
+        hint: String::new(),
     }
 }
 
@@ -372,4 +373,211 @@ async fn context_keeps_the_newest_that_fits() {
             Err(StoreError::SessionNotFound(_))
         ));
     }
+}
+
+#[tokio::test]
+async fn idle_open_segments_close_and_busy_ones_do_not() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        for name in ["idle", "busy"] {
+            store
+                .append(&t, &session(name), entries(&["x"]), POLICY, 0)
+                .await
+                .expect("append");
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let cutoff = Millis::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        store
+            .append(&t, &session("busy"), entries(&["y"]), POLICY, 0)
+            .await
+            .expect("append");
+        let closed = store
+            .close_idle_segments(cutoff, 100)
+            .await
+            .expect("close idle");
+        assert_eq!(closed.len(), 1);
+        let idle = store
+            .session_segments(&t, &session("idle"))
+            .await
+            .expect("segments");
+        assert_eq!(idle[0].state, SegmentState::Pending);
+        assert!(idle[0].next_attempt_at.is_some(), "due at once");
+        let busy = store
+            .session_segments(&t, &session("busy"))
+            .await
+            .expect("segments");
+        assert_eq!(busy[0].state, SegmentState::Open);
+        // Nothing is left to close, and the idle session's next append
+        // opens a new segment.
+        assert!(
+            store
+                .close_idle_segments(cutoff, 100)
+                .await
+                .expect("again")
+                .is_empty()
+        );
+        let next = store
+            .append(&t, &session("idle"), entries(&["z"]), POLICY, 0)
+            .await
+            .expect("append");
+        assert_ne!(next.open_segment_id, Some(idle[0].id));
+    }
+}
+
+#[tokio::test]
+async fn sessions_list_by_name_for_their_tenant_only() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        for name in ["b", "a", "c"] {
+            store
+                .append(&t, &session(name), entries(&["x", "y"]), POLICY, 0)
+                .await
+                .expect("append");
+        }
+        store
+            .append(&other, &session("a"), entries(&["z"]), POLICY, 0)
+            .await
+            .expect("append");
+        let all = store.list_sessions(&t, None, 10).await.expect("list");
+        let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!((all[0].entry_count, all[0].last_seq), (2, 2));
+        assert!(all[0].open_segment_id.is_some());
+        assert!(all[0].last_append_at >= all[0].created_at);
+        let page = store
+            .list_sessions(&t, Some(session("a")), 1)
+            .await
+            .expect("page");
+        assert_eq!(page.len(), 1);
+        assert_eq!(page[0].name, "b");
+        let theirs = store.list_sessions(&other, None, 10).await.expect("list");
+        assert_eq!(theirs.len(), 1);
+        assert_eq!(theirs[0].entry_count, 1);
+    }
+}
+
+#[tokio::test]
+async fn a_reused_client_entry_id_with_other_content_stores_nothing() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let keyed = |id: &str, text: &str| NewEntry {
+            client_entry_id: Some(id.to_owned()),
+            role: Role::User,
+            content: text.to_owned(),
+        };
+        store
+            .append(&t, &session("s"), vec![keyed("k", "first")], POLICY, 0)
+            .await
+            .expect("append");
+        let refused = store
+            .append(
+                &t,
+                &session("s"),
+                vec![keyed("new", "would be 2"), keyed("k", "other")],
+                POLICY,
+                0,
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::ClientEntryIdReused { index: 1, seq: 1, ref client_entry_id, .. })
+                    if client_entry_id == "k"
+            ),
+            "{refused:?}"
+        );
+        let again = store
+            .append(&t, &session("s"), vec![keyed("new", "now 2")], POLICY, 0)
+            .await
+            .expect("append");
+        assert_eq!(again.entries[0].seq, 2, "the refused call stored nothing");
+    }
+}
+
+#[tokio::test]
+async fn provider_records_are_kept_per_role() {
+    for (_db, store) in stores().await {
+        assert!(
+            store
+                .provider_identity("serve")
+                .await
+                .expect("read")
+                .is_none()
+        );
+        let served = ProviderIdentity {
+            kind: "openai".to_owned(),
+            base_url: "http://127.0.0.1:11434/v1".to_owned(),
+            model: "llama3.2".to_owned(),
+        };
+        store
+            .record_provider_identity("serve", &served)
+            .await
+            .expect("record");
+        let changed = ProviderIdentity {
+            model: "llama3.3".to_owned(),
+            ..served.clone()
+        };
+        store
+            .record_provider_identity("backfill", &changed)
+            .await
+            .expect("record");
+        assert_eq!(
+            store.provider_identity("serve").await.expect("read"),
+            Some(served)
+        );
+        assert_eq!(
+            store.provider_identity("backfill").await.expect("read"),
+            Some(changed)
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_existing_or_read_only_open_never_creates_a_database() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nope");
+    for mode in [OpenMode::Existing, OpenMode::ReadOnly] {
+        let opened = Store::open_as(&missing, Durability::Process, mode).await;
+        assert!(
+            matches!(opened, Err(StoreError::NoDatabase { .. })),
+            "{mode:?}"
+        );
+        assert!(!missing.exists(), "{mode:?} created the directory");
+    }
+    let store = Store::open(dir.path()).await.expect("create");
+    store
+        .append(
+            &Tenant::default(),
+            &session("s"),
+            entries(&["x"]),
+            POLICY,
+            0,
+        )
+        .await
+        .expect("append");
+    let read_only = Store::open_as(dir.path(), Durability::Process, OpenMode::ReadOnly)
+        .await
+        .expect("read-only");
+    assert_eq!(
+        read_only
+            .session_segments(&Tenant::default(), &session("s"))
+            .await
+            .expect("read")
+            .len(),
+        1
+    );
+    assert!(matches!(
+        read_only
+            .append(
+                &Tenant::default(),
+                &session("s"),
+                entries(&["y"]),
+                POLICY,
+                0
+            )
+            .await,
+        Err(StoreError::ReadOnly)
+    ));
 }

@@ -22,6 +22,8 @@ async fn backfill(data_dir: &Path, base: &str, args: &[&str]) -> (i32, String) {
         .args(args)
         .env("ARCHIVIST_PROVIDER_KIND", "openai")
         .env("ARCHIVIST_PROVIDER_BASE_URL", format!("{base}/v1"))
+        // The model the tests' servers are configured with (`fast`).
+        .env("ARCHIVIST_PROVIDER_MODEL", "test-model")
         .env("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms")
         .env("ARCHIVIST_RETRY_MAX_BACKOFF", "40ms")
         // These tests count level-1 sends and summaries: no roll-ups.
@@ -61,20 +63,35 @@ async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
     append_and_close(&server, "c").await.expect_err("refused");
     let dir = server.stop().await;
 
+    // Each fake provider below has a URL of its own: another provider than
+    // the one the database was served with, which a run must be told is
+    // meant (--allow-provider-change); a dry run only reports it.
     let down = Script::new(vec![ResponseTemplate::new(503)]);
     let down_mock = down.mount().await;
 
-    // A dry run lists the two and changes nothing.
+    // A dry run lists what a run would take (the pending one; the parked
+    // one only with --include-parked), counts what is left, and changes
+    // nothing.
     let (code, out) = backfill(dir.path(), &down_mock.uri(), &["--dry-run", "--json"]).await;
     assert_eq!(code, 2, "{out}");
     let report = json(&out);
     assert_eq!(report["dry_run"], true);
-    assert_eq!(report["matched"], 2);
+    assert_eq!(report["matched"], 1);
     assert_eq!(report["pending"], 1);
     assert_eq!(report["pending_by_class"]["unavailable"], 1);
     assert_eq!(report["parked"], 1);
     assert_eq!(report["parked_by_class"]["unauthorized"], 1);
-    assert_eq!(report["segments"].as_array().map(Vec::len), Some(2));
+    assert_eq!(report["segments"].as_array().map(Vec::len), Some(1));
+    assert_eq!(report["segments"][0]["claimed_elsewhere"], false);
+    assert_eq!(
+        report["provider"]["base_url"],
+        format!("{}/v1", down_mock.uri())
+    );
+    assert_eq!(
+        report["provider_changed_from"]["base_url"],
+        format!("{}/v1", mock.uri()),
+        "the dry run says a real run would be refused"
+    );
     assert_eq!(down.calls(), 0, "a dry run sends nothing");
     let (_, again) = backfill(dir.path(), &down_mock.uri(), &["--dry-run", "--json"]).await;
     assert_eq!(
@@ -82,12 +99,19 @@ async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
         report["segments"],
         "and changes nothing"
     );
+    let (_, with_parked) = backfill(
+        dir.path(),
+        &down_mock.uri(),
+        &["--dry-run", "--json", "--include-parked"],
+    )
+    .await;
+    assert_eq!(json(&with_parked)["matched"], 2);
 
     // Filters narrow it.
     let (code, out) = backfill(
         dir.path(),
         &down_mock.uri(),
-        &["--dry-run", "--json", "--session", "c"],
+        &["--dry-run", "--json", "--session", "c", "--include-parked"],
     )
     .await;
     assert_eq!(code, 2);
@@ -100,20 +124,37 @@ async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
     .await;
     assert_eq!(code, 0, "nothing closed an hour ago: {out}");
 
+    // A real run with another provider is refused, naming both, and sends
+    // nothing.
+    let (code, out) = backfill(dir.path(), &down_mock.uri(), &["--json"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(down.calls(), 0);
+
     // A real run with the provider still down: one pass for the pending
     // segment, the parked one left alone.
-    let (code, out) = backfill(dir.path(), &down_mock.uri(), &["--json"]).await;
+    let (code, out) = backfill(
+        dir.path(),
+        &down_mock.uri(),
+        &["--json", "--allow-provider-change"],
+    )
+    .await;
     assert_eq!(code, 2, "{out}");
     let report = json(&out);
     assert_eq!(report["summarised"], 0);
     assert_eq!(report["pending_by_class"]["unavailable"], 1);
     assert_eq!(report["parked_by_class"]["unauthorized"], 1);
+    assert_eq!(report["stopped_early"], Value::Null);
     assert_eq!(down.calls(), 3, "one pass: max_attempts sends");
 
     // With a healthy provider and --include-parked, nothing is left.
     let up = Script::new(vec![completion("Recap at last.")]);
     let up_mock = up.mount().await;
-    let (code, out) = backfill(dir.path(), &up_mock.uri(), &["--json", "--include-parked"]).await;
+    let (code, out) = backfill(
+        dir.path(),
+        &up_mock.uri(),
+        &["--json", "--include-parked", "--allow-provider-change"],
+    )
+    .await;
     assert_eq!(code, 0, "{out}");
     let report = json(&out);
     assert_eq!(report["summarised"], 2);
@@ -123,9 +164,13 @@ async fn the_report_counts_what_is_left_and_the_exit_code_says_so() {
     );
     assert_eq!(up.calls(), 2);
 
-    let (code, out) = backfill(dir.path(), &up_mock.uri(), &[]).await;
+    let (code, out) = backfill(dir.path(), &up_mock.uri(), &["--allow-provider-change"]).await;
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("summarised: 0"), "{out}");
+    assert!(
+        out.contains(&format!("provider: openai at {}/v1", up_mock.uri())),
+        "{out}"
+    );
     assert_eq!(up.calls(), 2);
 }
 
@@ -167,10 +212,11 @@ async fn beside_a_live_server_each_recap_is_sent_once() {
 
 #[tokio::test]
 async fn ctrl_c_stops_a_backfill_cleanly() {
-    // A segment left open at shutdown is closed then, after the reconciler
-    // has stopped: one PENDING segment for the backfill.
-    let server = TestServer::start().await;
+    // One PENDING segment for the backfill: its pass failed at a provider
+    // that was not there.
+    let server = TestServer::start_with(|c| fast(c, "http://127.0.0.1:9")).await;
     server.append("s", &["something owed a recap"]).await;
+    server.close("s", true).await.expect_err("nothing answered");
     let dir = server.stop().await;
     interrupt(dir).await;
 }
@@ -185,6 +231,7 @@ async fn interrupt(dir: tempfile::TempDir) {
         .arg("--data-dir")
         .arg(dir.path())
         .arg("--json")
+        .arg("--allow-provider-change")
         .env("ARCHIVIST_PROVIDER_KIND", "openai")
         .env(
             "ARCHIVIST_PROVIDER_BASE_URL",
@@ -219,7 +266,41 @@ async fn interrupt(dir: tempfile::TempDir) {
     // segment at once and finishes it.
     let up = Script::new(vec![completion("Recap.")]);
     let up_mock = up.mount().await;
-    let (code, out) = backfill(dir.path(), &up_mock.uri(), &["--json"]).await;
+    let (code, out) = backfill(
+        dir.path(),
+        &up_mock.uri(),
+        &["--json", "--allow-provider-change"],
+    )
+    .await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(json(&out)["summarised"], 1);
+}
+
+#[tokio::test]
+async fn include_parked_that_fails_again_is_not_stopped_early_nor_told_to_rerun_itself() {
+    let refusing = Script::new(vec![error_json(
+        401,
+        "invalid_api_key",
+        "Incorrect API key",
+    )]);
+    let mock = refusing.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    for session in ["a", "b", "c"] {
+        append_and_close(&server, session)
+            .await
+            .expect_err("refused");
+    }
+    let dir = server.stop().await;
+    // Three parked segments, and a provider that still refuses the key:
+    // three passes, all failed, the breaker open after the last one.
+    let (code, out) = backfill(dir.path(), &mock.uri(), &["--include-parked"]).await;
+    assert_eq!(code, 2, "{out}");
+    assert!(!out.contains("stopped early"), "{out}");
+    assert!(
+        out.contains("failed again under this provider setup"),
+        "{out}"
+    );
+    assert!(!out.contains("then rerun with --include-parked"), "{out}");
+    assert!(out.contains("unauthorized: 3"), "{out}");
+    assert_eq!(refusing.calls(), 6, "one send per segment, each time");
 }

@@ -20,9 +20,19 @@ impl Process {
     /// Starts `archivist serve` on `data_dir` on a port of its own choosing
     /// (read back from its start-up line), and waits until it answers.
     async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
+        Process::start_with(data_dir, env, &[]).await
+    }
+
+    /// As `start`, with more flags for `serve`.
+    async fn start_with(
+        data_dir: &std::path::Path,
+        env: &[(&str, &str)],
+        flags: &[&str],
+    ) -> Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_archivist"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
+            .args(flags)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -65,6 +75,8 @@ impl Process {
     }
 
     /// Starts the binary against an OpenAI-compatible provider at `base`.
+    /// Each fake provider has a base URL of its own, so a restart with
+    /// another one is a provider change the test means.
     async fn start_openai(
         data_dir: &std::path::Path,
         base: &str,
@@ -75,9 +87,11 @@ impl Process {
             ("ARCHIVIST_PROVIDER_KIND", "openai"),
             ("ARCHIVIST_PROVIDER_BASE_URL", url.as_str()),
             ("ARCHIVIST_RECONCILER_INTERVAL", "200ms"),
+            // The tests count every request the provider gets.
+            ("ARCHIVIST_PROVIDER_CHECK_ON_START", "false"),
         ];
         env.extend_from_slice(extra);
-        Process::start(data_dir, &env).await
+        Process::start_with(data_dir, &env, &["--allow-provider-change"]).await
     }
 
     /// Waits up to `limit` for `n` segments to be SUMMARISED.
@@ -218,7 +232,7 @@ fn a_bad_configuration_is_refused_naming_the_key() {
 }
 
 #[tokio::test]
-async fn sigterm_exits_cleanly_and_keeps_the_data() {
+async fn sigterm_and_a_restart_between_two_appends_leave_one_segment() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut server = Process::start(dir.path(), &[]).await;
     let mut client = server.client().await;
@@ -241,24 +255,50 @@ async fn sigterm_exits_cleanly_and_keeps_the_data() {
     assert!(status.success(), "{status:?}");
 
     let server = Process::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    // The shutdown left the segment open: the conversation goes on in it.
+    let resp = client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: "s".into(),
+            entries: vec![entry("after the restart")],
+        })
+        .await
+        .expect("append")
+        .into_inner();
+    assert_eq!(resp.entries[0].seq, 2);
+    let segs = crate::harness::list_segments(&mut client, "s").await;
+    assert_eq!(segs.len(), 1, "{segs:?}");
+    assert_eq!(segs[0].state, pb::SegmentState::Open as i32);
+    assert_eq!((segs[0].first_seq, segs[0].last_seq), (1, 2));
+    assert_eq!(Some(segs[0].id), resp.open_segment_id);
+}
+
+#[tokio::test]
+async fn an_idle_open_segment_is_closed_and_summarised_after_max_idle() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let idle = [
+        ("ARCHIVIST_SEGMENT_MAX_IDLE", "1s"),
+        ("ARCHIVIST_RECONCILER_INTERVAL", "200ms"),
+    ];
+    let mut server = Process::start(dir.path(), &idle).await;
+    let mut client = server.client().await;
+    client
+        .append_entries(pb::AppendEntriesRequest {
+            session_id: "s".into(),
+            entries: vec![entry("the host will never close this")],
+        })
+        .await
+        .expect("append");
+    // The idle time is in the database: it carries across a restart.
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+    let server = Process::start(dir.path(), &idle).await;
     let client = server.client().await;
+    let done = server.summarised(1, Duration::from_secs(10)).await;
+    assert!(done, "the idle segment was closed and summarised");
     let segs = crate::harness::list_segments(&mut client.clone(), "s").await;
-    // The open segment was closed at shutdown and its recap ran after restart.
     assert_eq!(segs.len(), 1);
-    let id = segs[0].id;
-    let done = eventually(Duration::from_secs(10), || {
-        let mut client = client.clone();
-        async move {
-            let seg = client
-                .get_segment(pb::GetSegmentRequest { segment_id: id })
-                .await
-                .expect("get")
-                .into_inner();
-            seg.state == pb::SegmentState::Summarised as i32
-        }
-    })
-    .await;
-    assert!(done);
+    assert_eq!(segs[0].state, pb::SegmentState::Summarised as i32);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,16 +403,22 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
 
     let server = Process::start_openai(dir.path(), &healthy_mock.uri(), &settings).await;
     let client = server.client().await;
-    // Both segments are owed a recap (the open one was closed at shutdown)
-    // and neither waits out a lease: the cancelled pass let its claim go.
-    let done = server.summarised(2, Duration::from_secs(4)).await;
-    assert!(done, "both segments summarised after the restart");
-    assert_eq!(healthy.calls(), 2);
+    // The closed segment is owed a recap and does not wait out a lease:
+    // the cancelled pass let its claim go. The open one stays open.
+    let done = server.summarised(1, Duration::from_secs(4)).await;
+    assert!(done, "the closed segment summarised after the restart");
+    assert_eq!(healthy.calls(), 1);
     let segs = crate::harness::list_segments(&mut client.clone(), "s").await;
-    let covered: Vec<(u64, u64)> = segs.iter().map(|s| (s.first_seq, s.last_seq)).collect();
+    let covered: Vec<(u64, u64, i32)> = segs
+        .iter()
+        .map(|s| (s.first_seq, s.last_seq, s.state))
+        .collect();
     assert_eq!(
         covered,
-        vec![(1, 3), (4, 4)],
+        vec![
+            (1, 3, pb::SegmentState::Summarised as i32),
+            (4, 4, pb::SegmentState::Open as i32)
+        ],
         "every acknowledged entry is there"
     );
 }

@@ -9,6 +9,7 @@ mod failures;
 mod harness;
 mod lifecycle;
 mod logs;
+mod operator;
 mod provider;
 mod reconciler;
 mod security;

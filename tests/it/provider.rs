@@ -96,6 +96,8 @@ pub fn fast(config: &mut Config, base: &str) {
     config.provider.kind = ProviderKind::Openai;
     config.provider.base_url = format!("{base}/v1");
     config.provider.model = "test-model".to_owned();
+    // No start-up check: the tests count every request the provider gets.
+    config.provider.check_on_start = false;
     config.retry.initial_backoff = Duration::from_millis(10);
     config.retry.max_backoff = Duration::from_millis(40);
     config.retry.attempt_timeout = Duration::from_secs(5);

@@ -214,6 +214,8 @@ kind = "openai"
 base_url = "{base_url}"
 model = "fake-model"
 api_key_env = "{KEY_ENV}"
+# No start-up check: the tests count every request the provider gets.
+check_on_start = false
 
 [retry]
 max_attempts = {max_attempts}

@@ -37,6 +37,9 @@ def test_provider_401_is_failed_precondition_unauthorized_and_parks(
         assert (failure.provider, failure.model) == ("openai", "fake-model")
         assert failure.retry_after is None
         assert failure.elapsed is not None
+        # What would fix it, naming the variable the key came from.
+        assert "refused the key" in failure.hint
+        assert SECRET_KEY not in failure.hint
 
         # The cause chain, outermost first, down to the provider's answer.
         assert len(err.causes) >= 2

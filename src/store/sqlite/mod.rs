@@ -3,9 +3,11 @@
 //! Writes go to one writer thread (`writer.rs`, group commit); reads run on
 //! a small pool of read-only connections on tokio's blocking threads, so no
 //! SQLite call ever runs on an async thread. The queries live beside what
-//! they serve: `sessions.rs` (appends and closing), `segments.rs` (reads,
-//! listings, the backlog, requeues), `claims.rs` (claims and the results
-//! written under them); `rows.rs` decodes rows and `schema.rs` migrates.
+//! they serve: `sessions.rs` (appends, closing, the session listing),
+//! `segments.rs` (reads, listings, the backlog, requeues), `claims.rs`
+//! (claims and the results written under them), `runs.rs` (the provider
+//! each kind of run last used); `rows.rs` decodes rows and `schema.rs`
+//! migrates.
 //!
 //! Durability: WAL, by default with `synchronous = NORMAL`. A committed
 //! transaction is in the WAL file before its caller is answered, so it
@@ -16,6 +18,7 @@
 
 mod claims;
 mod rows;
+mod runs;
 mod schema;
 mod segments;
 mod sessions;
@@ -28,7 +31,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
-use super::{Durability, StoreError};
+use super::{Durability, OpenMode, StoreError};
 use writer::{Job, job, writer_loop};
 
 /// Jobs waiting for the writer before callers wait to enqueue.
@@ -67,34 +70,77 @@ pub(super) struct Sqlite {
 
 struct Inner {
     path: PathBuf,
-    jobs: mpsc::Sender<Job>,
+    /// None when opened read-only: every write fails with `ReadOnly`.
+    jobs: Option<mpsc::Sender<Job>>,
     readers: Mutex<Vec<Connection>>,
 }
 
 impl Sqlite {
-    /// Opens (creating as needed) the database in `data_dir`, migrates it to
-    /// the current schema and starts the writer thread.
+    /// Opens the database in `data_dir` as `mode` says: creating it as
+    /// needed or requiring it, migrating it to the current schema and
+    /// starting the writer thread, or (read-only) only checking that its
+    /// schema is the current one.
     pub(super) async fn open(
         data_dir: &Path,
         durability: Durability,
+        mode: OpenMode,
     ) -> Result<Sqlite, StoreError> {
         let data_dir = data_dir.to_owned();
-        tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability))
+        tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability, mode))
             .await
             .map_err(StoreError::Worker)?
     }
 
-    fn open_blocking(data_dir: &Path, durability: Durability) -> Result<Sqlite, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            path: data_dir.to_owned(),
-            source,
-        })?;
-        let path = data_dir.join(DATABASE_FILE);
+    /// The database file of `data_dir`.
+    pub(super) fn database_path(data_dir: &Path) -> PathBuf {
+        data_dir.join(DATABASE_FILE)
+    }
+
+    fn open_blocking(
+        data_dir: &Path,
+        durability: Durability,
+        mode: OpenMode,
+    ) -> Result<Sqlite, StoreError> {
+        let path = Sqlite::database_path(data_dir);
+        match mode {
+            OpenMode::Create => {
+                std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+                    path: data_dir.to_owned(),
+                    source,
+                })?;
+            }
+            OpenMode::Existing | OpenMode::ReadOnly => {
+                if !path.is_file() {
+                    // Named as an operator would look for it, from the root.
+                    let path = std::path::absolute(&path).unwrap_or(path);
+                    return Err(StoreError::NoDatabase { path });
+                }
+            }
+        }
+        if mode == OpenMode::ReadOnly {
+            let reader = open_reader(&path)?;
+            schema::check_current(&reader)?;
+            return Ok(Sqlite {
+                inner: Arc::new(Inner {
+                    path,
+                    jobs: None,
+                    readers: Mutex::new(vec![reader]),
+                }),
+            });
+        }
         let open_err = |e: rusqlite::Error| StoreError::Open {
             path: path.clone(),
             source: e.into(),
         };
-        let mut writer = Connection::open(&path).map_err(open_err)?;
+        let flags = match mode {
+            OpenMode::Create => OpenFlags::default(),
+            // Never create the file: it was there a moment ago, and if it
+            // has gone since, that is an error too.
+            OpenMode::Existing | OpenMode::ReadOnly => {
+                OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE
+            }
+        };
+        let mut writer = Connection::open_with_flags(&path, flags).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
         // Only the writer commits, so only its setting matters.
         writer
@@ -120,7 +166,7 @@ impl Sqlite {
         Ok(Sqlite {
             inner: Arc::new(Inner {
                 path,
-                jobs,
+                jobs: Some(jobs),
                 readers: Mutex::new(Vec::new()),
             }),
         })
@@ -133,12 +179,9 @@ impl Sqlite {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
         let (job, answer) = job(f);
-        self.inner
-            .jobs
-            .send(job)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        jobs.send(job).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -149,8 +192,9 @@ impl Sqlite {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
         let (job, answer) = job(f);
-        self.inner.jobs.try_send(job).map_err(|e| match e {
+        jobs.try_send(job).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => StoreError::Busy,
             mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
         })?;

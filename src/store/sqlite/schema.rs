@@ -220,6 +220,35 @@ BEGIN
           AND state = OLD.state;
 END;
 "#,
+    r#"
+-- When each session last stored an entry: ListSessions shows it, and the
+-- reconciler closes an OPEN segment left without an append for
+-- segment.max_idle. The partial index holds only sessions with an open
+-- segment, so that scan reads the idle ones and nothing else.
+ALTER TABLE sessions ADD COLUMN last_append_at INTEGER;
+
+UPDATE sessions SET last_append_at = coalesce(
+    (SELECT e.created_at FROM entries e WHERE e.session_id = sessions.id
+     ORDER BY e.seq DESC LIMIT 1),
+    created_at);
+
+CREATE INDEX sessions_open_by_last_append
+    ON sessions (last_append_at) WHERE open_segment_id IS NOT NULL;
+"#,
+    r#"
+-- The provider each kind of run (serve, backfill) last summarised with:
+-- kind, base URL (credentials removed) and model, never the key. A run
+-- configured with another provider is refused unless the operator says so,
+-- so that a run started without the server's configuration does not write
+-- recaps with the wrong provider.
+CREATE TABLE provider_runs (
+    role        TEXT    PRIMARY KEY,
+    kind        TEXT    NOT NULL,
+    base_url    TEXT    NOT NULL,
+    model       TEXT    NOT NULL,
+    recorded_at INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one
@@ -259,4 +288,30 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         version: known,
         source: e.into(),
     })
+}
+
+/// Checks, without changing anything, that a database opened read-only is
+/// at the schema this build knows: an older one needs a run that may write
+/// (the server, or a backfill that is not a dry run) to migrate it first.
+pub(super) fn check_current(conn: &Connection) -> Result<(), StoreError> {
+    let known = MIGRATIONS.len();
+    let current: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| StoreError::Migration {
+            version: known,
+            source: e.into(),
+        })?;
+    if current > known as i64 {
+        return Err(StoreError::TooNew {
+            found: current,
+            known,
+        });
+    }
+    if current < known as i64 {
+        return Err(StoreError::NeedsMigration {
+            found: current,
+            known,
+        });
+    }
+    Ok(())
 }

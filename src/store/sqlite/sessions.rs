@@ -1,13 +1,14 @@
 //! Sessions and their open segment: the append transaction (sequence
 //! numbers, idempotency keys, the tenant's byte cap, closing a segment at a
-//! bound of its policy) and closing segments on demand.
+//! bound of its policy), closing segments on demand or when idle, and the
+//! listing of a tenant's sessions.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Sqlite;
 use crate::model::{
-    AppendOutcome, Appended, Millis, NewEntry, SegmentId, SegmentPolicy, SegmentState, SessionName,
-    Tenant, estimate_tokens,
+    AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
+    SessionInfo, SessionName, Tenant, estimate_tokens,
 };
 use crate::store::{Erased, StoreError};
 
@@ -144,23 +145,76 @@ impl Sqlite {
             .await
     }
 
-    pub(crate) async fn close_all_open_segments(&self) -> Result<u64, StoreError> {
-        self.write(|conn| {
-            let now = Millis::now();
-            let ids: Vec<u64> = conn
+    pub(crate) async fn close_idle_segments(
+        &self,
+        cutoff: Millis,
+        limit: u32,
+    ) -> Result<Vec<SegmentId>, StoreError> {
+        // Chosen and closed in one write, so an append committed in between
+        // keeps its segment open.
+        self.write(move |conn| {
+            let idle: Vec<(i64, SegmentId)> = conn
                 .prepare_cached(
-                    "SELECT open_segment_id FROM sessions WHERE open_segment_id IS NOT NULL",
+                    "SELECT id, open_segment_id FROM sessions \
+                     WHERE open_segment_id IS NOT NULL AND last_append_at <= ?1 \
+                     ORDER BY last_append_at LIMIT ?2",
                 )?
-                .query_map([], |r| r.get(0))?
+                .query_map(params![cutoff.0, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<_, _>>()?;
-            for id in &ids {
-                close_segment_tx(conn, *id, now)?;
+            let now = Millis::now();
+            let mut clear =
+                conn.prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = ?1")?;
+            for (session_id, segment_id) in &idle {
+                close_segment_tx(conn, *segment_id, now)?;
+                clear.execute([session_id])?;
             }
-            conn.prepare_cached(
-                "UPDATE sessions SET open_segment_id = NULL WHERE open_segment_id IS NOT NULL",
-            )?
-            .execute([])?;
-            Ok(ids.len() as u64)
+            Ok(idle.into_iter().map(|(_, id)| id).collect())
+        })
+        .await
+    }
+
+    pub(crate) async fn list_sessions(
+        &self,
+        tenant: &Tenant,
+        after: Option<SessionName>,
+        limit: u32,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        let tenant = tenant.0.clone();
+        let after = after.map(|a| a.as_str().to_owned());
+        self.read(move |conn| {
+            // Through the (tenant, name) index; the counts read only each
+            // listed session's segments.
+            let mut stmt = conn.prepare_cached(
+                "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
+                 coalesce(x.last_append_at, x.created_at), \
+                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?3), \
+                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?4) \
+                 FROM sessions x WHERE x.tenant = ?1 AND x.name > ?2 ORDER BY x.name LIMIT ?5",
+            )?;
+            let rows = stmt.query_map(
+                params![
+                    tenant,
+                    after.unwrap_or_default(),
+                    SegmentState::Pending.code(),
+                    SegmentState::Parked.code(),
+                    limit
+                ],
+                |r| {
+                    let next_seq: u64 = r.get(1)?;
+                    Ok(SessionInfo {
+                        name: r.get(0)?,
+                        // Entries are never removed, and seqs have no gaps.
+                        entry_count: next_seq.saturating_sub(1),
+                        last_seq: next_seq.saturating_sub(1),
+                        open_segment_id: r.get(2)?,
+                        created_at: Millis(r.get(3)?),
+                        last_append_at: Millis(r.get(4)?),
+                        pending: r.get(5)?,
+                        parked: r.get(6)?,
+                    })
+                },
+            )?;
+            Ok(rows.collect::<Result<_, _>>()?)
         })
         .await
     }
@@ -220,7 +274,8 @@ fn append_tx(
             added_bytes += name.len() as u64 + ROW_OVERHEAD_BYTES;
             let id = conn
                 .prepare_cached(
-                    "INSERT INTO sessions (tenant, name, created_at) VALUES (?1, ?2, ?3) RETURNING id",
+                    "INSERT INTO sessions (tenant, name, created_at, last_append_at) \
+                     VALUES (?1, ?2, ?3, ?3) RETURNING id",
                 )?
                 .query_row(params![tenant, name, now.0], |r| r.get::<_, i64>(0))?;
             (id, 1, 1, None)
@@ -244,8 +299,9 @@ fn append_tx(
         None => None,
     };
 
-    let mut find_dup = conn
-        .prepare_cached("SELECT seq FROM entries WHERE session_id = ?1 AND client_entry_id = ?2")?;
+    let mut find_dup = conn.prepare_cached(
+        "SELECT seq, role, content FROM entries WHERE session_id = ?1 AND client_entry_id = ?2",
+    )?;
     let mut insert_entry = conn.prepare_cached(
         "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -259,12 +315,31 @@ fn append_tx(
         open_segment_id: None,
         closed_segment_ids: Vec::new(),
     };
-    for entry in entries {
+    let mut stored_any = false;
+    for (index, entry) in entries.into_iter().enumerate() {
         if let Some(cid) = &entry.client_entry_id {
             let seen = find_dup
-                .query_row(params![session_id, cid], |r| r.get::<_, u64>(0))
+                .query_row(params![session_id, cid], |r| {
+                    Ok((
+                        r.get::<_, u64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })
                 .optional()?;
-            if let Some(seq) = seen {
+            if let Some((seq, role, content)) = seen {
+                // The same id for another entry is a caller's bug, not a
+                // retry: refusing it (the job's savepoint undoes the whole
+                // call) beats keeping one text and silently dropping the
+                // other.
+                if Role::from_code(role) != Some(entry.role) || content != entry.content {
+                    return Err(StoreError::ClientEntryIdReused {
+                        session: name.to_owned(),
+                        client_entry_id: cid.clone(),
+                        index,
+                        seq,
+                    });
+                }
                 outcome.entries.push(Appended {
                     seq,
                     client_entry_id: entry.client_entry_id,
@@ -275,6 +350,7 @@ fn append_tx(
         }
         let seq = next_seq;
         next_seq += 1;
+        stored_any = true;
         added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
             as u64
             + ROW_OVERHEAD_BYTES;
@@ -334,13 +410,16 @@ fn append_tx(
         outcome.open_segment_id = Some(seg.id);
     }
     conn.prepare_cached(
-        "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3 WHERE id = ?4",
+        "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3, \
+         last_append_at = CASE WHEN ?5 THEN ?6 ELSE last_append_at END WHERE id = ?4",
     )?
     .execute(params![
         next_seq,
         next_ordinal,
         outcome.open_segment_id,
-        session_id
+        session_id,
+        stored_any,
+        now.0
     ])?;
     if added_bytes > 0 {
         let stored: u64 = conn

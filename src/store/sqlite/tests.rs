@@ -14,7 +14,7 @@ const POLICY: SegmentPolicy = SegmentPolicy {
 
 async fn open() -> (tempfile::TempDir, Sqlite) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Sqlite::open(dir.path(), Durability::Process)
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Create)
         .await
         .expect("open");
     (dir, store)
@@ -121,7 +121,9 @@ async fn a_panicking_job_aborts_its_batch() {
 async fn the_writer_commits_with_the_durability_asked_for() {
     for (durability, level) in [(Durability::Process, 1), (Durability::Power, 2)] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = Sqlite::open(dir.path(), durability).await.expect("open");
+        let store = Sqlite::open(dir.path(), durability, OpenMode::Create)
+            .await
+            .expect("open");
         let synchronous: i64 = store
             .write(|conn| Ok(conn.pragma_query_value(None, "synchronous", |r| r.get(0))?))
             .await
@@ -193,7 +195,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         )
         .expect("old rows");
     }
-    let store = Sqlite::open(dir.path(), Durability::Process)
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Create)
         .await
         .expect("migrated");
     let seg = store.segment(&Tenant::default(), 7).await.expect("segment");

@@ -150,7 +150,8 @@ class Failure:
     "invalid_request", "malformed_response", "cancelled" or
     "budget_exhausted". `causes` is the cause chain, outermost first, down to
     the root. `retry_after` is set for "rate_limited" when the provider said
-    how long to wait.
+    how long to wait. `hint` says what most likely fixes it, for a person
+    (empty from servers that do not send one).
     """
 
     kind: str
@@ -163,6 +164,7 @@ class Failure:
     provider: str
     model: str
     raw: pb.Failure = field(repr=False, compare=False)
+    hint: str = ""
 
     @classmethod
     def from_pb(cls, failure: pb.Failure) -> Failure:
@@ -181,6 +183,7 @@ class Failure:
             provider=failure.provider,
             model=failure.model,
             raw=failure,
+            hint=failure.hint,
         )
 
 

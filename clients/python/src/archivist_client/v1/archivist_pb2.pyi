@@ -159,7 +159,7 @@ class Summary(_message.Message):
     def __init__(self, text: _Optional[str] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., prompt_version: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("transport", "timeout", "unavailable", "rate_limited", "quota_exhausted", "unauthorized", "unknown_model", "invalid_request", "malformed_response", "cancelled", "budget_exhausted", "retryable", "causes", "attempts", "elapsed", "http_status", "provider", "model")
+    __slots__ = ("transport", "timeout", "unavailable", "rate_limited", "quota_exhausted", "unauthorized", "unknown_model", "invalid_request", "malformed_response", "cancelled", "budget_exhausted", "retryable", "causes", "attempts", "elapsed", "http_status", "provider", "model", "hint")
     class Transport(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
@@ -213,6 +213,7 @@ class Failure(_message.Message):
     HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    HINT_FIELD_NUMBER: _ClassVar[int]
     transport: Failure.Transport
     timeout: Failure.Timeout
     unavailable: Failure.Unavailable
@@ -231,7 +232,8 @@ class Failure(_message.Message):
     http_status: int
     provider: str
     model: str
-    def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+    hint: str
+    def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., hint: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
     __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at", "level", "child_ids")
@@ -348,6 +350,42 @@ class RequeueSegmentsResponse(_message.Message):
 class GetBacklogRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions", "next_page_token")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
+    next_page_token: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "entry_count", "last_seq", "open_segment_id", "pending", "parked", "created_at", "last_append_at")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPEND_AT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    entry_count: int
+    last_seq: int
+    open_segment_id: int
+    pending: int
+    parked: int
+    created_at: _timestamp_pb2.Timestamp
+    last_append_at: _timestamp_pb2.Timestamp
+    def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Backlog(_message.Message):
     __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class")

@@ -86,6 +86,11 @@ class ArchivistStub:
                 request_serializer=archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.SerializeToString,
                 response_deserializer=archivist_dot_v1_dot_archivist__pb2.SessionEvent.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/archivist.v1.Archivist/ListSessions',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class ArchivistServicer:
@@ -96,8 +101,9 @@ class ArchivistServicer:
     def AppendEntries(self, request, context):
         """Appends entries, in order, to the session's open segment (creating the
         session and the segment as needed). A segment closes in the same
-        transaction as the append that reaches one of its bounds. An entry whose
-        client_entry_id was seen before in this session is not stored twice.
+        transaction as the append that reaches one of its bounds, or once no
+        append has come for segment.max_idle. An entry whose client_entry_id
+        was seen before in this session is not stored twice.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,6 +189,13 @@ class ArchivistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """The caller's sessions, in session_id order, paginated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArchivistServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +248,11 @@ def add_ArchivistServicer_to_server(servicer, server):
                     servicer.WatchSession,
                     request_deserializer=archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.FromString,
                     response_serializer=archivist_dot_v1_dot_archivist__pb2.SessionEvent.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -509,6 +527,33 @@ class Archivist:
             '/archivist.v1.Archivist/WatchSession',
             archivist_dot_v1_dot_archivist__pb2.WatchSessionRequest.SerializeToString,
             archivist_dot_v1_dot_archivist__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/archivist.v1.Archivist/ListSessions',
+            archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

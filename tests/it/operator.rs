@@ -1,0 +1,699 @@
+//! What an operator or a person at a terminal meets, through the real
+//! binary: a backfill that refuses another provider and never creates a
+//! database, usage errors that do not look like "work left", the provider
+//! checks at start-up and `archivist check`, and the terminal client
+//! (NOT_FOUND, --json, a refused idempotency key, a close whose recap
+//! failed).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use wiremock::{MockServer, ResponseTemplate};
+
+use crate::harness::{TestServer, eventually};
+use crate::provider::{Script, completion, error_json, fast};
+
+/// What a run of the binary left: exit code, standard output and error.
+struct Ran {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
+    }
+}
+
+/// Runs `archivist ARGS` with `env` set (`None` removes a variable), in
+/// `cwd` if given, on a blocking thread so that servers and fake providers
+/// on this runtime keep answering.
+async fn archivist(args: &[&str], env: &[(&str, Option<&str>)], cwd: Option<&Path>) -> Ran {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
+    command.args(args).stdin(Stdio::null());
+    for (key, value) in env {
+        match value {
+            Some(v) => command.env(key, v),
+            None => command.env_remove(key),
+        };
+    }
+    if let Some(dir) = cwd {
+        command.current_dir(dir);
+    }
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run archivist"))
+        .await
+        .expect("joined");
+    Ran {
+        code: out.status.code().expect("exit code"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The environment of a run configured for the fake provider at `base`
+/// (as `fast` configures the tests' servers).
+fn openai_env(base: &str) -> Vec<(&'static str, Option<String>)> {
+    vec![
+        ("ARCHIVIST_PROVIDER_KIND", Some("openai".to_owned())),
+        ("ARCHIVIST_PROVIDER_BASE_URL", Some(format!("{base}/v1"))),
+        ("ARCHIVIST_PROVIDER_MODEL", Some("test-model".to_owned())),
+        ("ARCHIVIST_RETRY_INITIAL_BACKOFF", Some("10ms".to_owned())),
+        ("ARCHIVIST_RETRY_MAX_BACKOFF", Some("40ms".to_owned())),
+    ]
+}
+
+fn borrowed<'a>(env: &'a [(&'a str, Option<String>)]) -> Vec<(&'a str, Option<&'a str>)> {
+    env.iter().map(|(k, v)| (*k, v.as_deref())).collect()
+}
+
+fn closed_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_backfill_with_another_provider_is_refused_naming_both() {
+    // A server set up for an LLM, whose provider was down: one segment is
+    // owed a recap.
+    let base = closed_port();
+    let served = format!("{base}/v1");
+    let server = TestServer::start_with(|c| fast(c, &base)).await;
+    server.append("s", &["Something worth an LLM recap."]).await;
+    server.close("s", true).await.expect_err("nothing answered");
+    let dir = server.stop().await;
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+
+    // The README's backfill, run without the server's --config: the
+    // built-in extractive provider. It refuses and names both providers.
+    let ran = archivist(&["backfill", "--data-dir", data_dir], &[], None).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains("extractive"), "{}", ran.stderr);
+    assert!(ran.stderr.contains(&served), "{}", ran.stderr);
+    assert!(ran.stderr.contains("test-model"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("--allow-provider-change"),
+        "{}",
+        ran.stderr
+    );
+    // Nothing was summarised: the segment waits for its LLM recap.
+    let dry = archivist(
+        &["backfill", "--data-dir", data_dir, "--dry-run", "--json"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(dry.code, 2, "{}", dry.stderr);
+    let report = dry.json();
+    assert_eq!(report["matched"], 1);
+    assert_eq!(report["provider"]["kind"], "extractive");
+    assert_eq!(report["provider_changed_from"]["base_url"], served);
+
+    // Said on purpose, it runs, and its report names the provider it used.
+    let ran = archivist(
+        &[
+            "backfill",
+            "--data-dir",
+            data_dir,
+            "--json",
+            "--allow-provider-change",
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let report = ran.json();
+    assert_eq!(report["summarised"], 1);
+    assert_eq!(report["provider"]["kind"], "extractive");
+    assert_eq!(report["provider_changed_from"]["model"], "test-model");
+}
+
+#[tokio::test]
+async fn a_backfill_never_creates_a_database_and_usage_errors_are_not_work_left() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nonexistent");
+    let missing_str = missing.to_str().expect("utf-8 path");
+    for args in [
+        vec!["backfill", "--data-dir", missing_str, "--dry-run"],
+        vec!["backfill", "--data-dir", missing_str],
+    ] {
+        let ran = archivist(&args, &[], None).await;
+        assert_eq!(ran.code, 1, "{args:?}: {}", ran.stderr);
+        assert!(ran.stderr.contains(missing_str), "{}", ran.stderr);
+        assert!(!ran.stdout.contains("match"), "{}", ran.stdout);
+        assert!(!missing.exists(), "{args:?} created {}", missing.display());
+    }
+    // The same from the wrong directory, with the default data_dir.
+    let elsewhere = tempfile::tempdir().expect("temp dir");
+    let ran = archivist(&["backfill", "--dry-run"], &[], Some(elsewhere.path())).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains("archivist-data"), "{}", ran.stderr);
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path()).expect("dir").count(),
+        0,
+        "nothing was created"
+    );
+    // Usage errors exit 64, never 2 (which says work is left).
+    for args in [
+        vec!["backfill", "--bogus"],
+        vec!["backfill", "--data-dir", missing_str, "--concurrency", "0"],
+        vec![
+            "backfill",
+            "--data-dir",
+            missing_str,
+            "--closed-before",
+            "soon",
+        ],
+        vec!["session", "show"],
+        vec!["nonsense"],
+    ] {
+        let ran = archivist(&args, &[], None).await;
+        assert_eq!(ran.code, 64, "{args:?}: {}", ran.stderr);
+    }
+    let ran = archivist(&["backfill", "--help"], &[], None).await;
+    assert_eq!(ran.code, 0);
+}
+
+/// A `serve` process whose standard error is kept, line by line.
+struct Serve {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    fn start(data_dir: &Path, env: &[(&str, Option<&str>)]) -> Serve {
+        let data_dir = data_dir.to_str().expect("utf-8 path");
+        Serve::start_args(
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+            env,
+        )
+    }
+
+    fn start_args(args: &[&str], env: &[(&str, Option<&str>)]) -> Serve {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
+        command
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in env {
+            match value {
+                Some(v) => command.env(key, v),
+                None => command.env_remove(key),
+            };
+        }
+        let mut child = command.spawn().expect("spawn archivist");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("lock").push(line);
+            }
+        });
+        Serve { child, lines }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lock").clone()
+    }
+
+    async fn logged(&self, what: &str) -> Option<String> {
+        let found = eventually(Duration::from_secs(15), || async {
+            self.lines().iter().any(|l| l.contains(what))
+        })
+        .await;
+        found.then(|| {
+            self.lines()
+                .into_iter()
+                .find(|l| l.contains(what))
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn start_up_warns_of_an_unset_key_and_logs_the_provider_check() {
+    let refusing = Script::new(vec![error_json(
+        401,
+        "invalid_api_key",
+        "You didn't provide an API key.",
+    )]);
+    let mock = refusing.mount().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = openai_env(&mock.uri());
+    let mut env = borrowed(&env);
+    env.push(("ARCHIVIST_PROVIDER_API_KEY_ENV", Some("MY_UNSET_KEY")));
+    env.push(("MY_UNSET_KEY", None));
+    let server = Serve::start(dir.path(), &env);
+    let warning = server.logged("MY_UNSET_KEY").await.expect("a warning");
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("not set"), "{warning}");
+    // The server starts all the same, and its one check of the provider
+    // says, in one line, what fails and what would fix it.
+    server
+        .logged("archivist is serving")
+        .await
+        .expect("serving");
+    let check = server
+        .logged("provider check failed")
+        .await
+        .expect("the check's line");
+    assert!(check.contains("unauthorized"), "{check}");
+    assert!(check.contains("MY_UNSET_KEY"), "{check}");
+    assert_eq!(refusing.calls(), 1, "probed once");
+    // One line: the probe's pass does not log its giving up besides.
+    assert!(
+        !server
+            .lines()
+            .iter()
+            .any(|l| l.contains("recap pass gave up")),
+        "{:#?}",
+        server.lines()
+    );
+}
+
+#[tokio::test]
+async fn a_key_pasted_into_api_key_env_is_refused_without_being_repeated() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pasted = "sk-proj-Zx81bQe5T9vLm3Kc0RdA7uWn";
+    let ran = archivist(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().to_str().expect("utf-8 path"),
+        ],
+        &[
+            ("ARCHIVIST_PROVIDER_KIND", Some("openai")),
+            ("ARCHIVIST_PROVIDER_API_KEY_ENV", Some(pasted)),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("provider.api_key_env"),
+        "{}",
+        ran.stderr
+    );
+    assert!(!ran.stderr.contains(pasted), "{}", ran.stderr);
+}
+
+#[tokio::test]
+async fn archivist_check_classifies_what_the_provider_answers_and_says_the_fix() {
+    let ok = Script::new(vec![completion("A recap.")]);
+    let ok_mock = ok.mount().await;
+    let refused_key = Script::new(vec![error_json(
+        401,
+        "invalid_api_key",
+        "Incorrect API key provided",
+    )]);
+    let refused_mock = refused_key.mount().await;
+    // A server with no chat-completions route: what a base_url without /v1
+    // meets.
+    let no_route = MockServer::start().await;
+    let closed = closed_port();
+
+    let cases: Vec<(&str, String, i32, &str, &str)> = vec![
+        (
+            "200",
+            format!("{}/v1", ok_mock.uri()),
+            0,
+            "result: ok",
+            "test-model-0613",
+        ),
+        (
+            "401",
+            format!("{}/v1", refused_mock.uri()),
+            1,
+            "result: unauthorized (HTTP 401)",
+            "CHECK_KEY",
+        ),
+        (
+            "404 route",
+            no_route.uri(),
+            1,
+            "result: unknown_model (HTTP 404)",
+            "provider.base_url is probably wrong",
+        ),
+        (
+            "refused",
+            format!("{closed}/v1"),
+            1,
+            "result: transport",
+            "check that the provider is running",
+        ),
+    ];
+    for (name, base_url, code, result, fix) in cases {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ran = archivist(
+            &["check", "--data-dir", dir.path().to_str().expect("utf-8")],
+            &[
+                ("ARCHIVIST_PROVIDER_KIND", Some("openai")),
+                ("ARCHIVIST_PROVIDER_BASE_URL", Some(&base_url)),
+                ("ARCHIVIST_PROVIDER_MODEL", Some("test-model")),
+                ("ARCHIVIST_PROVIDER_API_KEY_ENV", Some("CHECK_KEY")),
+                ("CHECK_KEY", Some("sk-test-0000000000")),
+                ("ARCHIVIST_RETRY_INITIAL_BACKOFF", Some("10ms")),
+                ("ARCHIVIST_RETRY_MAX_BACKOFF", Some("40ms")),
+            ],
+            None,
+        )
+        .await;
+        assert_eq!(ran.code, code, "{name}: {}{}", ran.stdout, ran.stderr);
+        assert!(ran.stdout.contains(result), "{name}: {}", ran.stdout);
+        assert!(ran.stdout.contains(fix), "{name}: {}", ran.stdout);
+        assert!(
+            !ran.stdout.contains("sk-test-0000000000"),
+            "{name}: key shown"
+        );
+        if name == "404 route" {
+            // A 404 that names no model points at base_url, not the model.
+            let fix_line = ran
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("fix:"))
+                .unwrap_or_default();
+            assert!(!fix_line.contains("provider.model"), "{fix_line}");
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("dir").count(),
+            0,
+            "{name}: check created nothing"
+        );
+    }
+    assert_eq!(ok.calls(), 1);
+    assert_eq!(refused_key.calls(), 1, "a refused key is sent once");
+
+    let ran = archivist(
+        &["check", "--json"],
+        &[
+            ("ARCHIVIST_PROVIDER_KIND", Some("openai")),
+            (
+                "ARCHIVIST_PROVIDER_BASE_URL",
+                Some(&format!("{}/v1", refused_mock.uri())),
+            ),
+        ],
+        Some(tempfile::tempdir().expect("temp dir").path()),
+    )
+    .await;
+    assert_eq!(ran.code, 1);
+    let report = ran.json();
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["class"], "unauthorized");
+    assert_eq!(report["http_status"], 401);
+    assert!(report["fix"].as_str().is_some_and(|f| !f.is_empty()));
+}
+
+#[tokio::test]
+async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id() {
+    let server = TestServer::start().await;
+    let address = format!("http://{}", server.addr);
+    let client = |args: &[&str]| {
+        let mut all = vec!["--server", address.as_str()];
+        all.extend_from_slice(args);
+        all.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>()
+    };
+    let run = |args: Vec<String>, cmd: &'static str| async move {
+        let mut full: Vec<&str> = vec![cmd];
+        full.extend(args.iter().map(String::as_str));
+        archivist(&full, &[], None).await
+    };
+
+    // NOT_FOUND from every command that names a session.
+    for command in [
+        vec!["show", "nosuch"],
+        vec!["context", "nosuch"],
+        vec!["close", "nosuch"],
+        vec!["flush", "nosuch"],
+        vec!["requeue", "nosuch"],
+    ] {
+        let ran = run(client(&command), "session").await;
+        assert_eq!(ran.code, 1, "{command:?}: {}", ran.stdout);
+        assert!(
+            ran.stderr.contains("NotFound"),
+            "{command:?}: {}",
+            ran.stderr
+        );
+        assert!(ran.stderr.contains("SESSION_NOT_FOUND"), "{}", ran.stderr);
+    }
+
+    // A reused id with other text is refused, and nothing of it stored.
+    let ran = run(
+        client(&["append", "demo", "--id", "k1", "first text"]),
+        "session",
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let ran = run(
+        client(&["append", "demo", "--id", "k1", "other text"]),
+        "session",
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("CLIENT_ENTRY_ID_REUSED"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stderr.contains("entries[0]"), "{}", ran.stderr);
+    let ran = run(
+        client(&["append", "demo", "--id", "k1", "first text"]),
+        "session",
+    )
+    .await;
+    assert_eq!(
+        ran.code, 0,
+        "the same text again is a retry: {}",
+        ran.stderr
+    );
+    assert!(
+        ran.stdout.contains("already stored as seq 1"),
+        "{}",
+        ran.stdout
+    );
+
+    // --json on the read commands, parsed.
+    let ran = run(client(&["context", "demo", "--json"]), "session").await;
+    assert_eq!(ran.code, 0);
+    let context = ran.json();
+    let items = context["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["entry"]["content"], "first text");
+
+    let ran = run(client(&["show", "demo", "--json"]), "session").await;
+    assert_eq!(ran.code, 0);
+    let shown = ran.json();
+    assert_eq!(shown["segments"][0]["state"], "OPEN");
+    assert_eq!(shown["segments"][0]["entry_count"], 1);
+    assert!(shown["segments"][0].get("next_attempt_at").is_some());
+    assert!(shown["segments"][0].get("passes").is_some());
+
+    let ran = run(client(&["--json"]), "sessions").await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let sessions = ran.json();
+    assert_eq!(sessions["sessions"][0]["session_id"], "demo");
+    assert_eq!(sessions["sessions"][0]["entry_count"], 1);
+
+    let ran = run(client(&["--json"]), "backlog").await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.json()["open"], 1);
+
+    let ran = run(client(&["close", "demo", "--wait", "--json"]), "session").await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let closed = ran.json();
+    assert_eq!(closed["closed"], true);
+    assert_eq!(closed["segment"]["state"], "SUMMARISED");
+}
+
+#[tokio::test]
+async fn a_close_whose_recap_failed_is_reported_closed_with_what_comes_next() {
+    let server = TestServer::start_with(|c| fast(c, &closed_port())).await;
+    let address = format!("http://{}", server.addr);
+    server.append("demo", &["Something to recap."]).await;
+    let ran = archivist(
+        &["session", "--server", &address, "close", "demo", "--wait"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("closed segment 1 of demo"),
+        "{}",
+        ran.stdout
+    );
+    assert!(ran.stdout.contains("PENDING"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("next attempt:"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("fix:"), "{}", ran.stdout);
+    // A refused key parks: the hint says what to do.
+    let parked = Script::new(vec![ResponseTemplate::new(401)]);
+    let mock = parked.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    let address = format!("http://{}", server.addr);
+    server.append("p", &["Something to recap."]).await;
+    server.close("p", true).await.expect_err("refused");
+    let ran = archivist(&["session", "--server", &address, "show", "p"], &[], None).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(ran.stdout.contains("PARKED"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("--include-parked"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("fix:"), "{}", ran.stdout);
+}
+
+#[tokio::test]
+async fn start_up_messages_name_what_to_change() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    // A host name is an address to listen on.
+    let listening = Serve::start_args(
+        &["serve", "--listen", "localhost:0", "--data-dir", data_dir],
+        &[],
+    );
+    let line = listening
+        .logged("archivist is serving")
+        .await
+        .expect("serving on localhost");
+    assert!(line.contains("listen=127.0.0.1:"), "{line}");
+
+    // A taken port names the flag that chose it.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let other = tempfile::tempdir().expect("temp dir");
+    let ran = archivist(
+        &[
+            "serve",
+            "--listen",
+            &addr,
+            "--data-dir",
+            other.path().to_str().expect("utf-8"),
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1);
+    assert!(ran.stderr.contains("--listen"), "{}", ran.stderr);
+    assert!(ran.stderr.contains(&addr), "{}", ran.stderr);
+
+    // Missing TLS files stop it before it claims to serve anything.
+    let ran = archivist(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            other.path().to_str().expect("utf-8"),
+        ],
+        &[
+            ("ARCHIVIST_TLS_CERT", Some("/nonexistent/cert.pem")),
+            ("ARCHIVIST_TLS_KEY", Some("/nonexistent/key.pem")),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1);
+    assert!(
+        ran.stderr.contains("/nonexistent/cert.pem"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        !ran.stderr.contains("archivist is serving"),
+        "{}",
+        ran.stderr
+    );
+
+    // https:// to a plaintext server says so, and what to use instead.
+    let plain = TestServer::start().await;
+    let ran = archivist(
+        &["sessions", "--server", &format!("https://{}", plain.addr)],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1);
+    assert!(ran.stderr.contains("does not speak TLS"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains(&format!("http://{}", plain.addr)),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[tokio::test]
+async fn serve_refuses_another_provider_unless_told_and_then_records_it() {
+    let server = TestServer::start().await;
+    server
+        .append("s", &["Served by the extractive provider."])
+        .await;
+    let dir = server.stop().await;
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    let env = openai_env("http://127.0.0.1:9");
+    let mut env = borrowed(&env);
+    env.push(("ARCHIVIST_PROVIDER_CHECK_ON_START", Some("false")));
+    let ran = archivist(
+        &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+        &env,
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("last served with extractive"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains("http://127.0.0.1:9/v1"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        !ran.stderr.contains("archivist is serving"),
+        "{}",
+        ran.stderr
+    );
+
+    let told = Serve::start_args(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir,
+            "--allow-provider-change",
+        ],
+        &env,
+    );
+    let changed = told
+        .logged("the provider changed")
+        .await
+        .expect("said so at start-up");
+    assert!(changed.contains("extractive"), "{changed}");
+    told.logged("archivist is serving").await.expect("serving");
+    drop(told);
+    // The new provider is the server's record now: no flag needed again.
+    let again = Serve::start(dir.path(), &env);
+    again
+        .logged("archivist is serving")
+        .await
+        .expect("serving without the flag");
+}
