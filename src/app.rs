@@ -233,11 +233,13 @@ impl App {
         Reconciler::new(
             self.store.clone(),
             self.summariser.clone(),
-            self.breaker.clone(),
-            self.metrics.clone(),
-            self.config.reconciler.clone(),
-            self.config.segment.max_idle,
-            self.wake.clone(),
+            Reports {
+                breaker: self.breaker.clone(),
+                metrics: self.metrics.clone(),
+                wake: self.wake.clone(),
+                events: self.events.clone(),
+            },
+            &self.config,
         )
     }
 }

@@ -21,6 +21,7 @@ pub(crate) struct Metrics {
     segments: IntGaugeVec,
     oldest_pending_age: Gauge,
     scans: IntCounter,
+    sessions_expired: IntCounter,
     breaker_state: IntGauge,
     grpc_calls: IntCounterVec,
 }
@@ -101,6 +102,11 @@ impl Metrics {
                 "Reconciler scans for due segments",
             )
             .expect("valid metric"),
+            sessions_expired: IntCounter::new(
+                "sessions_expired_total",
+                "Sessions erased by retention.session_ttl",
+            )
+            .expect("valid metric"),
             breaker_state: IntGauge::new(
                 "breaker_state",
                 "Provider circuit breaker: 0 closed, 1 open, 2 probing",
@@ -122,6 +128,7 @@ impl Metrics {
             Box::new(m.segments.clone()),
             Box::new(m.oldest_pending_age.clone()),
             Box::new(m.scans.clone()),
+            Box::new(m.sessions_expired.clone()),
             Box::new(m.breaker_state.clone()),
             Box::new(m.grpc_calls.clone()),
         ] {
@@ -152,6 +159,11 @@ impl Metrics {
 
     pub(crate) fn scan(&self) {
         self.scans.inc();
+    }
+
+    /// Sessions erased for having no append within the retention period.
+    pub(crate) fn sessions_expired(&self, n: u64) {
+        self.sessions_expired.inc_by(n);
     }
 
     /// A finished gRPC call; `code` is the status code's name (`Ok`,

@@ -13,22 +13,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::breaker::Breaker;
-use crate::config::ReconcilerConfig;
+use crate::config::{Config, ReconcilerConfig};
+use crate::events::{Event, EventKind, Hub};
 use crate::failure::cause_chain;
 use crate::metrics::Metrics;
 use crate::model::{Millis, SegmentId};
-use crate::pass::{PassOutcome, Summariser};
-use crate::store::Store;
+use crate::pass::{PassOutcome, Reports, Summariser};
+use crate::store::{SessionRef, Store};
 
 pub struct Reconciler {
     store: Store,
     summariser: Arc<Summariser>,
     breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
+    events: Arc<Hub>,
     config: ReconcilerConfig,
     /// `segment.max_idle`: an OPEN segment with no append this long is
     /// closed; zero: never.
     max_idle: Duration,
+    /// `retention.session_ttl`: a session with no append this long is
+    /// erased; zero: never.
+    session_ttl: Duration,
     wake: Arc<Notify>,
 }
 
@@ -41,23 +46,23 @@ async fn probe_time(breaker: &Breaker) {
 }
 
 impl Reconciler {
+    /// Built by the composition root (`App::reconciler`).
     pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
-        breaker: Arc<Breaker>,
-        metrics: Arc<Metrics>,
-        config: ReconcilerConfig,
-        max_idle: Duration,
-        wake: Arc<Notify>,
+        reports: Reports,
+        config: &Config,
     ) -> Reconciler {
         Reconciler {
             store,
             summariser,
-            breaker,
-            metrics,
-            config,
-            max_idle,
-            wake,
+            breaker: reports.breaker,
+            metrics: reports.metrics,
+            events: reports.events,
+            config: config.reconciler.clone(),
+            max_idle: config.segment.max_idle,
+            session_ttl: config.retention.session_ttl,
+            wake: reports.wake,
         }
     }
 
@@ -72,6 +77,7 @@ impl Reconciler {
         loop {
             if std::mem::take(&mut ticked) {
                 self.close_idle().await;
+                self.expire().await;
             }
             self.fill(&mut running).await;
             tokio::select! {
@@ -103,6 +109,9 @@ impl Reconciler {
         loop {
             match self.store.close_idle_segments(cutoff, IDLE_BATCH).await {
                 Ok(closed) => {
+                    for (session, id) in &closed {
+                        self.tell_closed(session, *id).await;
+                    }
                     if !closed.is_empty() {
                         info!(
                             closed = closed.len(),
@@ -119,6 +128,74 @@ impl Reconciler {
                     return;
                 }
             }
+        }
+    }
+
+    /// Tells the watchers of `session` that the segment `id` closed.
+    async fn tell_closed(&self, session: &SessionRef, id: SegmentId) {
+        if !self.events.is_watched(&session.tenant.0, &session.session) {
+            return;
+        }
+        if let Ok(segment) = self.store.segment(&session.tenant, id).await {
+            self.events.publish(
+                &session.tenant.0,
+                &session.session,
+                Event {
+                    kind: EventKind::Closed,
+                    segment: Some(segment),
+                    at: Millis::now(),
+                },
+            );
+        }
+    }
+
+    /// Erases the sessions nobody has appended to for `session_ttl`, in
+    /// batches, oldest first, each as DeleteSession would.
+    async fn expire(&self) {
+        if self.session_ttl.is_zero() {
+            return;
+        }
+        let cutoff = Millis(
+            Millis::now()
+                .0
+                .saturating_sub(i64::try_from(self.session_ttl.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let mut sessions = 0u64;
+        let mut entries = 0u64;
+        loop {
+            match self.store.expire_sessions(cutoff, EXPIRE_BATCH).await {
+                Ok(expired) => {
+                    for (session, erased) in &expired {
+                        sessions += 1;
+                        entries += erased.entries;
+                        self.events.publish(
+                            &session.tenant.0,
+                            &session.session,
+                            Event {
+                                kind: EventKind::Deleted,
+                                segment: None,
+                                at: Millis::now(),
+                            },
+                        );
+                    }
+                    self.metrics.sessions_expired(expired.len() as u64);
+                    if expired.len() < EXPIRE_BATCH as usize {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %cause_chain(&e).join(": "), "erasing expired sessions failed");
+                    break;
+                }
+            }
+        }
+        if sessions > 0 {
+            info!(
+                sessions,
+                entries,
+                session_ttl = %crate::text::human_duration(self.session_ttl),
+                "erased sessions with no append for retention.session_ttl"
+            );
         }
     }
 
@@ -173,5 +250,7 @@ impl Reconciler {
 
 /// The most due segments one scan reads.
 const MAX_SCAN: usize = 4096;
+/// The most expired sessions erased in one write.
+const EXPIRE_BATCH: u32 = 64;
 /// The most idle segments closed in one write.
 const IDLE_BATCH: u32 = 256;

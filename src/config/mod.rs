@@ -31,6 +31,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub segment: SegmentConfig,
     pub memory: MemoryConfig,
+    pub retention: RetentionConfig,
     pub storage: StorageConfig,
     pub limits: LimitsConfig,
     pub provider: ProviderConfig,
@@ -111,6 +112,16 @@ pub struct SegmentConfig {
     /// reconciler); zero: never.
     #[serde(with = "duration")]
     pub max_idle: Duration,
+}
+
+/// How long sessions are kept.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// A session with no append for this long is erased (by the
+    /// reconciler); zero: never.
+    #[serde(with = "duration")]
+    pub session_ttl: Duration,
 }
 
 /// The memory tree: roll-ups of recaps, and the context carried into a
@@ -242,6 +253,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             segment: SegmentConfig::default(),
             memory: MemoryConfig::default(),
+            retention: RetentionConfig::default(),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),
             provider: ProviderConfig::default(),

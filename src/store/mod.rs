@@ -157,6 +157,14 @@ pub(crate) enum Material {
     Summaries(Vec<String>),
 }
 
+/// A session named by its tenant and name (for housekeeping that spans
+/// tenants).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SessionRef {
+    pub(crate) tenant: Tenant,
+    pub(crate) session: String,
+}
+
 /// What erasing a session removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Erased {
@@ -328,8 +336,18 @@ impl Store {
         &self,
         cutoff: Millis,
         limit: u32,
-    ) -> Result<Vec<SegmentId>, StoreError> {
+    ) -> Result<Vec<(SessionRef, SegmentId)>, StoreError> {
         on_backend!(self, b => b.close_idle_segments(cutoff, limit).await)
+    }
+
+    /// Erases sessions with no append since `cutoff`, at most `limit` of
+    /// them, oldest first, as `delete_session` does; returns what it erased.
+    pub(crate) async fn expire_sessions(
+        &self,
+        cutoff: Millis,
+        limit: u32,
+    ) -> Result<Vec<(SessionRef, Erased)>, StoreError> {
+        on_backend!(self, b => b.expire_sessions(cutoff, limit).await)
     }
 
     /// The tenant's sessions in name order, after the name `after` (if

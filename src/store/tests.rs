@@ -581,3 +581,68 @@ async fn an_existing_or_read_only_open_never_creates_a_database() {
         Err(StoreError::ReadOnly)
     ));
 }
+
+#[tokio::test]
+async fn erasure_removes_everything_of_one_session_and_expiry_takes_the_old() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let id = closed_segment(&store, &["a", "b"]).await;
+        let (claim, _) = store
+            .claim(id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        assert!(
+            store
+                .complete(&claim, summary("r"), 1, 0)
+                .await
+                .expect("complete")
+                .held
+        );
+        store
+            .append(&t, &session("s"), entries(&["c"]), POLICY, 0)
+            .await
+            .expect("append");
+        let erased = store
+            .delete_session(&t, &session("s"))
+            .await
+            .expect("erase");
+        assert_eq!(
+            erased,
+            Erased {
+                entries: 3,
+                segments: 2
+            }
+        );
+        assert!(!store.has_session(&t, &session("s")).await.expect("has"));
+        let b = store.backlog(Some(&t)).await.expect("backlog");
+        assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 0, 0, 0));
+        assert!(matches!(
+            store.delete_session(&t, &session("s")).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+
+        store
+            .append(&t, &session("old"), entries(&["x"]), POLICY, 0)
+            .await
+            .expect("append");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let cutoff = Millis::now();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        store
+            .append(&t, &session("young"), entries(&["y"]), POLICY, 0)
+            .await
+            .expect("append");
+        let expired = store.expire_sessions(cutoff, 10).await.expect("expire");
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].0.session, "old");
+        assert!(store.has_session(&t, &session("young")).await.expect("has"));
+        assert!(
+            store
+                .expire_sessions(cutoff, 10)
+                .await
+                .expect("expire")
+                .is_empty()
+        );
+    }
+}

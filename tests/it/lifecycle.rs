@@ -362,3 +362,50 @@ async fn a_watch_ends_with_unavailable_at_shutdown() {
     assert_eq!(status.code(), Code::Unavailable);
     stopping.await.expect("stopped");
 }
+
+#[tokio::test]
+async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
+    let server = TestServer::start_with(|c| {
+        c.retention.session_ttl = Duration::from_secs(1);
+        c.reconciler.interval = Duration::from_millis(100);
+    })
+    .await;
+    server.append("old", &["long ago"]).await;
+    let mut watch = server
+        .client
+        .clone()
+        .watch_session(pb::WatchSessionRequest {
+            session_id: "old".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    server.append("young", &["just now"]).await;
+    let gone = eventually(Duration::from_secs(5), || async {
+        server
+            .client
+            .clone()
+            .get_context(pb::GetContextRequest {
+                session_id: "old".into(),
+                max_tokens: 0,
+            })
+            .await
+            .is_err_and(|s| s.code() == Code::NotFound)
+    })
+    .await;
+    assert!(gone, "the old session is erased");
+    server
+        .client
+        .clone()
+        .get_context(pb::GetContextRequest {
+            session_id: "young".into(),
+            max_tokens: 0,
+        })
+        .await
+        .expect("the young one stays");
+    let event = next(&mut watch).await.expect("an event");
+    assert_eq!(kind(&event), pb::SessionEventKind::Deleted);
+    assert!(next(&mut watch).await.is_none());
+    assert_eq!(server.backlog().await.open, 1);
+}

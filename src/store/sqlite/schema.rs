@@ -249,6 +249,11 @@ CREATE TABLE provider_runs (
     recorded_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- Retention: the reconciler erases sessions with no append for
+-- retention.session_ttl, oldest first, through this index.
+CREATE INDEX sessions_by_last_append ON sessions (last_append_at);
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -10,7 +10,7 @@ use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
     SessionInfo, SessionName, Tenant, estimate_tokens,
 };
-use crate::store::{Erased, StoreError};
+use crate::store::{Erased, SessionRef, StoreError};
 
 /// What a tenant's byte cap counts for each stored entry and session on top
 /// of its text (content, id, name): the row and index space around it, so
@@ -23,6 +23,39 @@ pub(super) struct SessionRow {
     next_seq: u64,
     next_ordinal: u32,
     open_segment_id: Option<SegmentId>,
+}
+
+/// Erases the session `id` (the tenant's `name`): summaries, segments,
+/// entries and the session row, and its bytes from the tenant's count.
+fn erase_tx(conn: &Connection, id: i64, tenant: &str, name: &str) -> Result<Erased, StoreError> {
+    // What the appends counted for this session, so the tenant's byte
+    // count drops by exactly that.
+    let (entries, bytes): (u64, u64) = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(CAST(content AS BLOB)) \
+             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2), 0) \
+             FROM entries WHERE session_id = ?1",
+        )?
+        .query_row(params![id, ROW_OVERHEAD_BYTES], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    conn.prepare_cached(
+        "DELETE FROM summaries WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
+    )?
+    .execute([id])?;
+    let segments = conn
+        .prepare_cached("DELETE FROM segments WHERE session_id = ?1")?
+        .execute([id])? as u64;
+    conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1")?
+        .execute([id])?;
+    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+        .execute([id])?;
+    let freed = bytes + name.len() as u64 + ROW_OVERHEAD_BYTES;
+    conn.prepare_cached(
+        "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
+    )?
+    .execute(params![tenant, freed])?;
+    Ok(Erased { entries, segments })
 }
 
 /// The tenant's session of that name, if it exists.
@@ -98,36 +131,7 @@ impl Sqlite {
                 let Some(row) = session_row(conn, &tenant, &session)? else {
                     return Err(StoreError::SessionNotFound(session));
                 };
-                // What the append counted for this session, so the tenant's
-                // byte count drops by exactly that.
-                let (entries, bytes): (u64, u64) = conn
-                    .prepare_cached(
-                        "SELECT count(*), coalesce(sum(length(CAST(content AS BLOB)) \
-                         + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2), 0) \
-                         FROM entries WHERE session_id = ?1",
-                    )?
-                    .query_row(params![row.id, ROW_OVERHEAD_BYTES], |r| {
-                        Ok((r.get(0)?, r.get(1)?))
-                    })?;
-                conn.prepare_cached(
-                    "DELETE FROM summaries WHERE segment_id IN \
-                     (SELECT id FROM segments WHERE session_id = ?1)",
-                )?
-                .execute([row.id])?;
-                let segments = conn
-                    .prepare_cached("DELETE FROM segments WHERE session_id = ?1")?
-                    .execute([row.id])? as u64;
-                conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1")?
-                    .execute([row.id])?;
-                conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-                    .execute([row.id])?;
-                let freed = bytes + session.len() as u64 + ROW_OVERHEAD_BYTES;
-                conn.prepare_cached(
-                    "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) \
-                     WHERE tenant = ?1",
-                )?
-                .execute(params![tenant, freed])?;
-                Ok(Erased { entries, segments })
+                erase_tx(conn, row.id, &tenant, &session)
             })
             .await?;
         self.checkpoint().await?;
@@ -149,28 +153,77 @@ impl Sqlite {
         &self,
         cutoff: Millis,
         limit: u32,
-    ) -> Result<Vec<SegmentId>, StoreError> {
+    ) -> Result<Vec<(SessionRef, SegmentId)>, StoreError> {
         // Chosen and closed in one write, so an append committed in between
         // keeps its segment open.
         self.write(move |conn| {
-            let idle: Vec<(i64, SegmentId)> = conn
+            let idle: Vec<(i64, SegmentId, SessionRef)> = conn
                 .prepare_cached(
-                    "SELECT id, open_segment_id FROM sessions \
+                    "SELECT id, open_segment_id, tenant, name FROM sessions \
                      WHERE open_segment_id IS NOT NULL AND last_append_at <= ?1 \
                      ORDER BY last_append_at LIMIT ?2",
                 )?
-                .query_map(params![cutoff.0, limit], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .query_map(params![cutoff.0, limit], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        SessionRef {
+                            tenant: Tenant(r.get(2)?),
+                            session: r.get(3)?,
+                        },
+                    ))
+                })?
                 .collect::<Result<_, _>>()?;
             let now = Millis::now();
             let mut clear =
                 conn.prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = ?1")?;
-            for (session_id, segment_id) in &idle {
+            for (session_id, segment_id, _) in &idle {
                 close_segment_tx(conn, *segment_id, now)?;
                 clear.execute([session_id])?;
             }
-            Ok(idle.into_iter().map(|(_, id)| id).collect())
+            Ok(idle
+                .into_iter()
+                .map(|(_, id, session)| (session, id))
+                .collect())
         })
         .await
+    }
+
+    pub(crate) async fn expire_sessions(
+        &self,
+        cutoff: Millis,
+        limit: u32,
+    ) -> Result<Vec<(SessionRef, Erased)>, StoreError> {
+        let expired = self
+            .write(move |conn| {
+                let old: Vec<(i64, SessionRef)> = conn
+                    .prepare_cached(
+                        "SELECT id, tenant, name FROM sessions \
+                         WHERE coalesce(last_append_at, created_at) <= ?1 \
+                         ORDER BY last_append_at LIMIT ?2",
+                    )?
+                    .query_map(params![cutoff.0, limit], |r| {
+                        Ok((
+                            r.get(0)?,
+                            SessionRef {
+                                tenant: Tenant(r.get(1)?),
+                                session: r.get(2)?,
+                            },
+                        ))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                let mut out = Vec::with_capacity(old.len());
+                for (id, session) in old {
+                    let erased = erase_tx(conn, id, &session.tenant.0, &session.session)?;
+                    out.push((session, erased));
+                }
+                Ok(out)
+            })
+            .await?;
+        if !expired.is_empty() {
+            self.checkpoint().await?;
+        }
+        Ok(expired)
     }
 
     pub(crate) async fn list_sessions(
