@@ -153,6 +153,9 @@ pub struct ProviderConfig {
     pub api_key_env: String,
     pub max_input_tokens: u32,
     pub max_output_tokens: u32,
+    /// Most bytes of a provider's response body read; a larger answer is a
+    /// malformed_response and nothing of it is kept.
+    pub max_response_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -251,6 +254,7 @@ impl Default for ProviderConfig {
             api_key_env: "OPENAI_API_KEY".to_owned(),
             max_input_tokens: 8000,
             max_output_tokens: 512,
+            max_response_bytes: 1024 * 1024,
         }
     }
 }
@@ -396,6 +400,9 @@ impl Config {
         }
         if self.provider.max_output_tokens == 0 {
             return invalid("provider.max_output_tokens", "must be at least 1");
+        }
+        if self.provider.max_response_bytes < 1024 {
+            return invalid("provider.max_response_bytes", "must be at least 1024");
         }
         let r = &self.retry;
         if r.max_attempts == 0 {

@@ -32,12 +32,19 @@ and commitment; remove repetition. Write plain sentences in the past tense, with
 /// Longest stretch of an error body quoted in a cause.
 const MAX_BODY_QUOTE: usize = 300;
 
+/// Most bytes of completion text one allowed output token may stand for. No
+/// tokenizer's token of ordinary text comes near it (English averages about
+/// 4 bytes, CJK about 3 to 6), so only a completion far past
+/// `max_output_tokens` is refused.
+pub const MAX_BYTES_PER_TOKEN: usize = 16;
+
 pub struct OpenAi {
     client: reqwest::Client,
     endpoint: String,
     model: String,
     api_key: Option<String>,
     max_output_tokens: u32,
+    max_response_bytes: usize,
 }
 
 /// One failed attempt, before it is classified. Display never repeats the
@@ -48,6 +55,12 @@ pub enum OpenAiError {
     Send(#[source] reqwest::Error),
     #[error("reading the chat-completion response failed")]
     Body(#[source] reqwest::Error),
+    #[error(
+        "the response body is larger than provider.max_response_bytes ({limit} bytes); the rest was not read"
+    )]
+    TooLarge { limit: usize },
+    #[error("the completion is longer than provider.max_output_tokens ({limit}) allows: {found}")]
+    TooLong { limit: u32, found: String },
     #[error("the provider answered HTTP {status}: {detail}")]
     Status { status: u16, detail: String },
     #[error("the response is not a chat completion ({content_type}): {snippet}")]
@@ -125,6 +138,7 @@ impl OpenAi {
             model: config.model.clone(),
             api_key: api_key.filter(|k| !k.is_empty()),
             max_output_tokens: config.max_output_tokens,
+            max_response_bytes: usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
         })
     }
 
@@ -220,19 +234,41 @@ impl OpenAi {
             SystemTime::now(),
         );
         let content_type = header("content-type").unwrap_or_else(|| "no content type".to_owned());
-        let text = response.text().await.map_err(|e| Failed {
-            // The body was cut off mid-read: the connection failed, not the
-            // provider's judgement.
-            class: if e.is_timeout() {
-                FailureClass::Timeout
-            } else {
-                FailureClass::Transport
-            },
-            error: OpenAiError::Body(e),
-            status: Some(status),
-            retry_after: None,
-        })?;
-        if !(200..300).contains(&status) {
+        let ok = (200..300).contains(&status);
+        let text = match self.read_body(response).await {
+            Ok(text) => text,
+            Err(BodyError::Read(e)) => {
+                return Err(Failed {
+                    // The body was cut off mid-read: the connection failed,
+                    // not the provider's judgement.
+                    class: if e.is_timeout() {
+                        FailureClass::Timeout
+                    } else {
+                        FailureClass::Transport
+                    },
+                    error: OpenAiError::Body(e),
+                    status: Some(status),
+                    retry_after: None,
+                });
+            }
+            // An answer too large to read is not a completion; an error
+            // status still says what it says, without its body.
+            Err(BodyError::TooLarge) if ok => {
+                return Err(Failed {
+                    class: FailureClass::MalformedResponse,
+                    error: OpenAiError::TooLarge {
+                        limit: self.max_response_bytes,
+                    },
+                    status: Some(status),
+                    retry_after: None,
+                });
+            }
+            Err(BodyError::TooLarge) => format!(
+                "(a body over provider.max_response_bytes, {} bytes, not read)",
+                self.max_response_bytes
+            ),
+        };
+        if !ok {
             return Err(Failed {
                 class: classify_http(status, &text),
                 error: OpenAiError::Status {
@@ -268,6 +304,12 @@ impl OpenAi {
             prompt_tokens: crate::model::estimate_tokens(user),
             completion_tokens: crate::model::estimate_tokens(&content),
         });
+        if let Some(found) = self.over_output_limit(&content, usage.completion_tokens) {
+            return Err(malformed(OpenAiError::TooLong {
+                limit: self.max_output_tokens,
+                found,
+            }));
+        }
         Ok(Recap {
             text: content,
             model: parsed.model.unwrap_or_else(|| self.model.clone()),
@@ -276,6 +318,50 @@ impl OpenAi {
             output_tokens: usage.completion_tokens,
         })
     }
+}
+
+impl OpenAi {
+    /// The response body as text, read up to `max_response_bytes` and no
+    /// further.
+    async fn read_body(&self, response: reqwest::Response) -> Result<String, BodyError> {
+        use http_body_util::{BodyExt, LengthLimitError, Limited};
+        let limit = self.max_response_bytes;
+        // A declared length over the cap is refused before a byte is read.
+        if response.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(BodyError::TooLarge);
+        }
+        let body = http::Response::<reqwest::Body>::from(response).into_body();
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned()),
+            Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+            Err(e) => match e.downcast::<reqwest::Error>() {
+                Ok(e) => Err(BodyError::Read(*e)),
+                // Limited only adds LengthLimitError to the body's own errors.
+                Err(_) => Err(BodyError::TooLarge),
+            },
+        }
+    }
+
+    /// How a completion passes what `max_output_tokens` allows, if it does:
+    /// by the provider's own count, or by more than MAX_BYTES_PER_TOKEN
+    /// bytes of text per allowed token.
+    fn over_output_limit(&self, content: &str, completion_tokens: u32) -> Option<String> {
+        let max_bytes = (self.max_output_tokens as usize).saturating_mul(MAX_BYTES_PER_TOKEN);
+        if content.len() > max_bytes {
+            return Some(format!(
+                "{} bytes of text, over {max_bytes} ({MAX_BYTES_PER_TOKEN} a token)",
+                content.len()
+            ));
+        }
+        (completion_tokens > self.max_output_tokens)
+            .then(|| format!("{completion_tokens} tokens by the provider's count"))
+    }
+}
+
+/// Why a response body was not read whole.
+enum BodyError {
+    Read(reqwest::Error),
+    TooLarge,
 }
 
 /// A failed attempt with its class, decided where the typed cause was.

@@ -11,15 +11,15 @@ use archivist::pb;
 
 use crate::harness::{context_entries, entry, eventually};
 
-struct Process {
-    child: Child,
-    address: String,
+pub(crate) struct Process {
+    pub(crate) child: Child,
+    pub(crate) address: String,
 }
 
 impl Process {
     /// Starts `archivist serve` on `data_dir` on a port of its own choosing
     /// (read back from its start-up line), and waits until it answers.
-    async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
+    pub(crate) async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_archivist"))
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
@@ -65,7 +65,7 @@ impl Process {
     }
 
     /// Starts the binary against an OpenAI-compatible provider at `base`.
-    async fn start_openai(
+    pub(crate) async fn start_openai(
         data_dir: &std::path::Path,
         base: &str,
         extra: &[(&str, &str)],
@@ -95,10 +95,23 @@ impl Process {
         .await
     }
 
-    async fn client(&self) -> archivist::client::Client {
+    pub(crate) async fn client(&self) -> archivist::client::Client {
         archivist::client::connect(&self.address)
             .await
             .expect("connect")
+    }
+}
+
+impl Process {
+    /// The server's peak resident memory so far, in KiB, from /proc.
+    pub(crate) fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the server's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
     }
 }
 

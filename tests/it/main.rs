@@ -7,6 +7,7 @@ mod context;
 mod errors;
 mod failures;
 mod harness;
+mod hostile;
 mod logs;
 mod provider;
 mod reconciler;

@@ -1,0 +1,322 @@
+//! A hostile provider, tenant or stranger cannot exhaust memory, call
+//! slots or descriptors, nor plant a bad summary. Memory is read from
+//! /proc for the real binary (its VmHWM, the peak resident set, is the
+//! server's alone); everything else runs in process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use archivist::client::failure_detail;
+use archivist::pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+use crate::binary::Process;
+use crate::harness::{TestServer, eventually, state};
+use crate::provider::{Script, append_and_close, completion, error_json, fast};
+
+const KEY: &str = "sk-hostile-test-4b7e19c2d8";
+
+/// What the raw provider answers every request with.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// HTTP 200 and a chunked body that never ends.
+    Endless,
+    /// HTTP 200 and a valid chat completion whose text is this many bytes,
+    /// chunked, with no content-length to refuse it by.
+    Completion(usize),
+}
+
+/// A provider over raw TCP, for bodies wiremock cannot send: endless or
+/// huge, streamed in 64 KiB chunks. Counts the requests it answered.
+struct Streamer {
+    addr: std::net::SocketAddr,
+    requests: Arc<AtomicUsize>,
+}
+
+impl Streamer {
+    async fn start(answer: Answer) -> Streamer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    if read_request(&mut socket).await.is_none() {
+                        return;
+                    }
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+                    if socket.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let filler = vec![b'a'; 64 * 1024];
+                    let (open, mut left, close) = match answer {
+                        Answer::Endless => (
+                            r#"{"choices":[{"message":{"content":""#.to_owned(),
+                            usize::MAX,
+                            String::new(),
+                        ),
+                        Answer::Completion(n) => (
+                            r#"{"choices":[{"message":{"role":"assistant","content":""#.to_owned(),
+                            n,
+                            r#""}}],"usage":{"prompt_tokens":5,"completion_tokens":7}}"#.to_owned(),
+                        ),
+                    };
+                    // Stops when the client stops reading and hangs up.
+                    if write_chunk(&mut socket, open.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    while left > 0 {
+                        let n = left.min(filler.len());
+                        if write_chunk(&mut socket, &filler[..n]).await.is_err() {
+                            return;
+                        }
+                        left -= n;
+                    }
+                    let _ = write_chunk(&mut socket, close.as_bytes()).await;
+                    let _ = socket.write_all(b"0\r\n\r\n").await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Streamer { addr, requests }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+async fn write_chunk(socket: &mut tokio::net::TcpStream, data: &[u8]) -> std::io::Result<()> {
+    socket
+        .write_all(format!("{:x}\r\n", data.len()).as_bytes())
+        .await?;
+    socket.write_all(data).await?;
+    socket.write_all(b"\r\n").await
+}
+
+/// Reads one HTTP/1.1 request (head and content-length body).
+async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<()> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let read = socket.read(&mut chunk).await.ok()?;
+        if read == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..read]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                return Some(());
+            }
+        }
+    }
+}
+
+fn reason(status: &tonic::Status) -> String {
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+/// The class of a segment's last failure.
+fn last_class(seg: &pb::Segment) -> Option<&'static str> {
+    use pb::failure::Kind;
+    match seg.last_failure.as_ref()?.kind.as_ref()? {
+        Kind::MalformedResponse(_) => Some("malformed_response"),
+        Kind::RateLimited(_) => Some("rate_limited"),
+        Kind::Transport(_) => Some("transport"),
+        Kind::Timeout(_) => Some("timeout"),
+        _ => Some("other"),
+    }
+}
+
+/// Appends to a session and closes it without waiting; returns the
+/// segment's id.
+async fn append_and_close_later(client: &mut archivist::client::Client, session: &str) -> u64 {
+    client
+        .append_entries(crate::harness::append_request(
+            session,
+            &["The deploy failed.", "We retry on Friday."],
+        ))
+        .await
+        .expect("append");
+    client
+        .close_segment(pb::CloseSegmentRequest {
+            session_id: session.to_owned(),
+            wait: false,
+        })
+        .await
+        .expect("close")
+        .into_inner()
+        .segment
+        .expect("a segment was open")
+        .id
+}
+
+/// Resident memory the server may reach while a hostile peer does its
+/// worst; an idle server sits near 20 MiB.
+const RSS_BOUND_KIB: u64 = 96 * 1024;
+
+// ---- 1 and 2: provider bodies ----------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_and_huge_provider_bodies_are_cut_at_the_cap_and_nothing_is_stored() {
+    for answer in [Answer::Endless, Answer::Completion(100 * 1024 * 1024)] {
+        let streamer = Streamer::start(answer).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let settings = [
+            ("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms"),
+            ("ARCHIVIST_RETRY_MAX_BACKOFF", "20ms"),
+            ("ARCHIVIST_RECONCILER_INTERVAL", "1h"),
+        ];
+        let server = Process::start_openai(dir.path(), &streamer.base(), &settings).await;
+        let mut client = server.client().await;
+        let id = append_and_close_later(&mut client, "s").await;
+        // One pass: three sends, each cut at 1 MiB and refused.
+        let failed = eventually(Duration::from_secs(8), || {
+            let mut client = client.clone();
+            async move {
+                let seg = client
+                    .get_segment(pb::GetSegmentRequest { segment_id: id })
+                    .await
+                    .expect("get")
+                    .into_inner();
+                seg.last_failure.is_some()
+            }
+        })
+        .await;
+        assert!(failed, "the pass ended");
+        assert_eq!(streamer.requests(), 3);
+        let peak = server.peak_rss_kib();
+        assert!(
+            peak < RSS_BOUND_KIB,
+            "peak RSS {peak} KiB while the provider streamed"
+        );
+        eprintln!("provider body cut at the cap: peak RSS {peak} KiB");
+        let seg = client
+            .get_segment(pb::GetSegmentRequest { segment_id: id })
+            .await
+            .expect("get")
+            .into_inner();
+        assert_eq!(state(&seg), pb::SegmentState::Pending);
+        assert!(seg.summary.is_none());
+        assert_eq!(last_class(&seg), Some("malformed_response"));
+        let causes = seg.last_failure.expect("failure").causes.join(" / ");
+        assert!(causes.contains("max_response_bytes"), "{causes}");
+        // The session stays readable for any default client.
+        client
+            .get_context(pb::GetContextRequest {
+                session_id: "s".into(),
+                max_tokens: 0,
+            })
+            .await
+            .expect("context");
+        client
+            .flush_session(pb::FlushSessionRequest {
+                session_id: "s".into(),
+            })
+            .await
+            .expect("flush");
+        crate::harness::list_segments(&mut client, "s").await;
+    }
+}
+
+#[tokio::test]
+async fn a_completion_longer_than_max_output_tokens_allows_is_malformed() {
+    // Under the body cap, but far over 64 tokens' worth of text.
+    let long = "word ".repeat(20_000);
+    let script = Script::new(vec![completion(&long)]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| {
+        fast(c, &mock.uri());
+        c.provider.max_output_tokens = 64;
+    })
+    .await;
+    let status = append_and_close(&server, "s").await.expect_err("refused");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(reason(&status), "MALFORMED_RESPONSE");
+    let failure = failure_detail(&status).expect("failure detail");
+    assert!(
+        failure.causes.join(" ").contains("max_output_tokens"),
+        "{:?}",
+        failure.causes
+    );
+    let seg = server.segments("s").await.remove(0);
+    assert_eq!(state(&seg), pb::SegmentState::Pending);
+    assert!(seg.summary.is_none());
+    assert_eq!(script.calls(), 3);
+}
+
+// ---- 7: Retry-After as an HTTP date ----------------------------------------
+
+#[tokio::test]
+async fn a_retry_after_date_in_2099_schedules_within_the_cap() {
+    let answer = error_json(429, "rate_limit_exceeded", "slow down")
+        .insert_header("retry-after", "Thu, 01 Jan 2099 00:00:00 GMT");
+    let script = Script::new(vec![answer]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    let status = append_and_close(&server, "s").await.expect_err("limited");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    let seg = server.segments("s").await.remove(0);
+    assert_eq!(state(&seg), pb::SegmentState::Pending);
+    let due = seg.next_attempt_at.expect("scheduled");
+    let due = SystemTime::UNIX_EPOCH + Duration::from_secs(due.seconds as u64);
+    let cap = SystemTime::now() + Duration::from_secs(30 * 24 * 3600);
+    assert!(due <= cap, "due {due:?}, after the 30-day cap");
+    assert!(due > SystemTime::now() + Duration::from_secs(29 * 24 * 3600));
+}
+
+// ---- 8: a provider that echoes the key -------------------------------------
+
+#[tokio::test]
+async fn an_echoed_key_is_in_no_summary() {
+    let echo = format!(
+        "Recap: the user asked about billing. (debug: Authorization: Bearer {KEY}; key {KEY})"
+    );
+    let script = Script::new(vec![completion(&echo)]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with_key(KEY, |c| fast(c, &mock.uri())).await;
+    let seg = append_and_close(&server, "s").await.expect("summarised");
+    let text = seg.summary.expect("summary").text;
+    assert!(!text.contains(KEY), "{text}");
+    assert!(text.contains("[REDACTED]"), "{text}");
+    assert!(text.contains("asked about billing"), "{text}");
+    let ctx = format!("{:?}", server.context("s", 0).await);
+    assert!(!ctx.contains(KEY), "{ctx}");
+    let listed = format!("{:?}", server.segments("s").await);
+    assert!(!listed.contains(KEY));
+    let dir = server.stop().await;
+    for file in std::fs::read_dir(dir.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let bytes = std::fs::read(file.path()).unwrap_or_default();
+        assert!(
+            !bytes.windows(KEY.len()).any(|w| w == KEY.as_bytes()),
+            "the key is in {}",
+            file.path().display()
+        );
+    }
+}
