@@ -20,7 +20,7 @@ use crate::app::{App, BuildError};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind};
-use crate::grpc::{GrpcService, NameOversize, RecordCalls, ShedLoad};
+use crate::grpc::{GrpcService, NameRefusals, RecordCalls, ShedLoad};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::service::Service;
@@ -147,7 +147,7 @@ pub async fn run_with_key(
     }
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
-        .layer(NameOversize::new(config.limits.max_message_bytes as usize))
+        .layer(NameRefusals::new(config.limits.max_message_bytes as usize))
         .layer(ShedLoad::new(config.limits.max_concurrent_calls as usize));
     let server = builder
         .layer(layers)

@@ -5,9 +5,10 @@
 //!   method and the status it really ended with: from the headers of a
 //!   trailers-only answer, else from the trailers, else `Cancelled` when
 //!   the caller went away before the end.
-//! - `NameOversize` gives a request over the message limit the code gRPC
-//!   defines for it (RESOURCE_EXHAUSTED with a reason) instead of tonic's
-//!   OUT_OF_RANGE; it rewrites that status and no other.
+//! - `NameRefusals` gives tonic's refusals of a request the codes gRPC
+//!   defines, with details: over the message limit is RESOURCE_EXHAUSTED
+//!   instead of OUT_OF_RANGE, undecodable is INVALID_ARGUMENT instead of
+//!   INTERNAL; it rewrites those statuses and no other.
 //! - `ShedLoad` caps the archivist calls served at once: past the cap a
 //!   call is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
 //!   RetryInfo) instead of waiting in a queue that would grow without bound.
@@ -31,6 +32,13 @@ const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
 
 /// What tonic says when a request is over `max_decoding_message_size`.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+/// What tonic (through tonic-prost) says when a message does not decode.
+const PROST_DECODE_ERROR: &str = "failed to decode Protobuf message: ";
+/// What tonic says when a request's body ends before its message does.
+const TONIC_TRUNCATED: [&str; 2] = [
+    "Unexpected EOF decoding stream.",
+    "Missing request message.",
+];
 
 /// The metrics label for a request path: one of ours, or "other", so that
 /// callers (even unauthenticated ones) cannot mint label values.
@@ -222,26 +230,31 @@ impl<B: Body + Unpin> Body for RecordedBody<B> {
     }
 }
 
-// ---- NameOversize ---------------------------------------------------------
+// ---- NameRefusals --------------------------------------------------------
 
-/// Rewrites tonic's OUT_OF_RANGE for a request over the message limit into
-/// RESOURCE_EXHAUSTED with reason MESSAGE_TOO_LARGE.
+/// Gives tonic's own refusals of a request the codes gRPC defines, with
+/// the rich details every other error carries: a request over the message
+/// limit is RESOURCE_EXHAUSTED (MESSAGE_TOO_LARGE) instead of OUT_OF_RANGE,
+/// and one that does not decode (a truncated message, a string that is not
+/// UTF-8) is INVALID_ARGUMENT (MALFORMED_REQUEST, with a BadRequest naming
+/// the field where prost says which) instead of INTERNAL. It rewrites those
+/// statuses and no other.
 #[derive(Clone)]
-pub(crate) struct NameOversize {
+pub(crate) struct NameRefusals {
     max_message_bytes: usize,
 }
 
-impl NameOversize {
-    pub(crate) fn new(max_message_bytes: usize) -> NameOversize {
-        NameOversize { max_message_bytes }
+impl NameRefusals {
+    pub(crate) fn new(max_message_bytes: usize) -> NameRefusals {
+        NameRefusals { max_message_bytes }
     }
 }
 
-impl<S> tower::Layer<S> for NameOversize {
-    type Service = Oversize<S>;
+impl<S> tower::Layer<S> for NameRefusals {
+    type Service = Refusals<S>;
 
-    fn layer(&self, inner: S) -> Oversize<S> {
-        Oversize {
+    fn layer(&self, inner: S) -> Refusals<S> {
+        Refusals {
             inner,
             limit: self.max_message_bytes,
         }
@@ -249,12 +262,12 @@ impl<S> tower::Layer<S> for NameOversize {
 }
 
 #[derive(Clone)]
-pub(crate) struct Oversize<S> {
+pub(crate) struct Refusals<S> {
     inner: S,
     limit: usize,
 }
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Oversize<S>
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Refusals<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
@@ -273,37 +286,97 @@ where
         let call = self.inner.call(request);
         let limit = self.limit;
         Box::pin(async move {
-            let mut response = call.await?;
-            if ours && is_too_large(response.headers()) {
-                let mut details = ErrorDetails::new();
-                details.set_error_info(
-                    "MESSAGE_TOO_LARGE",
-                    ERROR_DOMAIN,
-                    HashMap::from([("limit_bytes".to_owned(), limit.to_string())]),
-                );
-                response = Status::with_error_details(
-                    Code::ResourceExhausted,
-                    format!(
-                        "the request message is larger than the server's limit of {limit} bytes"
-                    ),
-                    details,
-                )
-                .into_http::<ResBody>();
+            let response = call.await?;
+            if !ours {
+                return Ok(response);
             }
-            Ok(response)
+            Ok(match refusal(response.headers(), limit) {
+                Some(status) => status.into_http::<ResBody>(),
+                None => response,
+            })
         })
     }
 }
 
-/// Whether a trailers-only answer is tonic refusing an oversized request.
-fn is_too_large(headers: &http::HeaderMap) -> bool {
-    status_in(headers) == Some(Code::OutOfRange)
-        && headers
-            .get("grpc-message")
-            .and_then(|v| v.to_str().ok())
-            // grpc-message is percent-encoded.
-            .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy())
-            .is_some_and(|m| m.starts_with(TONIC_TOO_LARGE))
+/// A request over the message limit, as every layer refuses it.
+pub(super) fn too_large(limit: usize) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        "MESSAGE_TOO_LARGE",
+        ERROR_DOMAIN,
+        HashMap::from([("limit_bytes".to_owned(), limit.to_string())]),
+    );
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        format!("the request message is larger than the server's limit of {limit} bytes"),
+        details,
+    )
+}
+
+/// A request that is not a well-formed message, as every layer refuses it.
+pub(super) fn malformed(field: &str, description: &str) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info("MALFORMED_REQUEST", ERROR_DOMAIN, HashMap::new());
+    details.add_bad_request_violation(field, description);
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("the request is not a valid message: {field}: {description}"),
+        details,
+    )
+}
+
+/// The status to answer instead of tonic's, for a trailers-only answer
+/// that is tonic refusing a request it could not read.
+fn refusal(headers: &http::HeaderMap, limit: usize) -> Option<Status> {
+    let code = status_in(headers)?;
+    if !matches!(code, Code::OutOfRange | Code::Internal) {
+        return None;
+    }
+    // grpc-message is percent-encoded.
+    let message = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy())?;
+    match code {
+        Code::OutOfRange if message.starts_with(TONIC_TOO_LARGE) => Some(too_large(limit)),
+        Code::Internal => {
+            if let Some(rest) = message.strip_prefix(PROST_DECODE_ERROR) {
+                let (field, description) = decode_error_field(rest);
+                return Some(malformed(&field, description));
+            }
+            TONIC_TRUNCATED
+                .contains(&message.as_ref())
+                .then(|| malformed("(request)", "the message ends before it is whole"))
+        }
+        _ => None,
+    }
+}
+
+/// The field path and the description in the rest of a prost decode error
+/// (`Inner.field: Outer.field: description`, innermost first), as
+/// `outer.inner` and the description.
+fn decode_error_field(rest: &str) -> (String, &str) {
+    let mut fields = Vec::new();
+    let mut tail = rest;
+    while let Some((head, after)) = tail.split_once(": ") {
+        let Some((message, field)) = head.split_once('.') else {
+            break;
+        };
+        let ident =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !(ident(message) && ident(field)) {
+            break;
+        }
+        fields.push(field);
+        tail = after;
+    }
+    fields.reverse();
+    let path = if fields.is_empty() {
+        "(request)".to_owned()
+    } else {
+        fields.join(".")
+    };
+    (path, tail)
 }
 
 // ---- ShedLoad -------------------------------------------------------------
@@ -383,24 +456,58 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_tonics_oversize_status_is_renamed() {
+    fn answer(code: &str, message: &str) -> http::HeaderMap {
         let mut headers = http::HeaderMap::new();
-        headers.insert("grpc-status", "11".parse().expect("header"));
-        headers.insert(
-            "grpc-message",
-            "Error,%20decoded%20message%20length%20too%20large:%20found%205%20bytes"
-                .parse()
-                .expect("header"),
+        headers.insert("grpc-status", code.parse().expect("header"));
+        let encoded =
+            percent_encoding::utf8_percent_encode(message, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        headers.insert("grpc-message", encoded.parse().expect("header"));
+        headers
+    }
+
+    #[test]
+    fn only_tonics_refusals_are_renamed() {
+        let oversize = answer(
+            "11",
+            "Error, decoded message length too large: found 5 bytes",
         );
-        assert!(is_too_large(&headers));
-        headers.insert(
-            "grpc-message",
-            "seq%20out%20of%20range".parse().expect("header"),
+        let status = refusal(&oversize, 10).expect("renamed");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(refusal(&answer("11", "seq out of range"), 10).is_none());
+        assert!(
+            refusal(
+                &answer(
+                    "8",
+                    "Error, decoded message length too large: found 5 bytes"
+                ),
+                10
+            )
+            .is_none()
         );
-        assert!(!is_too_large(&headers));
-        headers.insert("grpc-status", "8".parse().expect("header"));
-        assert!(!is_too_large(&headers));
+        let utf8 = answer(
+            "13",
+            "failed to decode Protobuf message: NewEntry.content: AppendEntriesRequest.entries: invalid string value: data is not UTF-8 encoded",
+        );
+        let status = refusal(&utf8, 10).expect("renamed");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let details = status.get_error_details();
+        assert_eq!(
+            details.error_info().map(|i| i.reason.as_str()),
+            Some("MALFORMED_REQUEST")
+        );
+        let violation = &details.bad_request().expect("bad request").field_violations[0];
+        assert_eq!(violation.field, "entries.content");
+        assert_eq!(
+            violation.description,
+            "invalid string value: data is not UTF-8 encoded"
+        );
+        let short = answer("13", "failed to decode Protobuf message: buffer underflow");
+        let status = refusal(&short, 10).expect("renamed");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(refusal(&answer("13", "Unexpected EOF decoding stream."), 10).is_some());
+        // Our own INTERNAL errors pass untouched.
+        assert!(refusal(&answer("13", "the call was not authenticated"), 10).is_none());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! convert each request at the edge (`validate.rs`), call `service.rs`, and
 //! convert back (`wire.rs`); every error becomes a status in `status.rs`.
 //! Authentication is an interceptor here; the layers around every call
-//! (metrics, the message limit, load shedding) are in `gate.rs`.
+//! (metrics, naming refusals, load shedding) are in `gate.rs`.
 
 mod gate;
 mod status;
@@ -24,7 +24,7 @@ use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
 use crate::wire::{append_to_pb, backlog_to_pb, context_to_pb, segment_to_pb};
-pub(crate) use gate::{NameOversize, RecordCalls, ShedLoad};
+pub(crate) use gate::{NameRefusals, RecordCalls, ShedLoad};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{call_deadline, page_token, parse_append, parse_list, parse_requeue, parse_session};

@@ -320,3 +320,157 @@ async fn an_echoed_key_is_in_no_summary() {
         );
     }
 }
+
+// ---- raw HTTP/2, for requests no well-behaved client sends ----------------
+
+/// A bare HTTP/2 connection to `addr`.
+async fn h2_connect(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+fn grpc_request(addr: std::net::SocketAddr, method: &str) -> http::Request<()> {
+    http::Request::post(format!("http://{addr}/archivist.v1.Archivist/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request")
+}
+
+/// One gRPC frame: no compression, the length, the message.
+fn frame(message: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out
+}
+
+/// Sends `body` whole to `method` and reads the call's status.
+async fn raw_unary(addr: std::net::SocketAddr, method: &str, body: Vec<u8>) -> tonic::Status {
+    let mut client = h2_connect(addr).await.ready().await.expect("ready");
+    let (response, mut send) = client
+        .send_request(grpc_request(addr, method), false)
+        .expect("send");
+    send.send_data(bytes::Bytes::from(body), true)
+        .expect("data");
+    let response = response.await.expect("response");
+    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+        return status;
+    }
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        let data = data.expect("data");
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("trailers");
+    tonic::Status::from_header_map(&trailers).expect("a status")
+}
+
+// ---- 9: undecodable requests -----------------------------------------------
+
+#[tokio::test]
+async fn undecodable_requests_are_invalid_argument_with_details() {
+    let server = TestServer::start().await;
+    // AppendEntriesRequest { session_id: "s", entries: [{ role: USER,
+    // content: <not UTF-8> }] }
+    let not_utf8 = [
+        0x0a, 0x01, b's', 0x12, 0x06, 0x10, 0x01, 0x1a, 0x02, 0xff, 0xfe,
+    ];
+    // A session_id said to be 5 bytes long, of which 1 came.
+    let cut_short = [0x0a, 0x05, b's'];
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "a string that is not UTF-8",
+            frame(&not_utf8),
+            "entries.content",
+        ),
+        ("a message cut short", frame(&cut_short), ""),
+        ("a frame cut short", frame(&not_utf8)[..8].to_vec(), ""),
+    ];
+    for (name, body, field) in cases {
+        let status = raw_unary(server.addr, "AppendEntries", body).await;
+        assert_eq!(status.code(), Code::InvalidArgument, "{name}: {status:?}");
+        assert_eq!(reason(&status), "MALFORMED_REQUEST", "{name}");
+        let details = status.get_error_details();
+        let violations = details
+            .bad_request()
+            .expect("BadRequest")
+            .field_violations
+            .clone();
+        assert_eq!(violations.len(), 1, "{name}");
+        if !field.is_empty() {
+            assert_eq!(violations[0].field, field, "{name}");
+        }
+    }
+    // Nothing was stored, and the server still serves.
+    assert!(server.segments("s").await.is_empty());
+    server.append("s", &["still serving"]).await;
+}
+
+// ---- 3: repeated fields ----------------------------------------------------
+
+#[tokio::test]
+async fn repeated_states_are_deduplicated_and_checked() {
+    let server = TestServer::start().await;
+    server.append("s", &["one open segment"]).await;
+    let mut client = server.client.clone();
+    let many = |states: Vec<i32>| pb::ListSegmentsRequest {
+        session_id: "s".into(),
+        states,
+        page_size: 0,
+        page_token: String::new(),
+    };
+    let page = client
+        .list_segments(many(vec![pb::SegmentState::Open as i32; 1_000_000]))
+        .await
+        .expect("a million repeats of one state")
+        .into_inner();
+    assert_eq!(page.segments.len(), 1);
+    let status = client
+        .list_segments(many(vec![42; 1_000_000]))
+        .await
+        .expect_err("unknown states");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(reason(&status), "UNKNOWN_STATE");
+    let listed = status
+        .get_error_details()
+        .bad_request()
+        .map_or(0, |b| b.field_violations.len());
+    assert!(listed <= 20, "{listed} violations");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_megabyte_repeated_field_requests_leave_memory_bounded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Process::start(dir.path(), &[("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1")]).await;
+    let mut client = server.client().await;
+    client
+        .append_entries(crate::harness::append_request("s", &["one", "two"]))
+        .await
+        .expect("append");
+    let states = [1, 2, 3, 4];
+    for call in 0..20 {
+        // Every call a different list of about a million values (1 MB).
+        let list: Vec<i32> = (0..1_000_000)
+            .map(|i| states[(i * (call + 1) / 7) % 4])
+            .collect();
+        let page = client
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: "s".into(),
+                states: list,
+                page_size: 0,
+                page_token: String::new(),
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        assert_eq!(page.segments.len(), 2);
+    }
+    let peak = server.peak_rss_kib();
+    eprintln!("20 ListSegments calls of 1 MB: peak RSS {peak} KiB");
+    assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
+}
