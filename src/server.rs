@@ -96,7 +96,7 @@ pub async fn run_with_key(
         summariser.clone(),
         wake.clone(),
         config.segment_policy(),
-        config.limits.max_tenant_bytes,
+        config.limits.clone(),
         config.flush.ceiling,
         config.reconciler.concurrency as usize,
     ));

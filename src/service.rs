@@ -9,6 +9,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::config::LimitsConfig;
 use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
@@ -48,7 +49,7 @@ pub(crate) struct Service {
     summariser: Arc<Summariser>,
     wake: Arc<Notify>,
     policy: SegmentPolicy,
-    max_tenant_bytes: u64,
+    limits: LimitsConfig,
     flush_ceiling: Duration,
     flush_concurrency: usize,
 }
@@ -71,7 +72,7 @@ impl Service {
         summariser: Arc<Summariser>,
         wake: Arc<Notify>,
         policy: SegmentPolicy,
-        max_tenant_bytes: u64,
+        limits: LimitsConfig,
         flush_ceiling: Duration,
         flush_concurrency: usize,
     ) -> Service {
@@ -80,7 +81,7 @@ impl Service {
             summariser,
             wake,
             policy,
-            max_tenant_bytes,
+            limits,
             flush_ceiling,
             flush_concurrency: flush_concurrency.max(1),
         }
@@ -94,7 +95,13 @@ impl Service {
     ) -> Result<AppendOutcome, ServiceError> {
         let outcome = self
             .store
-            .append(tenant, session, entries, self.policy, self.max_tenant_bytes)
+            .append(
+                tenant,
+                session,
+                entries,
+                self.policy,
+                self.limits.max_tenant_bytes,
+            )
             .await?;
         if !outcome.closed_segment_ids.is_empty() {
             // Recaps run in the background; the append never waits on them.
@@ -226,13 +233,26 @@ impl Service {
         })
     }
 
+    /// The context within `max_tokens`, which 0 (or anything larger than
+    /// the server's cap) makes `limits.max_context_tokens`, and within the
+    /// message limit: what one call reads and holds follows these caps,
+    /// never the session's length.
     pub(crate) async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
     ) -> Result<Context, ServiceError> {
-        Ok(self.store.context(tenant, session, max_tokens).await?)
+        let cap = self.limits.max_context_tokens;
+        let max_tokens = match max_tokens {
+            0 => cap,
+            n => n.min(cap),
+        };
+        let max_bytes = self.limits.max_message_bytes as usize;
+        Ok(self
+            .store
+            .context(tenant, session, max_tokens, max_bytes)
+            .await?)
     }
 
     pub(crate) async fn requeue(

@@ -134,6 +134,9 @@ pub struct LimitsConfig {
     /// Content bytes one tenant may store; appends past it are refused with
     /// RESOURCE_EXHAUSTED. 0: no cap.
     pub max_tenant_bytes: u64,
+    /// Most estimated tokens one GetContext answers with: what `max_tokens`
+    /// 0 means, and the most any larger value gets.
+    pub max_context_tokens: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +244,7 @@ impl Default for LimitsConfig {
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_calls: 256,
             max_tenant_bytes: 1024 * 1024 * 1024,
+            max_context_tokens: 100_000,
         }
     }
 }
@@ -334,6 +338,9 @@ impl Config {
         }
         if self.limits.max_concurrent_calls == 0 {
             return invalid("limits.max_concurrent_calls", "must be at least 1");
+        }
+        if self.limits.max_context_tokens == 0 {
+            return invalid("limits.max_context_tokens", "must be at least 1");
         }
         let mut names = std::collections::HashSet::new();
         for (i, t) in self.auth.tenants.iter().enumerate() {

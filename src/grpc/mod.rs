@@ -4,6 +4,7 @@
 //! Authentication is an interceptor here; the layers around every call
 //! (metrics, naming refusals, load shedding) are in `gate.rs`.
 
+mod fit;
 mod gate;
 mod status;
 mod validate;
@@ -23,7 +24,8 @@ use crate::config::LimitsConfig;
 use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
-use crate::wire::{append_to_pb, backlog_to_pb, context_to_pb, segment_to_pb};
+use crate::wire::{append_to_pb, backlog_to_pb, segment_to_pb};
+use fit::{fit_context, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls, ShedLoad};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
@@ -39,15 +41,29 @@ impl GrpcService {
         GrpcService { service, limits }
     }
 
+    /// The largest answer: what the server reads is what it sends.
+    fn response_limit(&self) -> usize {
+        self.limits.max_message_bytes as usize
+    }
+
+    /// A segment as an answer carries it, within the message limit.
+    fn segment_out(&self, segment: crate::model::Segment) -> pb::Segment {
+        let mut segment = segment_to_pb(segment);
+        fit_segment(&mut segment, self.response_limit());
+        segment
+    }
+
     /// The service as tonic serves it: reading messages up to
-    /// `max_message_bytes`, every call authenticated first.
+    /// `max_message_bytes` and never sending a larger one, every call
+    /// authenticated first.
     pub(crate) fn into_server(
         self,
         auth: Arc<Auth>,
         max_message_bytes: usize,
     ) -> InterceptedService<pb::archivist_server::ArchivistServer<GrpcService>, Authenticator> {
         let server = pb::archivist_server::ArchivistServer::new(self)
-            .max_decoding_message_size(max_message_bytes);
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
         InterceptedService::new(server, Authenticator { auth })
     }
 }
@@ -132,7 +148,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .await
             .map_err(service_status)?;
         Ok(Response::new(pb::CloseSegmentResponse {
-            segment: segment.map(segment_to_pb),
+            segment: segment.map(|s| self.segment_out(s)),
         }))
     }
 
@@ -149,8 +165,11 @@ impl pb::archivist_server::Archivist for GrpcService {
             .flush(&tenant, &session, deadline)
             .await
             .map_err(service_status)?;
+        let mut segments: Vec<pb::Segment> =
+            flushed.segments.into_iter().map(segment_to_pb).collect();
+        fit_flush(&mut segments, self.response_limit());
         Ok(Response::new(pb::FlushSessionResponse {
-            segments: flushed.segments.into_iter().map(segment_to_pb).collect(),
+            segments,
             complete: flushed.complete,
         }))
     }
@@ -166,7 +185,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .segment(&tenant, id)
             .await
             .map_err(service_status)?;
-        Ok(Response::new(segment_to_pb(segment)))
+        Ok(Response::new(self.segment_out(segment)))
     }
 
     async fn list_segments(
@@ -180,9 +199,15 @@ impl pb::archivist_server::Archivist for GrpcService {
             .list_segments(&tenant, filter, after, page_size)
             .await
             .map_err(service_status)?;
+        let mut segments: Vec<pb::Segment> = page.segments.into_iter().map(segment_to_pb).collect();
+        let next_after = match fit_page(&mut segments, self.response_limit()) {
+            // Cut short to fit: the next page starts after the last sent.
+            true => segments.last().map(|s| s.id),
+            false => page.next_after,
+        };
         Ok(Response::new(pb::ListSegmentsResponse {
-            segments: page.segments.into_iter().map(segment_to_pb).collect(),
-            next_page_token: page.next_after.map(page_token).unwrap_or_default(),
+            segments,
+            next_page_token: next_after.map(page_token).unwrap_or_default(),
         }))
     }
 
@@ -198,7 +223,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .context(&tenant, &session, req.max_tokens)
             .await
             .map_err(service_status)?;
-        Ok(Response::new(context_to_pb(context)))
+        Ok(Response::new(fit_context(context, self.response_limit())))
     }
 
     async fn requeue_segments(

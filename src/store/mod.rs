@@ -237,15 +237,17 @@ impl Store {
         on_backend!(self, b => b.session_segments(tenant, session).await)
     }
 
-    /// What an agent puts in its prompt (the rule is `context.rs`'s); reads
-    /// from the newest end only as far as the budget goes.
+    /// What an agent puts in its prompt (the rule is `context.rs`'s): at
+    /// most `max_tokens` (0: no limit) estimated tokens and `max_bytes` bytes
+    /// of items; reads from the newest end only as far as the budget goes.
     pub(crate) async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
+        max_bytes: usize,
     ) -> Result<Context, StoreError> {
-        on_backend!(self, b => b.context(tenant, session, max_tokens).await)
+        on_backend!(self, b => b.context(tenant, session, max_tokens, max_bytes).await)
     }
 
     /// Counts per state, the oldest PENDING age and parked counts per class;

@@ -335,7 +335,7 @@ async fn context_keeps_the_newest_that_fits() {
             .await
             .expect("append");
 
-        let all = store.context(&t, &s, 0).await.expect("context");
+        let all = store.context(&t, &s, 0, usize::MAX).await.expect("context");
         assert!(!all.truncated);
         assert_eq!(all.items.len(), 3);
         assert!(
@@ -356,12 +356,24 @@ async fn context_keeps_the_newest_that_fits() {
 
         // A budget for one entry keeps the newest one only.
         let newest = all.items[2].tokens();
-        let one = store.context(&t, &s, newest).await.expect("context");
+        let one = store
+            .context(&t, &s, newest, usize::MAX)
+            .await
+            .expect("context");
+        assert!(one.truncated);
+        assert_eq!(one.items, all.items[2..]);
+
+        // So does a byte budget for one entry (its text and 128 bytes of
+        // framing), whatever the token budget.
+        let one = store
+            .context(&t, &s, 0, "new two".len() + 128)
+            .await
+            .expect("context");
         assert!(one.truncated);
         assert_eq!(one.items, all.items[2..]);
 
         assert!(matches!(
-            store.context(&t, &session("nosuch"), 0).await,
+            store.context(&t, &session("nosuch"), 0, usize::MAX).await,
             Err(StoreError::SessionNotFound(_))
         ));
     }

@@ -474,3 +474,115 @@ async fn one_megabyte_repeated_field_requests_leave_memory_bounded() {
     eprintln!("20 ListSegments calls of 1 MB: peak RSS {peak} KiB");
     assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
 }
+
+// ---- 4: answers bounded by the server ---------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_context_on_a_long_session_reads_only_what_the_cap_allows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // One open segment holding everything, so every entry stays raw.
+    let big = [
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000"),
+        ("ARCHIVIST_SEGMENT_MAX_TOKENS", "1000000000"),
+    ];
+    let server = Process::start(dir.path(), &big).await;
+    let mut client = server.client().await;
+    // 41 MiB of session: 660 entries of 64 KiB.
+    let content = "x".repeat(64 * 1024);
+    for _ in 0..11 {
+        let texts: Vec<&str> = vec![content.as_str(); 60];
+        client
+            .append_entries(crate::harness::append_request("long", &texts))
+            .await
+            .expect("append");
+    }
+    let before = server.peak_rss_kib();
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .get_context(pb::GetContextRequest {
+                        session_id: "long".into(),
+                        // No limit asked for, or one past the cap.
+                        max_tokens: if i % 2 == 0 { 0 } else { u32::MAX },
+                    })
+                    .await
+                    .expect("context")
+                    .into_inner()
+            })
+        })
+        .collect();
+    for call in calls {
+        let ctx = call.await.expect("joined");
+        assert!(ctx.truncated);
+        assert!(ctx.estimated_tokens <= 100_000, "{}", ctx.estimated_tokens);
+        assert!(!ctx.items.is_empty());
+        let last = crate::harness::context_entries(&ctx).last().map(|e| e.0);
+        assert_eq!(last, Some(660), "the newest entry is there");
+    }
+    let peak = server.peak_rss_kib();
+    eprintln!(
+        "8 GetContext(max_tokens=0) on a 41 MiB session: peak RSS {peak} KiB ({before} KiB before)"
+    );
+    assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
+}
+
+#[tokio::test]
+async fn every_answer_fits_the_message_limit() {
+    use prost::Message;
+    let limit = 8 * 1024;
+    let server = TestServer::start_with(|c| {
+        c.limits.max_message_bytes = limit as u32;
+        c.segment.max_entries = 1;
+        c.provider.max_output_tokens = 200;
+    })
+    .await;
+    let texts: Vec<String> = (0..60)
+        .map(|i| format!("Entry {i} says something worth remembering about step {i}."))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    server.append("s", &refs).await;
+    let mut client = server.client.clone();
+    let all_summarised = eventually(Duration::from_secs(10), || async {
+        server.backlog().await.summarised == 60
+    })
+    .await;
+    assert!(all_summarised);
+    // Pages end where the limit is, and their tokens lead through them all.
+    let mut token = String::new();
+    let mut seen = 0;
+    loop {
+        let page = client
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: "s".into(),
+                states: Vec::new(),
+                page_size: 1000,
+                page_token: token,
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        assert!(page.encoded_len() <= limit, "{}", page.encoded_len());
+        seen += page.segments.len();
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(seen, 60);
+    server.append("s", &["one more, owed a recap"]).await;
+    let flushed = client
+        .flush_session(pb::FlushSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("flush")
+        .into_inner();
+    assert!(flushed.encoded_len() <= limit);
+    assert!(flushed.segments.len() < 61);
+    assert_eq!(flushed.segments.last().map(|s| s.ordinal), Some(61));
+    let ctx = server.context("s", 0).await;
+    assert!(ctx.encoded_len() <= limit);
+    assert!(ctx.truncated);
+}

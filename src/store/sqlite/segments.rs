@@ -154,6 +154,7 @@ impl Sqlite {
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
+        max_bytes: usize,
     ) -> Result<Context, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
@@ -166,7 +167,7 @@ impl Sqlite {
                  ORDER BY s.ordinal DESC"
             );
             let mut segments = conn.prepare_cached(&sql)?;
-            let mut budget = Budget::new(max_tokens);
+            let mut budget = Budget::new(max_tokens, max_bytes);
             for segment in segments.query_map([row.id], rows::segment)? {
                 let mut segment = segment??;
                 let more = match contribution(&mut segment) {

@@ -34,7 +34,10 @@ async fn append(store: &Sqlite, name: &str, texts: &[&str]) -> bool {
 }
 
 async fn count_entries(store: &Sqlite, name: &str) -> usize {
-    match store.context(&Tenant::default(), &session(name), 0).await {
+    match store
+        .context(&Tenant::default(), &session(name), 0, usize::MAX)
+        .await
+    {
         Ok(ctx) => ctx.items.len(),
         Err(StoreError::SessionNotFound(_)) => 0,
         Err(e) => panic!("{e}"),
@@ -89,7 +92,7 @@ async fn a_failing_job_undoes_only_itself() {
     assert!(matches!(result, Err(StoreError::Corrupt(_))));
     assert!(matches!(
         store
-            .context(&Tenant::default(), &session("ghost"), 0)
+            .context(&Tenant::default(), &session("ghost"), 0, usize::MAX)
             .await,
         Err(StoreError::SessionNotFound(_))
     ));
