@@ -43,7 +43,8 @@
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),
-//!   statuses (`status.rs`), and the layers around every call (`gate.rs`).
+//!   statuses (`status.rs`), the layers around every call (`gate.rs`), and
+//!   answers kept within the message limit (`fit.rs`).
 //! - `wire`: domain ⇄ `pb`, both ways, for server and client.
 //! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
 //!   `text`: UTF-8-safe cutting and hex.

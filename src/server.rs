@@ -20,7 +20,7 @@ use crate::app::{App, BuildError};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind};
-use crate::grpc::{GrpcService, NameRefusals, RecordCalls, ShedLoad};
+use crate::grpc::{GrpcService, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::service::Service;
@@ -115,8 +115,7 @@ pub async fn run_with_key(
             "bearer-token authentication is on"
         );
     }
-    let archivist = GrpcService::new(service, config.limits.clone())
-        .into_server(auth, config.limits.max_message_bytes as usize);
+    let archivist = GrpcService::new(service, config.limits.clone()).into_server(auth);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::archivist_server::ArchivistServer<GrpcService>>()
@@ -147,8 +146,7 @@ pub async fn run_with_key(
     }
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
-        .layer(NameRefusals::new(config.limits.max_message_bytes as usize))
-        .layer(ShedLoad::new(config.limits.max_concurrent_calls as usize));
+        .layer(NameRefusals::new(config.limits.max_message_bytes as usize));
     let server = builder
         .layer(layers)
         .add_service(health_service)

@@ -137,6 +137,13 @@ pub struct LimitsConfig {
     /// Most estimated tokens one GetContext answers with: what `max_tokens`
     /// 0 means, and the most any larger value gets.
     pub max_context_tokens: u32,
+    /// How long a request's body may take to arrive whole; a call takes its
+    /// slot only then.
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+    /// Request bytes held at once by every body still arriving; past it a
+    /// request is refused (RESOURCE_EXHAUSTED) rather than buffered.
+    pub max_receiving_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -245,6 +252,8 @@ impl Default for LimitsConfig {
             max_concurrent_calls: 256,
             max_tenant_bytes: 1024 * 1024 * 1024,
             max_context_tokens: 100_000,
+            request_timeout: Duration::from_secs(10),
+            max_receiving_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -341,6 +350,15 @@ impl Config {
         }
         if self.limits.max_context_tokens == 0 {
             return invalid("limits.max_context_tokens", "must be at least 1");
+        }
+        if self.limits.request_timeout.is_zero() {
+            return invalid("limits.request_timeout", "must be longer than zero");
+        }
+        if self.limits.max_receiving_bytes < u64::from(self.limits.max_message_bytes) + 5 {
+            return invalid(
+                "limits.max_receiving_bytes",
+                "must hold at least one whole message (limits.max_message_bytes and 5 bytes of framing)",
+            );
         }
         let mut names = std::collections::HashSet::new();
         for (i, t) in self.auth.tenants.iter().enumerate() {
@@ -457,6 +475,7 @@ impl Config {
             ("reconciler.quota_delay", self.reconciler.quota_delay),
             ("flush.ceiling", self.flush.ceiling),
             ("shutdown.ceiling", self.shutdown.ceiling),
+            ("limits.request_timeout", self.limits.request_timeout),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

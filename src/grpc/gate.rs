@@ -9,8 +9,15 @@
 //!   defines, with details: over the message limit is RESOURCE_EXHAUSTED
 //!   instead of OUT_OF_RANGE, undecodable is INVALID_ARGUMENT instead of
 //!   INTERNAL; it rewrites those statuses and no other.
-//! - `ShedLoad` caps the archivist calls served at once: past the cap a
-//!   call is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
+//!
+//! Around the archivist service alone, after authentication (so a stranger
+//! holds nothing):
+//!
+//! - `Whole` reads a request's body whole, within the message limit, the
+//!   request timeout and the budget of bytes being received, before the
+//!   call goes on: a stalled body holds no call slot.
+//! - `Shed` caps the archivist calls served at once: past the cap a call
+//!   is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
 //!   RetryInfo) instead of waiting in a queue that would grow without bound.
 
 use std::collections::HashMap;
@@ -20,12 +27,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::Semaphore;
-use tonic::codegen::{BoxFuture, Service, http};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::codegen::{BoxFuture, Bytes, Service, http};
+use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::status::ERROR_DOMAIN;
+use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 
 const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
@@ -379,38 +388,192 @@ fn decode_error_field(rest: &str) -> (String, &str) {
     (path, tail)
 }
 
+// ---- ReadWhole ------------------------------------------------------------
+
+/// Reads an archivist request's body whole before the call may take a
+/// slot: a client that sends its headers and then stalls holds no slot and
+/// no more memory than the bytes it sent, and is cut off after
+/// `limits.request_timeout`. What every pending body holds together is
+/// capped too (`limits.max_receiving_bytes`): past it a request is refused
+/// at once (OVERLOADED) rather than buffered. A body over the message
+/// limit is refused as soon as its frame header says so; a body that is not
+/// one whole gRPC message is refused as malformed.
+#[derive(Clone)]
+pub(crate) struct Whole<S> {
+    inner: S,
+    max_message_bytes: usize,
+    timeout: Duration,
+    receiving: Arc<Semaphore>,
+}
+
+impl<S> Whole<S> {
+    pub(crate) fn new(inner: S, limits: &LimitsConfig) -> Whole<S> {
+        let receiving = usize::try_from(limits.max_receiving_bytes)
+            .unwrap_or(usize::MAX)
+            .min(Semaphore::MAX_PERMITS);
+        Whole {
+            inner,
+            max_message_bytes: limits.max_message_bytes as usize,
+            timeout: limits.request_timeout,
+            receiving: Arc::new(Semaphore::new(receiving)),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Whole<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The gRPC frame header: a compression flag and the message's length.
+const FRAME_HEADER: usize = 5;
+
+impl<S, ResBody> Service<http::Request<tonic::body::Body>> for Whole<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The service that was polled ready serves this call; a clone takes
+        // its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let max_message_bytes = self.max_message_bytes;
+        let timeout = self.timeout;
+        let receiving = self.receiving.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let read = read_whole(body, max_message_bytes, &receiving);
+            let (bytes, held) = match tokio::time::timeout(timeout, read).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(status)) => return Ok(status.into_http()),
+                Err(_) => return Ok(request_timeout(timeout).into_http()),
+            };
+            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
+            let call = inner.call(http::Request::from_parts(parts, body));
+            // From here the call's slot bounds what it holds.
+            drop(held);
+            call.await
+        })
+    }
+}
+
+/// The body of a unary request, whole, as one gRPC message; with the share
+/// of the receiving budget its bytes hold.
+async fn read_whole(
+    mut body: tonic::body::Body,
+    max_message_bytes: usize,
+    receiving: &Arc<Semaphore>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Status> {
+    use http_body_util::BodyExt;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut expected: Option<usize> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            // Trailers: a unary request has nothing to say in them.
+            continue;
+        };
+        let n = u32::try_from(data.len()).map_err(|_| too_large(max_message_bytes))?;
+        let permit = receiving
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| overloaded())?;
+        match &mut held {
+            Some(h) => h.merge(permit),
+            None => held = Some(permit),
+        }
+        buf.extend_from_slice(&data);
+        if expected.is_none() && buf.len() >= FRAME_HEADER {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if len > max_message_bytes {
+                return Err(too_large(max_message_bytes));
+            }
+            buf.reserve_exact((FRAME_HEADER + len).saturating_sub(buf.len()));
+            expected = Some(FRAME_HEADER + len);
+        }
+        if let Some(total) = expected
+            && buf.len() > total
+        {
+            return Err(malformed(
+                "(request)",
+                "a unary call carries one message; more bytes followed it",
+            ));
+        }
+    }
+    match expected {
+        Some(total) if buf.len() == total => Ok((Bytes::from(buf), held)),
+        _ => Err(malformed(
+            "(request)",
+            "the body ends before its message is whole",
+        )),
+    }
+}
+
+/// A request whose body did not arrive whole in time.
+fn request_timeout(timeout: Duration) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        "REQUEST_TIMEOUT",
+        ERROR_DOMAIN,
+        HashMap::from([("timeout_ms".to_owned(), timeout.as_millis().to_string())]),
+    );
+    Status::with_error_details(
+        Code::DeadlineExceeded,
+        format!(
+            "the request body did not arrive whole within {} ms (limits.request_timeout)",
+            timeout.as_millis()
+        ),
+        details,
+    )
+}
+
+/// The bodies being received fill the receiving budget.
+fn overloaded() -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info("OVERLOADED", ERROR_DOMAIN, HashMap::new());
+    details.set_retry_info(Some(Duration::from_millis(100)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "the server is receiving as many request bytes as it holds at once; retry shortly",
+        details,
+    )
+}
+
 // ---- ShedLoad -------------------------------------------------------------
 
-/// Caps the archivist calls served at once; health and reflection stay out
-/// of the cap, so probes get through an overload.
+/// Caps the archivist calls served at once (it wraps the archivist service
+/// only: health and reflection stay out of the cap, so probes get through
+/// an overload). A call takes its slot once its request is whole (`Whole`
+/// runs first) and holds it until its answer is ready.
 #[derive(Clone)]
-pub(crate) struct ShedLoad {
+pub(crate) struct Shed<S> {
+    inner: S,
     permits: Arc<Semaphore>,
 }
 
-impl ShedLoad {
-    pub(crate) fn new(max_concurrent_calls: usize) -> ShedLoad {
-        ShedLoad {
+impl<S> Shed<S> {
+    pub(crate) fn new(inner: S, max_concurrent_calls: usize) -> Shed<S> {
+        Shed {
+            inner,
             permits: Arc::new(Semaphore::new(max_concurrent_calls)),
         }
     }
 }
 
-impl<S> tower::Layer<S> for ShedLoad {
-    type Service = Shed<S>;
-
-    fn layer(&self, inner: S) -> Shed<S> {
-        Shed {
-            inner,
-            permits: self.permits.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct Shed<S> {
-    inner: S,
-    permits: Arc<Semaphore>,
+impl<S: NamedService> NamedService for Shed<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Shed<S>
@@ -428,9 +591,6 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        if !request.uri().path().starts_with(ARCHIVIST_PATH) {
-            return Box::pin(self.inner.call(request));
-        }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             let mut details = ErrorDetails::new();
             details.set_error_info("TOO_MANY_CALLS", ERROR_DOMAIN, HashMap::new());

@@ -1,8 +1,10 @@
 //! The gRPC face of archivist: the tonic service, whose handlers check and
 //! convert each request at the edge (`validate.rs`), call `service.rs`, and
-//! convert back (`wire.rs`); every error becomes a status in `status.rs`.
-//! Authentication is an interceptor here; the layers around every call
-//! (metrics, naming refusals, load shedding) are in `gate.rs`.
+//! convert back (`wire.rs`), keeping every answer within the message limit
+//! (`fit.rs`); every error becomes a status in `status.rs`. Authentication
+//! is an interceptor here, run before anything of a request's body is read;
+//! the layers around calls (metrics, naming refusals, reading requests
+//! whole, load shedding) are in `gate.rs`.
 
 mod fit;
 mod gate;
@@ -26,7 +28,8 @@ use crate::pb;
 use crate::service::Service;
 use crate::wire::{append_to_pb, backlog_to_pb, segment_to_pb};
 use fit::{fit_context, fit_flush, fit_page, fit_segment};
-pub(crate) use gate::{NameRefusals, RecordCalls, ShedLoad};
+pub(crate) use gate::{NameRefusals, RecordCalls};
+use gate::{Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{call_deadline, page_token, parse_append, parse_list, parse_requeue, parse_session};
@@ -53,20 +56,26 @@ impl GrpcService {
         segment
     }
 
-    /// The service as tonic serves it: reading messages up to
-    /// `max_message_bytes` and never sending a larger one, every call
-    /// authenticated first.
-    pub(crate) fn into_server(
-        self,
-        auth: Arc<Auth>,
-        max_message_bytes: usize,
-    ) -> InterceptedService<pb::archivist_server::ArchivistServer<GrpcService>, Authenticator> {
+    /// The service as tonic serves it: each call authenticated first, then
+    /// its request read whole (within the message limit and the request
+    /// timeout), then given a call slot if one is free; reading messages up
+    /// to `max_message_bytes` and never sending a larger one.
+    pub(crate) fn into_server(self, auth: Arc<Auth>) -> ArchivistService {
+        let limits = self.limits.clone();
+        let max_message_bytes = limits.max_message_bytes as usize;
         let server = pb::archivist_server::ArchivistServer::new(self)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        InterceptedService::new(server, Authenticator { auth })
+        let shed = Shed::new(server, limits.max_concurrent_calls as usize);
+        InterceptedService::new(Whole::new(shed, &limits), Authenticator { auth })
     }
 }
+
+/// The archivist service with its own layers, as the server mounts it.
+pub(crate) type ArchivistService = InterceptedService<
+    Whole<Shed<pb::archivist_server::ArchivistServer<GrpcService>>>,
+    Authenticator,
+>;
 
 /// Resolves each call's tenant from its bearer token before the call runs;
 /// a call without a valid token goes no further.

@@ -586,3 +586,142 @@ async fn every_answer_fits_the_message_limit() {
     assert!(ctx.encoded_len() <= limit);
     assert!(ctx.truncated);
 }
+
+// ---- 5: request bodies that never complete -----------------------------------
+
+/// Opens `n` calls to AppendEntries on `connections` connections, each
+/// sending its headers and 10 bytes of a message it never finishes; returns
+/// the answers to come.
+async fn stalled_calls(
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+    connections: usize,
+    n: usize,
+) -> Vec<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)> {
+    let mut calls = Vec::new();
+    for c in 0..connections {
+        let mut client = h2_connect(addr).await;
+        for _ in 0..n / connections + usize::from(c < n % connections) {
+            client = client.ready().await.expect("ready");
+            let mut request = grpc_request(addr, "AppendEntries");
+            if let Some(token) = token {
+                request.headers_mut().insert(
+                    "authorization",
+                    format!("Bearer {token}").parse().expect("header"),
+                );
+            }
+            let (response, mut send) = client.send_request(request, false).expect("send");
+            // A frame header promising 1000 bytes, and 5 of them.
+            let mut partial = vec![0u8];
+            partial.extend_from_slice(&1000u32.to_be_bytes());
+            partial.extend_from_slice(b"\x0a\x01s\x12\x10");
+            send.send_data(bytes::Bytes::from(partial), false)
+                .expect("data");
+            calls.push((response, send));
+        }
+    }
+    calls
+}
+
+/// The gRPC status a raw call was answered with.
+async fn answered(response: h2::client::ResponseFuture) -> tonic::Status {
+    let response = response.await.expect("response");
+    tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bodies_hold_no_slot_and_are_cut_off() {
+    use archivist::config::{TenantConfig, token_sha256};
+    let timeout = Duration::from_secs(1);
+    let server = TestServer::start_with(|c| {
+        c.limits.request_timeout = timeout;
+        c.auth.tenants = ["attacker", "victim"]
+            .into_iter()
+            .map(|name| TenantConfig {
+                name: name.into(),
+                token_sha256: Some(token_sha256(&format!("token-of-{name}"))),
+                token_env: None,
+            })
+            .collect();
+    })
+    .await;
+    // More stalled calls than the server has call slots (256).
+    let started = std::time::Instant::now();
+    let stalled = stalled_calls(server.addr, Some("token-of-attacker"), 2, 300).await;
+    let mut victim = archivist::client::connect_with(&archivist::client::ClientOptions {
+        address: format!("http://{}", server.addr),
+        token: Some("token-of-victim".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("connect");
+    let appended = tokio::time::timeout(
+        timeout / 2,
+        victim.append_entries(crate::harness::append_request("v", &["still served"])),
+    )
+    .await
+    .expect("served before any stalled body timed out")
+    .expect("append");
+    assert_eq!(appended.into_inner().entries.len(), 1);
+    // Every stalled call is cut off at the request timeout.
+    let mut latest = Duration::ZERO;
+    for (response, _send) in stalled {
+        let status = answered(response).await;
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+        assert_eq!(reason(&status), "REQUEST_TIMEOUT");
+        latest = latest.max(started.elapsed());
+    }
+    eprintln!("300 stalled bodies refused by {latest:?} with a {timeout:?} request timeout");
+    assert!(latest < timeout * 4, "{latest:?}");
+    // A stranger's stalled calls are refused at once, before any byte of
+    // their bodies is read.
+    let strangers = stalled_calls(server.addr, None, 1, 50).await;
+    let at_once = std::time::Instant::now();
+    for (response, _send) in strangers {
+        let status = answered(response).await;
+        assert_eq!(status.code(), Code::Unauthenticated);
+    }
+    assert!(at_once.elapsed() < timeout, "{:?}", at_once.elapsed());
+}
+
+#[tokio::test]
+async fn bodies_still_arriving_share_one_byte_budget() {
+    let server = TestServer::start_with(|c| {
+        c.limits.max_message_bytes = 2048;
+        c.limits.max_receiving_bytes = 4200;
+        c.limits.request_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let mut client = h2_connect(server.addr).await;
+    let mut open = Vec::new();
+    // Two calls hold 2000 bytes each of a 2048-byte message, and stall.
+    for _ in 0..2 {
+        client = client.ready().await.expect("ready");
+        let (response, mut send) = client
+            .send_request(grpc_request(server.addr, "AppendEntries"), false)
+            .expect("send");
+        let mut partial = vec![0u8];
+        partial.extend_from_slice(&2048u32.to_be_bytes());
+        partial.extend_from_slice(&[0u8; 1995]);
+        send.send_data(bytes::Bytes::from(partial), false)
+            .expect("data");
+        open.push((response, send));
+    }
+    // Once the server holds what they sent, a larger body finds no room
+    // (its 400 bytes would not decode anyway: nothing can be stored).
+    let refused = eventually(Duration::from_millis(800), || async {
+        let status = raw_unary(server.addr, "AppendEntries", frame(&[b'x'; 400])).await;
+        status.code() == Code::ResourceExhausted && reason(&status) == "OVERLOADED"
+    })
+    .await;
+    assert!(refused, "refused while the budget is held");
+    let status = raw_unary(server.addr, "AppendEntries", frame(&[b'x'; 400])).await;
+    assert!(status.get_error_details().retry_info().is_some());
+    // An empty GetBacklog fits in what is left.
+    let status = raw_unary(server.addr, "GetBacklog", frame(&[])).await;
+    assert_eq!(status.code(), Code::Ok, "{status:?}");
+    for (response, _send) in open {
+        assert_eq!(answered(response).await.code(), Code::DeadlineExceeded);
+    }
+    server.append("s", &["the budget is free again"]).await;
+}
