@@ -47,7 +47,8 @@
 //!   answers kept within the message limit (`fit.rs`).
 //! - `wire`: domain ⇄ `pb`, both ways, for server and client.
 //! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
-//!   `text`: UTF-8-safe cutting and hex.
+//!   `text`: UTF-8-safe cutting and hex; `throttle`: log lines a flood
+//!   cannot multiply.
 //!
 //! # Invariants (and how to check each)
 //!
@@ -73,8 +74,8 @@
 //!   matches `HELD` in `store/sqlite/claims.rs`.
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one (`pass/mod.rs`, `run_or_join_until`).
-//! - No two modules import each other. The layers, bottom up: `text` and
-//!   `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
+//! - No two modules import each other. The layers, bottom up: `text`,
+//!   `throttle` and `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
 //!   and `metrics`; `pass`; `reconciler` and `service`; `app`; `backfill`,
 //!   `wire`, `grpc` and `client`; `server` and `cli`. A module's non-test
 //!   `crate::` paths name only modules in its own layer or below.
@@ -97,6 +98,7 @@ pub mod server;
 mod service;
 mod store;
 mod text;
+mod throttle;
 mod wire;
 
 /// What the benchmarks and integration tests drive directly; not a stable

@@ -12,7 +12,6 @@ use tokio::sync::Notify;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
@@ -20,11 +19,18 @@ use crate::app::{App, BuildError};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind};
-use crate::grpc::{GrpcService, NameRefusals, RecordCalls};
+use crate::grpc::{GrpcService, Incoming, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::service::Service;
 use crate::store::{Store, StoreError};
+
+/// How long a connection may be silent before the server pings it, and how
+/// long the ping may go unanswered before the connection is closed.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The fewest streams one connection may have open at once.
+const MIN_STREAMS: u32 = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -127,9 +133,21 @@ pub async fn run_with_key(
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = Incoming::new(
+        listener,
+        config.limits.max_connections as usize,
+        config.limits.idle_timeout,
+    );
     let stop_accepting = CancellationToken::new();
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        // A peer that has gone without a word (a dead host, a cut link) is
+        // found by pings and its connection closed.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        // Streams past the call cap are refused at once (TOO_MANY_CALLS),
+        // but each open one costs memory: a connection gets no more than
+        // the server serves calls (and gRPC's customary 100 at least).
+        .max_concurrent_streams(config.limits.max_concurrent_calls.max(MIN_STREAMS));
     if let Some(tls) = tls_config(&config)? {
         builder = builder.tls_config(tls)?;
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");

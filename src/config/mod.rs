@@ -144,6 +144,12 @@ pub struct LimitsConfig {
     /// Request bytes held at once by every body still arriving; past it a
     /// request is refused (RESOURCE_EXHAUSTED) rather than buffered.
     pub max_receiving_bytes: u64,
+    /// Connections open at once; at the cap a new one replaces the one idle
+    /// the longest, or is closed at once when none is idle.
+    pub max_connections: u32,
+    /// A connection with no call running this long is closed.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,6 +260,8 @@ impl Default for LimitsConfig {
             max_context_tokens: 100_000,
             request_timeout: Duration::from_secs(10),
             max_receiving_bytes: 64 * 1024 * 1024,
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -350,6 +358,12 @@ impl Config {
         }
         if self.limits.max_context_tokens == 0 {
             return invalid("limits.max_context_tokens", "must be at least 1");
+        }
+        if self.limits.max_connections == 0 {
+            return invalid("limits.max_connections", "must be at least 1");
+        }
+        if self.limits.idle_timeout.is_zero() {
+            return invalid("limits.idle_timeout", "must be longer than zero");
         }
         if self.limits.request_timeout.is_zero() {
             return invalid("limits.request_timeout", "must be longer than zero");
@@ -476,6 +490,7 @@ impl Config {
             ("flush.ceiling", self.flush.ceiling),
             ("shutdown.ceiling", self.shutdown.ceiling),
             ("limits.request_timeout", self.limits.request_timeout),
+            ("limits.idle_timeout", self.limits.idle_timeout),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

@@ -4,7 +4,9 @@
 //! - `RecordCalls` counts every call, health and reflection included, by
 //!   method and the status it really ended with: from the headers of a
 //!   trailers-only answer, else from the trailers, else `Cancelled` when
-//!   the caller went away before the end.
+//!   the caller went away before the end; and marks it running on its
+//!   connection until its answer is gone, so idle connections can be told
+//!   from busy ones (`conn.rs`).
 //! - `NameRefusals` gives tonic's refusals of a request the codes gRPC
 //!   defines, with details: over the message limit is RESOURCE_EXHAUSTED
 //!   instead of OUT_OF_RANGE, undecodable is INVALID_ARGUMENT instead of
@@ -33,6 +35,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::conn::{CallOnConn, ConnInfo};
 use super::status::ERROR_DOMAIN;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
@@ -152,6 +155,10 @@ where
             metrics: self.metrics.clone(),
             method: method_label(request.uri().path()),
         };
+        let on_conn = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|info| info.state.begin_call());
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = match call.await {
@@ -169,7 +176,11 @@ where
                 }
                 None => Some(pending),
             };
-            Ok(response.map(|inner| RecordedBody { inner, pending }))
+            Ok(response.map(|inner| RecordedBody {
+                inner,
+                pending,
+                _on_conn: on_conn,
+            }))
         })
     }
 }
@@ -187,10 +198,12 @@ impl Pending {
 }
 
 /// A response body that records its call's status when the trailers pass
-/// (or `Cancelled` if it is dropped before the end).
+/// (or `Cancelled` if it is dropped before the end), and keeps the call
+/// marked on its connection while it lives.
 pub(crate) struct RecordedBody<B> {
     inner: B,
     pending: Option<Pending>,
+    _on_conn: Option<CallOnConn>,
 }
 
 impl<B> Drop for RecordedBody<B> {

@@ -6,6 +6,7 @@
 //! the layers around calls (metrics, naming refusals, reading requests
 //! whole, load shedding) are in `gate.rs`.
 
+mod conn;
 mod fit;
 mod gate;
 mod status;
@@ -27,6 +28,7 @@ use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
 use crate::wire::{append_to_pb, backlog_to_pb, segment_to_pb};
+pub(crate) use conn::Incoming;
 use fit::{fit_context, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls};
 use gate::{Shed, Whole};

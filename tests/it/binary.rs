@@ -14,28 +14,43 @@ use crate::harness::{context_entries, entry, eventually};
 pub(crate) struct Process {
     pub(crate) child: Child,
     pub(crate) address: String,
+    /// Every line the server has logged so far.
+    pub(crate) log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Process {
     /// Starts `archivist serve` on `data_dir` on a port of its own choosing
     /// (read back from its start-up line), and waits until it answers.
     pub(crate) async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_archivist"))
+        Process::start_adjusted(data_dir, env, |_| {}).await
+    }
+
+    /// As `start`, after `adjust` has its say over the command.
+    pub(crate) async fn start_adjusted(
+        data_dir: &std::path::Path,
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn archivist");
+            .stderr(Stdio::piped());
+        adjust(&mut command);
+        let mut child = command.spawn().expect("spawn archivist");
         let stderr = child.stderr.take().expect("stderr");
         let (found, listening) = std::sync::mpsc::channel();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let lines = log.clone();
         // Reads the start-up line, then keeps draining so the server never
         // blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().expect("lock").push(line.clone());
                 if !line.contains("archivist is serving") {
                     continue;
                 }
@@ -55,7 +70,11 @@ impl Process {
                 .expect("join")
                 .expect("archivist reported its address");
         let address = format!("http://{addr}");
-        let process = Process { child, address };
+        let process = Process {
+            child,
+            address,
+            log,
+        };
         let up = eventually(Duration::from_secs(20), || async {
             archivist::client::connect(&process.address).await.is_ok()
         })
@@ -103,6 +122,21 @@ impl Process {
 }
 
 impl Process {
+    /// CPU time the server has used so far (user and system), from /proc.
+    pub(crate) fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("the server's /proc stat");
+        // Fields after the command name (which ends the last ')'): utime
+        // and stime are the 12th and 13th, in clock ticks.
+        let after = stat.rsplit_once(')').expect("stat").1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 =
+            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / per_second)
+    }
+
     /// The server's peak resident memory so far, in KiB, from /proc.
     pub(crate) fn peak_rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))

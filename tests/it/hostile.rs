@@ -725,3 +725,218 @@ async fn bodies_still_arriving_share_one_byte_budget() {
     }
     server.append("s", &["the budget is free again"]).await;
 }
+
+// ---- 6: idle connections ----------------------------------------------------
+
+/// Opens `n` HTTP/2 connections (TCP and the preface; no call, no token)
+/// and counts those the server closes.
+async fn idle_connections(addr: std::net::SocketAddr, n: usize) -> Arc<AtomicUsize> {
+    let closed = Arc::new(AtomicUsize::new(0));
+    for _ in 0..n {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let closed = closed.clone();
+        tokio::spawn(async move {
+            // The handshake may already fail on a connection closed at once.
+            let handshake: Result<(h2::client::SendRequest<bytes::Bytes>, _), _> =
+                h2::client::handshake(tcp).await;
+            if let Ok((client, connection)) = handshake {
+                let _ = connection.await;
+                drop(client);
+            }
+            closed.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    closed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_past_the_cap_make_room_for_a_new_client() {
+    let cap = 20;
+    let server = TestServer::start_with(|c| c.limits.max_connections = cap).await;
+    // 60 idle connections come; no more than the cap stay open.
+    let started = std::time::Instant::now();
+    let closed = idle_connections(server.addr, 60).await;
+    let made_room = eventually(Duration::from_secs(5), || async {
+        closed.load(Ordering::SeqCst) >= 60 - cap as usize
+    })
+    .await;
+    assert!(made_room, "{} closed", closed.load(Ordering::SeqCst));
+    eprintln!(
+        "60 idle connections against a cap of {cap}: {} closed within {:?}",
+        closed.load(Ordering::SeqCst),
+        started.elapsed()
+    );
+    // A new client is served.
+    let mut fresh = archivist::client::connect(&format!("http://{}", server.addr))
+        .await
+        .expect("connect");
+    fresh
+        .append_entries(crate::harness::append_request("s", &["served"]))
+        .await
+        .expect("a new client is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_idle_past_the_timeout_is_closed_but_not_one_with_a_call() {
+    let slow = Script::new(vec![
+        completion("Slow recap.").set_delay(Duration::from_secs(1)),
+    ]);
+    let mock = slow.mount().await;
+    let idle = Duration::from_millis(300);
+    let server = TestServer::start_with(|c| {
+        fast(c, &mock.uri());
+        c.limits.idle_timeout = idle;
+    })
+    .await;
+    let closed = idle_connections(server.addr, 5).await;
+    let all_closed = eventually(Duration::from_secs(3), || async {
+        closed.load(Ordering::SeqCst) == 5
+    })
+    .await;
+    assert!(
+        all_closed,
+        "{} of 5 idle connections closed",
+        closed.load(Ordering::SeqCst)
+    );
+    // A call longer than the idle timeout keeps its connection.
+    let mut client = archivist::client::connect(&format!("http://{}", server.addr))
+        .await
+        .expect("connect");
+    client
+        .append_entries(crate::harness::append_request("s", &["a slow recap"]))
+        .await
+        .expect("append");
+    let seg = client
+        .close_segment(pb::CloseSegmentRequest {
+            session_id: "s".into(),
+            wait: true,
+        })
+        .await
+        .expect("the call outlives the idle timeout")
+        .into_inner()
+        .segment
+        .expect("segment");
+    assert_eq!(state(&seg), pb::SegmentState::Summarised);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_the_cap_is_refused_when_none_is_idle() {
+    let server = TestServer::start_with(|c| {
+        c.limits.max_connections = 2;
+        c.limits.request_timeout = Duration::from_secs(3);
+    })
+    .await;
+    // Two connections each with a call running (a body that never ends).
+    // The harness's client, idle, makes room for the second.
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut client = h2_connect(server.addr).await.ready().await.expect("ready");
+        let (response, mut send) = client
+            .send_request(grpc_request(server.addr, "AppendEntries"), false)
+            .expect("send");
+        send.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 9]), false)
+            .expect("data");
+        // A whole call answered after it on the same connection says the
+        // server has the stalled one running.
+        let mut client = client.ready().await.expect("ready");
+        let (answer, mut body) = client
+            .send_request(grpc_request(server.addr, "GetBacklog"), false)
+            .expect("send");
+        body.send_data(bytes::Bytes::from(frame(&[])), true)
+            .expect("data");
+        answer.await.expect("answered");
+        busy.push((client, response, send));
+    }
+    let refused = idle_connections(server.addr, 3).await;
+    let started = std::time::Instant::now();
+    let all = eventually(Duration::from_secs(2), || async {
+        refused.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    assert!(all, "{} of 3 refused", refused.load(Ordering::SeqCst));
+    eprintln!(
+        "a connection past the cap is closed within {:?}",
+        started.elapsed()
+    );
+    let logged = crate::logs::lines()
+        .iter()
+        .filter(|l| l.contains("refused a connection"))
+        .count();
+    assert!((1..=3).contains(&logged), "{logged} lines for 3 refusals");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_server_backs_off_and_still_serves() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A descriptor limit far under the connection cap: accepts fail with
+    // EMFILE long before the cap would refuse anyone.
+    let settings = [
+        ("ARCHIVIST_LIMITS_MAX_CONNECTIONS", "10000"),
+        ("ARCHIVIST_LIMITS_IDLE_TIMEOUT", "1h"),
+    ];
+    let server = Process::start_adjusted(dir.path(), &settings, |command| {
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
+        unsafe {
+            command.pre_exec(|| {
+                let limit = libc::rlimit {
+                    rlim_cur: 64,
+                    rlim_max: 64,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    })
+    .await;
+    let mut client = server.client().await;
+    client
+        .get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect("served before the flood");
+    // 200 bare TCP connections that never say a word, held open.
+    let addr: std::net::SocketAddr = server
+        .address
+        .trim_start_matches("http://")
+        .parse()
+        .expect("addr");
+    let cpu_before = server.cpu_time();
+    let started = std::time::Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        if let Ok(tcp) = tokio::net::TcpStream::connect(addr).await {
+            held.push(tcp);
+        }
+    }
+    // A window to measure CPU over while the connections wait.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cpu = server.cpu_time().saturating_sub(cpu_before);
+    let wall = started.elapsed();
+    eprintln!("200 silent connections under nofile=64: {cpu:?} of CPU in {wall:?}");
+    // A spinning accept loop burns most of a core; backing off, almost none.
+    assert!(cpu < wall / 4, "{cpu:?} of CPU in {wall:?}");
+    // A new client is served: idle connections make room.
+    let served = eventually(Duration::from_secs(5), || async {
+        match archivist::client::connect(&server.address).await {
+            Ok(mut c) => c
+                .append_entries(crate::harness::append_request("s", &["served"]))
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(served, "a new client is served");
+    let lines = server.log.lock().expect("lock").clone();
+    let backoffs = lines
+        .iter()
+        .filter(|l| l.contains("cannot accept connections"))
+        .count();
+    assert!(
+        (1..=2).contains(&backoffs),
+        "{backoffs} log lines about accept errors: {lines:?}"
+    );
+    drop(held);
+}
