@@ -13,12 +13,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::app::{App, BuildError};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind};
+use crate::error_chain;
 use crate::grpc::{GrpcService, Incoming, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
 use crate::pb;
@@ -123,9 +126,16 @@ pub async fn run_with_key(
     }
     let archivist = GrpcService::new(service, config.limits.clone()).into_server(auth);
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::archivist_server::ArchivistServer<GrpcService>>()
-        .await;
+    set_health(&health, ServingStatus::Serving).await;
+    let watcher_stop = CancellationToken::new();
+    // However `run` ends, the probe ends with it.
+    let _stop_watcher = watcher_stop.clone().drop_guard();
+    let watcher = tokio::spawn(watch_store(
+        store.clone(),
+        health.clone(),
+        config.health.probe_interval,
+        watcher_stop.clone(),
+    ));
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
@@ -187,7 +197,10 @@ pub async fn run_with_key(
             info!(ceiling = ?config.shutdown.ceiling, "shutting down: no new calls; running calls and passes get until the ceiling");
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
-            health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;
+            // The probe stops first, so that nothing says SERVING again.
+            watcher_stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), watcher).await;
+            set_health(&health, ServingStatus::NotServing).await;
             // No new passes from here; running ones carry on.
             background.cancel();
             deadline
@@ -241,6 +254,63 @@ pub async fn run_with_key(
     }
     info!("archivist stopped");
     Ok(())
+}
+
+/// The status health reports, for the server as a whole ("") and for the
+/// archivist service: load balancers ask for either.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <pb::archivist_server::ArchivistServer<GrpcService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// The longest a probe of the store may take before it counts as failed,
+/// unless the interval between probes is longer.
+const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Probes the store every `every` (a small write committed and read back)
+/// and turns health NOT_SERVING while it fails or takes too long, so that
+/// a load balancer moves traffic elsewhere; SERVING again once it answers.
+/// Logs each change once.
+async fn watch_store(
+    store: Store,
+    health: HealthReporter,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let timeout = every.max(MIN_PROBE_TIMEOUT);
+    let mut serving = true;
+    loop {
+        let probed = tokio::select! {
+            () = stop.cancelled() => return,
+            probed = async {
+                tokio::time::sleep(every).await;
+                tokio::time::timeout(timeout, store.probe()).await
+            } => probed,
+        };
+        let failure = match probed {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(error_chain(&e)),
+            Err(_) => Some(format!("the store did not answer within {timeout:?}")),
+        };
+        match (failure, serving) {
+            (Some(why), true) => {
+                warn!(error = %why, "the store cannot write or read: health is NOT_SERVING until it can");
+                set_health(&health, ServingStatus::NotServing).await;
+                serving = false;
+            }
+            (None, false) => {
+                info!("the store writes and reads again: health is SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+                serving = true;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The TLS settings, when `[tls]` sets a certificate.

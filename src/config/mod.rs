@@ -39,6 +39,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub tls: TlsConfig,
     pub metrics: MetricsConfig,
+    pub health: HealthConfig,
     /// Set by `--insecure-open`: serve a non-loopback address with no
     /// tenants configured. Never read from a file.
     #[serde(skip)]
@@ -78,6 +79,24 @@ pub struct TlsConfig {
     /// signed by one of them (mutual TLS).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<PathBuf>,
+}
+
+/// The health service's view of the store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// How often the store is probed (a small write read back); health is
+    /// NOT_SERVING while a probe fails.
+    #[serde(with = "duration")]
+    pub probe_interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            probe_interval: Duration::from_secs(5),
+        }
+    }
 }
 
 /// The Prometheus endpoint; off unless `listen` is set.
@@ -235,6 +254,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             metrics: MetricsConfig::default(),
+            health: HealthConfig::default(),
             insecure_open: false,
         }
     }
@@ -477,6 +497,9 @@ impl Config {
         if self.shutdown.ceiling.is_zero() {
             return invalid("shutdown.ceiling", "must be longer than zero");
         }
+        if self.health.probe_interval.is_zero() {
+            return invalid("health.probe_interval", "must be longer than zero");
+        }
         let longest = crate::failure::LONGEST_WAIT;
         for (key, d) in [
             ("retry.initial_backoff", r.initial_backoff),
@@ -491,6 +514,7 @@ impl Config {
             ("shutdown.ceiling", self.shutdown.ceiling),
             ("limits.request_timeout", self.limits.request_timeout),
             ("limits.idle_timeout", self.limits.idle_timeout),
+            ("health.probe_interval", self.health.probe_interval),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

@@ -57,6 +57,8 @@ pub enum StoreError {
     NotCommitted(#[source] BackendError),
     #[error("the store's write queue is full")]
     Busy,
+    #[error("the disk holding the database is full")]
+    Full(#[source] BackendError),
     #[error("tenant {tenant:?} would store {wanted} bytes, over its cap of {limit}")]
     TenantFull {
         tenant: String,
@@ -284,6 +286,12 @@ impl Store {
     /// other than `fingerprint` due now; returns how many.
     pub(crate) async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
         on_backend!(self, b => b.unpark_changed(fingerprint).await)
+    }
+
+    /// Whether the store can write and read now: one small write committed
+    /// and read back. For the health probe.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        on_backend!(self, b => b.probe().await)
     }
 
     /// PENDING segments due at `now` and not claimed by a live worker,

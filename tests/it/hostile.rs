@@ -940,3 +940,70 @@ async fn out_of_descriptors_the_server_backs_off_and_still_serves() {
     );
     drop(held);
 }
+
+// ---- health follows the store -----------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_not_serving_while_the_store_cannot_write_and_serving_after() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let server = TestServer::start_with(|c| {
+        c.health.probe_interval = Duration::from_millis(100);
+    })
+    .await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let health = HealthClient::new(channel);
+    let status_of = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .expect("health answers")
+                .into_inner()
+                .status
+        }
+    };
+    let all_are = |want: ServingStatus| async move {
+        status_of("").await == want as i32
+            && status_of("archivist.v1.Archivist").await == want as i32
+    };
+    assert!(all_are(ServingStatus::Serving).await);
+    // Another process takes the database's write lock and keeps it: the
+    // store cannot write.
+    let db = rusqlite::Connection::open(server.data_dir().join("archivist.sqlite3"))
+        .expect("open the database");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    db.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let locked = std::time::Instant::now();
+    let down = eventually(Duration::from_secs(5), || {
+        all_are(ServingStatus::NotServing)
+    })
+    .await;
+    assert!(down, "NOT_SERVING while the store cannot write");
+    eprintln!(
+        "health NOT_SERVING {:?} after the store stopped writing",
+        locked.elapsed()
+    );
+    db.execute_batch("ROLLBACK").expect("unlock");
+    let released = std::time::Instant::now();
+    let up = eventually(Duration::from_secs(5), || all_are(ServingStatus::Serving)).await;
+    assert!(up, "SERVING again once it can");
+    eprintln!(
+        "health SERVING {:?} after the store wrote again",
+        released.elapsed()
+    );
+    server.append("s", &["served again"]).await;
+    let said = crate::logs::lines()
+        .iter()
+        .filter(|l| l.contains("the store cannot write or read"))
+        .count();
+    assert!(said >= 1);
+}

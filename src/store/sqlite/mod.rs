@@ -22,6 +22,7 @@ mod sessions;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,8 +44,17 @@ const DATABASE_FILE: &str = "archivist.sqlite3";
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> StoreError {
-        StoreError::Query(Box::new(e))
+        if is_full(&e) {
+            StoreError::Full(Box::new(e))
+        } else {
+            StoreError::Query(Box::new(e))
+        }
     }
+}
+
+/// SQLITE_FULL: the disk (or the database's size limit) has no room.
+pub(super) fn is_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 impl Durability {
@@ -66,6 +76,8 @@ struct Inner {
     path: PathBuf,
     jobs: mpsc::Sender<Job>,
     readers: Mutex<Vec<Connection>>,
+    /// A write failed for want of room since the last health probe.
+    full_seen: AtomicBool,
 }
 
 impl Sqlite {
@@ -114,6 +126,7 @@ impl Sqlite {
                 path,
                 jobs,
                 readers: Mutex::new(Vec::new()),
+                full_seen: AtomicBool::new(false),
             }),
         })
     }
@@ -131,7 +144,20 @@ impl Sqlite {
             .send(job)
             .await
             .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
+    }
+
+    /// Passes a write's result on, remembering a full disk for the probe.
+    fn noting_full<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Full(_)) = &result {
+            self.inner.full_seen.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Whether a write failed for want of room since the last call.
+    fn take_full_seen(&self) -> bool {
+        self.inner.full_seen.swap(false, Ordering::SeqCst)
     }
 
     /// As `write`, but refuses with `Busy` instead of waiting when the
@@ -146,7 +172,7 @@ impl Sqlite {
             mpsc::error::TrySendError::Full(_) => StoreError::Busy,
             mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
         })?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
     }
 
     /// Runs `f` on a read connection, in one read transaction (a consistent

@@ -120,6 +120,14 @@ BEGIN
           AND state = NEW.state;
 END;
 "#,
+    r#"
+-- One row the server's health probe writes and reads back, so health says
+-- NOT_SERVING while the store cannot write or read.
+CREATE TABLE health_probe (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at INTEGER NOT NULL
+);
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -325,6 +325,34 @@ impl Sqlite {
         .await
     }
 
+    /// Fails if a write failed for want of room since the last probe (the
+    /// probe's own small row may still fit where an append does not);
+    /// else writes the probe row through the writer (a commit, as every
+    /// write makes) and reads it back on a read connection.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        if self.take_full_seen() {
+            return Err(StoreError::Full(
+                "writes failed for want of room since the last probe".into(),
+            ));
+        }
+        let at = Millis::now().0;
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO health_probe (id, at) VALUES (1, ?1) \
+                 ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            )?
+            .execute([at])?;
+            Ok(())
+        })
+        .await?;
+        self.read(|conn| {
+            conn.prepare_cached("SELECT at FROM health_probe WHERE id = 1")?
+                .query_row([], |r| r.get::<_, i64>(0))?;
+            Ok(())
+        })
+        .await
+    }
+
     pub(crate) async fn due_segments(
         &self,
         now: Millis,

@@ -174,3 +174,41 @@ async fn kept_counts_equal_a_recount() {
     assert_eq!(kept, recount);
     assert!(!recount.is_empty());
 }
+
+#[tokio::test]
+async fn a_full_disk_is_told_apart_and_the_probe_reports_it() {
+    let (_dir, store) = open().await;
+    assert!(append(&store, "s", &["fits"]).await);
+    store
+        .probe()
+        .await
+        .expect("a healthy store answers the probe");
+    // The database may not grow past the pages it has: what SQLite says
+    // when the disk is full.
+    store
+        .write(|conn| {
+            let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+        .expect("cap the size");
+    let big = "x".repeat(256 * 1024);
+    let err = store
+        .append(
+            &Tenant::default(),
+            &session("s"),
+            entries(&[&big]),
+            POLICY,
+            0,
+        )
+        .await
+        .expect_err("no room");
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    // Nothing of it was stored; the next probe reports the full disk even
+    // though its own row still fits, and the one after, with no write
+    // refused meanwhile, passes.
+    assert_eq!(count_entries(&store, "s").await, 1);
+    assert!(matches!(store.probe().await, Err(StoreError::Full(_))));
+    store.probe().await.expect("nothing refused since");
+}
