@@ -34,6 +34,9 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The fewest streams one connection may have open at once.
 const MIN_STREAMS: u32 = 100;
+/// The longest a probe of the store may take before it counts as failed,
+/// unless the interval between probes is longer.
+const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -267,10 +270,6 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
         )
         .await;
 }
-
-/// The longest a probe of the store may take before it counts as failed,
-/// unless the interval between probes is longer.
-const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Probes the store every `every` (a small write committed and read back)
 /// and turns health NOT_SERVING while it fails or takes too long, so that

@@ -321,7 +321,7 @@ where
 }
 
 /// A request over the message limit, as every layer refuses it.
-pub(super) fn too_large(limit: usize) -> Status {
+fn too_large(limit: usize) -> Status {
     let mut details = ErrorDetails::new();
     details.set_error_info(
         "MESSAGE_TOO_LARGE",
@@ -336,7 +336,7 @@ pub(super) fn too_large(limit: usize) -> Status {
 }
 
 /// A request that is not a well-formed message, as every layer refuses it.
-pub(super) fn malformed(field: &str, description: &str) -> Status {
+fn malformed(field: &str, description: &str) -> Status {
     let mut details = ErrorDetails::new();
     details.set_error_info("MALFORMED_REQUEST", ERROR_DOMAIN, HashMap::new());
     details.add_bad_request_violation(field, description);
@@ -401,7 +401,7 @@ fn decode_error_field(rest: &str) -> (String, &str) {
     (path, tail)
 }
 
-// ---- ReadWhole ------------------------------------------------------------
+// ---- Whole ----------------------------------------------------------------
 
 /// Reads an archivist request's body whole before the call may take a
 /// slot: a client that sends its headers and then stalls holds no slot and

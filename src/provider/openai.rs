@@ -300,16 +300,17 @@ impl OpenAi {
             .map(|c| c.trim().to_owned())
             .filter(|c| !c.is_empty())
             .ok_or_else(|| malformed(OpenAiError::Empty))?;
-        let usage = parsed.usage.unwrap_or(Usage {
-            prompt_tokens: crate::model::estimate_tokens(user),
-            completion_tokens: crate::model::estimate_tokens(&content),
-        });
-        if let Some(found) = self.over_output_limit(&content, usage.completion_tokens) {
+        let reported = parsed.usage.as_ref().map(|u| u.completion_tokens);
+        if let Some(found) = self.over_output_limit(&content, reported) {
             return Err(malformed(OpenAiError::TooLong {
                 limit: self.max_output_tokens,
                 found,
             }));
         }
+        let usage = parsed.usage.unwrap_or(Usage {
+            prompt_tokens: crate::model::estimate_tokens(user),
+            completion_tokens: crate::model::estimate_tokens(&content),
+        });
         Ok(Recap {
             text: content,
             model: parsed.model.unwrap_or_else(|| self.model.clone()),
@@ -343,9 +344,9 @@ impl OpenAi {
     }
 
     /// How a completion passes what `max_output_tokens` allows, if it does:
-    /// by the provider's own count, or by more than MAX_BYTES_PER_TOKEN
-    /// bytes of text per allowed token.
-    fn over_output_limit(&self, content: &str, completion_tokens: u32) -> Option<String> {
+    /// by the provider's own count (when it gives one), or by more than
+    /// MAX_BYTES_PER_TOKEN bytes of text per allowed token.
+    fn over_output_limit(&self, content: &str, reported_tokens: Option<u32>) -> Option<String> {
         let max_bytes = (self.max_output_tokens as usize).saturating_mul(MAX_BYTES_PER_TOKEN);
         if content.len() > max_bytes {
             return Some(format!(
@@ -353,8 +354,9 @@ impl OpenAi {
                 content.len()
             ));
         }
-        (completion_tokens > self.max_output_tokens)
-            .then(|| format!("{completion_tokens} tokens by the provider's count"))
+        reported_tokens
+            .filter(|&n| n > self.max_output_tokens)
+            .map(|n| format!("{n} tokens by the provider's count"))
     }
 }
 
@@ -409,4 +411,31 @@ fn render_parts(parts: &[String]) -> String {
         out.push_str(&format!("Part {}:\n{}", i + 1, part));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(max_output_tokens: u32) -> OpenAi {
+        let config = ProviderConfig {
+            max_output_tokens,
+            ..ProviderConfig::default()
+        };
+        OpenAi::new(&config, None).expect("client")
+    }
+
+    #[test]
+    fn a_completion_is_held_to_max_output_tokens() {
+        let p = client(512);
+        // No usage reported: only the text's length counts, generously.
+        assert_eq!(p.over_output_limit(&"a".repeat(3000), None), None);
+        assert_eq!(p.over_output_limit(&"a".repeat(512 * 16), None), None);
+        let found = p.over_output_limit(&"a".repeat(512 * 16 + 1), None);
+        assert!(found.is_some_and(|f| f.contains("bytes")));
+        // The provider's own count, when it gives one.
+        assert_eq!(p.over_output_limit("short", Some(512)), None);
+        let found = p.over_output_limit("short", Some(513));
+        assert!(found.is_some_and(|f| f.contains("513 tokens")));
+    }
 }

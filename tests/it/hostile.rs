@@ -632,7 +632,7 @@ async fn answered(response: h2::client::ResponseFuture) -> tonic::Status {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_bodies_hold_no_slot_and_are_cut_off() {
     use archivist::config::{TenantConfig, token_sha256};
-    let timeout = Duration::from_secs(1);
+    let timeout = Duration::from_secs(2);
     let server = TestServer::start_with(|c| {
         c.limits.request_timeout = timeout;
         c.auth.tenants = ["attacker", "victim"]
@@ -663,6 +663,10 @@ async fn stalled_bodies_hold_no_slot_and_are_cut_off() {
     .expect("served before any stalled body timed out")
     .expect("append");
     assert_eq!(appended.into_inner().entries.len(), 1);
+    assert!(
+        started.elapsed() < timeout,
+        "served while all 300 still stalled"
+    );
     // Every stalled call is cut off at the request timeout.
     let mut latest = Duration::ZERO;
     for (response, _send) in stalled {
