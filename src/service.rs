@@ -60,7 +60,9 @@ pub(crate) struct SegmentPage {
     pub(crate) next_after: Option<SegmentId>,
 }
 
-/// Every segment of a flushed session and whether all are summarised.
+/// A flushed session's segments (those still owed a recap, then the newest
+/// summarised ones, as far as an answer can carry) and whether all are
+/// summarised.
 pub(crate) struct Flushed {
     pub(crate) segments: Vec<Segment>,
     pub(crate) complete: bool,
@@ -150,22 +152,23 @@ impl Service {
         // that their claims are let go by the time the answer is sent.
         let cancel_at = until.checked_sub(RELEASE_ALLOWANCE).unwrap_or(until);
         self.store.close_open_segment(tenant, session).await?;
-        let segments = self.store.session_segments(tenant, session).await?;
         // Only what is due (or already running, to join it): a segment
         // waiting out a Retry-After or its spacing is not sent sooner because
         // a host flushes, however often it does.
         let now = Millis::now();
-        let pending: Vec<SegmentId> = segments
-            .iter()
-            .filter(|s| s.state == SegmentState::Pending)
-            .filter(|s| {
-                s.next_attempt_at.is_none_or(|due| due <= now) || self.summariser.is_running(s.id)
-            })
-            .map(|s| s.id)
+        let pending: Vec<SegmentId> = self
+            .store
+            .pending_in_session(tenant, session)
+            .await?
+            .into_iter()
+            .filter(|&(id, due)| due.is_none_or(|due| due <= now) || self.summariser.is_running(id))
+            .map(|(id, _)| id)
             .collect();
         let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
-        let segments = self.store.session_segments(tenant, session).await?;
-        let complete = segments.iter().all(|s| s.state == SegmentState::Summarised);
+        let (segments, complete) = self
+            .store
+            .flushed(tenant, session, self.limits.max_message_bytes as usize)
+            .await?;
         if !complete {
             self.wake.notify_one();
         }
@@ -215,12 +218,14 @@ impl Service {
         after: SegmentId,
         page_size: u32,
     ) -> Result<SegmentPage, ServiceError> {
-        // One more than asked tells whether another page follows.
-        let mut segments = self
+        // One more than asked tells whether another page follows; so does a
+        // page cut short to fit the message limit.
+        let max_bytes = self.limits.max_message_bytes as usize;
+        let (mut segments, cut) = self
             .store
-            .list_segments(tenant, filter, after, page_size + 1)
+            .list_segments(tenant, filter, after, page_size + 1, max_bytes)
             .await?;
-        let more = segments.len() > page_size as usize;
+        let more = cut || segments.len() > page_size as usize;
         segments.truncate(page_size as usize);
         let next_after = if more {
             segments.last().map(|s| s.id)

@@ -378,3 +378,71 @@ async fn context_keeps_the_newest_that_fits() {
         ));
     }
 }
+
+#[tokio::test]
+async fn listings_and_flushes_read_only_what_an_answer_carries() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        // Four summarised segments with 10 KiB summaries, then one PENDING.
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let id = closed_segment(&store, &[&format!("entry {i}")]).await;
+            if i < 4 {
+                let (claim, _) = store
+                    .claim(id, "w", LEASE)
+                    .await
+                    .expect("claim")
+                    .expect("free");
+                let text = "y".repeat(10 * 1024);
+                assert!(
+                    store
+                        .complete(&claim, summary(&text), 1)
+                        .await
+                        .expect("complete")
+                );
+            }
+            ids.push(id);
+        }
+        let one = segment_bytes(&store.segment(&t, ids[0]).await.expect("segment"));
+        let filter = || SegmentFilter {
+            session: Some(s.clone()),
+            ..SegmentFilter::default()
+        };
+        // Room for two: the page stops there and says it was cut.
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, 2 * one)
+            .await
+            .expect("list");
+        assert!(cut);
+        assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), ids[..2]);
+        // Room for none still gives one, and all fit when there is room.
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, 1)
+            .await
+            .expect("list");
+        assert!(cut);
+        assert_eq!(page.len(), 1);
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, usize::MAX)
+            .await
+            .expect("list");
+        assert!(!cut);
+        assert_eq!(page.len(), 5);
+
+        // A flush with room for two keeps the PENDING one and the newest
+        // summarised one, in ordinal order.
+        let (kept, complete) = store.flushed(&t, &s, 2 * one).await.expect("flushed");
+        assert!(!complete);
+        assert_eq!(
+            kept.iter().map(|s| s.id).collect::<Vec<_>>(),
+            [ids[3], ids[4]]
+        );
+        let pending = store.pending_in_session(&t, &s).await.expect("pending");
+        assert_eq!(pending.iter().map(|p| p.0).collect::<Vec<_>>(), [ids[4]]);
+        assert!(matches!(
+            store.flushed(&t, &session("nosuch"), usize::MAX).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+    }
+}
