@@ -201,7 +201,7 @@ async fn context_at(entries: usize) {
     // Warm the reader pool and the page cache, then reset the peak.
     for _ in 0..5 {
         app.store()
-            .context(&Tenant::default(), &session, 2_000)
+            .context(&Tenant::default(), &session, 2_000, 4 * 1024 * 1024)
             .await
             .expect("context");
     }
@@ -214,7 +214,7 @@ async fn context_at(entries: usize) {
         let t = Instant::now();
         let ctx = app
             .store()
-            .context(&Tenant::default(), &session, 2_000)
+            .context(&Tenant::default(), &session, 2_000, 4 * 1024 * 1024)
             .await
             .expect("context");
         times.push(t.elapsed());

@@ -48,10 +48,12 @@
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),
-//!   statuses (`status.rs`), and the layers around every call (`gate.rs`).
+//!   statuses (`status.rs`), the layers around every call (`gate.rs`), and
+//!   answers kept within the message limit (`fit.rs`).
 //! - `wire`: domain ⇄ `pb`, both ways, for server and client.
 //! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
-//!   `text`: UTF-8-safe cutting and hex.
+//!   `text`: UTF-8-safe cutting and hex; `throttle`: log lines a flood
+//!   cannot multiply.
 //!
 //! # Invariants (and how to check each)
 //!
@@ -77,8 +79,8 @@
 //!   matches `HELD` in `store/sqlite/claims.rs`.
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one (`pass/mod.rs`, `run_or_join_until`).
-//! - No two modules import each other. The layers, bottom up: `text` and
-//!   `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
+//! - No two modules import each other. The layers, bottom up: `text`,
+//!   `throttle` and `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
 //!   and `metrics`; `pass`; `reconciler` and `service`; `app`; `backfill`,
 //!   `wire`, `grpc` and `client`; `server` and `cli`. A module's non-test
 //!   `crate::` paths name only modules in its own layer or below.
@@ -102,6 +104,7 @@ pub mod server;
 mod service;
 mod store;
 mod text;
+mod throttle;
 mod wire;
 
 /// What the benchmarks and integration tests drive directly; not a stable

@@ -11,19 +11,31 @@ use tokio::net::TcpListener;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::app::{App, BuildError, warn_if_no_key};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
 use crate::config::{Config, ProviderKind, RetryConfig};
-use crate::grpc::{GrpcService, NameOversize, RecordCalls, ShedLoad};
+use crate::error_chain;
+use crate::grpc::{GrpcService, Incoming, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
 use crate::pass::{ProbeOutcome, Summariser};
 use crate::pb;
 use crate::store::{Store, StoreError};
+
+/// How long a connection may be silent before the server pings it, and how
+/// long the ping may go unanswered before the connection is closed.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// The fewest streams one connection may have open at once.
+const MIN_STREAMS: u32 = 100;
+/// The longest a probe of the store may take before it counts as failed,
+/// unless the interval between probes is longer.
+const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -132,17 +144,31 @@ pub async fn run_with_key(
             "bearer-token authentication is on"
         );
     }
-    let archivist = GrpcService::new(service.clone(), config.limits.clone())
-        .into_server(auth, config.limits.max_message_bytes as usize);
+    let archivist = GrpcService::new(service.clone(), config.limits.clone()).into_server(auth);
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::archivist_server::ArchivistServer<GrpcService>>()
-        .await;
+    set_health(&health, ServingStatus::Serving).await;
+    let watcher_stop = CancellationToken::new();
+    // However `run` ends, the probe ends with it.
+    let _stop_watcher = watcher_stop.clone().drop_guard();
+    let watcher = tokio::spawn(watch_store(
+        store.clone(),
+        health.clone(),
+        config.health.probe_interval,
+        watcher_stop.clone(),
+    ));
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let stop_accepting = CancellationToken::new();
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        // A peer that has gone without a word (a dead host, a cut link) is
+        // found by pings and its connection closed.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        // Streams past the call cap are refused at once (TOO_MANY_CALLS),
+        // but each open one costs memory: a connection gets no more than
+        // the server serves calls (and gRPC's customary 100 at least).
+        .max_concurrent_streams(config.limits.max_concurrent_calls.max(MIN_STREAMS));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
@@ -157,11 +183,14 @@ pub async fn run_with_key(
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
     info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = Incoming::new(
+        listener,
+        config.limits.max_connections as usize,
+        config.limits.idle_timeout,
+    );
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
-        .layer(NameOversize::new(config.limits.max_message_bytes as usize))
-        .layer(ShedLoad::new(config.limits.max_concurrent_calls as usize));
+        .layer(NameRefusals::new(config.limits.max_message_bytes as usize));
     let server = builder
         .layer(layers)
         .add_service(health_service)
@@ -189,7 +218,10 @@ pub async fn run_with_key(
             stop_accepting.cancel();
             // Watch streams would hold the graceful shutdown open forever.
             service.stop_watchers();
-            health.set_not_serving::<pb::archivist_server::ArchivistServer<GrpcService>>().await;
+            // The probe stops first, so that nothing says SERVING again.
+            watcher_stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), watcher).await;
+            set_health(&health, ServingStatus::NotServing).await;
             // No new passes from here; running ones carry on.
             background.cancel();
             deadline
@@ -278,6 +310,59 @@ async fn startup_probe(
             failure.hint
         ),
         ProbeOutcome::Cancelled => {}
+    }
+}
+
+/// The status health reports, for the server as a whole ("") and for the
+/// archivist service: load balancers ask for either.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    health
+        .set_service_status(
+            <pb::archivist_server::ArchivistServer<GrpcService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
+}
+
+/// Probes the store every `every` (a small write committed and read back)
+/// and turns health NOT_SERVING while it fails or takes too long, so that
+/// a load balancer moves traffic elsewhere; SERVING again once it answers.
+/// Logs each change once.
+async fn watch_store(
+    store: Store,
+    health: HealthReporter,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let timeout = every.max(MIN_PROBE_TIMEOUT);
+    let mut serving = true;
+    loop {
+        let probed = tokio::select! {
+            () = stop.cancelled() => return,
+            probed = async {
+                tokio::time::sleep(every).await;
+                tokio::time::timeout(timeout, store.probe()).await
+            } => probed,
+        };
+        let failure = match probed {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(error_chain(&e)),
+            Err(_) => Some(format!("the store did not answer within {timeout:?}")),
+        };
+        match (failure, serving) {
+            (Some(why), true) => {
+                warn!(error = %why, "the store cannot write or read: health is NOT_SERVING until it can");
+                set_health(&health, ServingStatus::NotServing).await;
+                serving = false;
+            }
+            (None, false) => {
+                info!("the store writes and reads again: health is SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+                serving = true;
+            }
+            _ => {}
+        }
     }
 }
 

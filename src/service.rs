@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::config::LimitsConfig;
 use crate::events::{Event, EventKind, Hub};
 use crate::failure::Failure;
 use crate::model::{
@@ -54,7 +55,7 @@ pub(crate) struct Service {
     /// Cancelled when the server stops: watch streams end with UNAVAILABLE.
     stopping: CancellationToken,
     policy: SegmentPolicy,
-    max_tenant_bytes: u64,
+    limits: LimitsConfig,
     flush_ceiling: Duration,
     flush_concurrency: usize,
 }
@@ -65,7 +66,9 @@ pub(crate) struct SegmentPage {
     pub(crate) next_after: Option<SegmentId>,
 }
 
-/// Every segment of a flushed session and whether all are summarised.
+/// A flushed session's segments (those still owed a recap, then the newest
+/// summarised ones, as far as an answer can carry) and whether all are
+/// summarised.
 pub(crate) struct Flushed {
     pub(crate) segments: Vec<Segment>,
     pub(crate) complete: bool,
@@ -87,7 +90,7 @@ impl Service {
             events,
             stopping: CancellationToken::new(),
             policy: config.segment_policy(),
-            max_tenant_bytes: config.limits.max_tenant_bytes,
+            limits: config.limits.clone(),
             flush_ceiling: config.flush.ceiling,
             flush_concurrency: (config.reconciler.concurrency as usize).max(1),
         }
@@ -163,7 +166,13 @@ impl Service {
     ) -> Result<AppendOutcome, ServiceError> {
         let outcome = self
             .store
-            .append(tenant, session, entries, self.policy, self.max_tenant_bytes)
+            .append(
+                tenant,
+                session,
+                entries,
+                self.policy,
+                self.limits.max_tenant_bytes,
+            )
             .await?;
         if !outcome.closed_segment_ids.is_empty() {
             // Recaps run in the background; the append never waits on them.
@@ -217,22 +226,23 @@ impl Service {
         if let Some(id) = self.store.close_open_segment(tenant, session).await? {
             self.closed(tenant, session, &[id]).await;
         }
-        let segments = self.store.session_segments(tenant, session).await?;
         // Only what is due (or already running, to join it): a segment
         // waiting out a Retry-After or its spacing is not sent sooner because
         // a host flushes, however often it does.
         let now = Millis::now();
-        let pending: Vec<SegmentId> = segments
-            .iter()
-            .filter(|s| s.state == SegmentState::Pending)
-            .filter(|s| {
-                s.next_attempt_at.is_none_or(|due| due <= now) || self.summariser.is_running(s.id)
-            })
-            .map(|s| s.id)
+        let pending: Vec<SegmentId> = self
+            .store
+            .pending_in_session(tenant, session)
+            .await?
+            .into_iter()
+            .filter(|&(id, due)| due.is_none_or(|due| due <= now) || self.summariser.is_running(id))
+            .map(|(id, _)| id)
             .collect();
         let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
-        let segments = self.store.session_segments(tenant, session).await?;
-        let complete = segments.iter().all(|s| s.state == SegmentState::Summarised);
+        let (segments, complete) = self
+            .store
+            .flushed(tenant, session, self.limits.max_message_bytes as usize)
+            .await?;
         if !complete {
             self.wake.notify_one();
         }
@@ -282,12 +292,14 @@ impl Service {
         after: SegmentId,
         page_size: u32,
     ) -> Result<SegmentPage, ServiceError> {
-        // One more than asked tells whether another page follows.
-        let mut segments = self
+        // One more than asked tells whether another page follows; so does a
+        // page cut short to fit the message limit.
+        let max_bytes = self.limits.max_message_bytes as usize;
+        let (mut segments, cut) = self
             .store
-            .list_segments(tenant, filter, after, page_size + 1)
+            .list_segments(tenant, filter, after, page_size + 1, max_bytes)
             .await?;
-        let more = segments.len() > page_size as usize;
+        let more = cut || segments.len() > page_size as usize;
         segments.truncate(page_size as usize);
         let next_after = if more {
             segments.last().map(|s| s.id)
@@ -300,13 +312,26 @@ impl Service {
         })
     }
 
+    /// The context within `max_tokens`, which 0 (or anything larger than
+    /// the server's cap) makes `limits.max_context_tokens`, and within the
+    /// message limit: what one call reads and holds follows these caps,
+    /// never the session's length.
     pub(crate) async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
     ) -> Result<Context, ServiceError> {
-        Ok(self.store.context(tenant, session, max_tokens).await?)
+        let cap = self.limits.max_context_tokens;
+        let max_tokens = match max_tokens {
+            0 => cap,
+            n => n.min(cap),
+        };
+        let max_bytes = self.limits.max_message_bytes as usize;
+        Ok(self
+            .store
+            .context(tenant, session, max_tokens, max_bytes)
+            .await?)
     }
 
     pub(crate) async fn requeue(

@@ -289,6 +289,35 @@ ceiling = "15s"
         let (_f, o) = file("[flush]\nceiling = \"1000000000years\"\n");
         let e = load(&o, env(&[])).expect_err("absurd duration refused");
         assert!(e.to_string().contains("flush.ceiling"), "{e}");
+
+        for (text, key) in [
+            (
+                "[limits]\nmax_receiving_bytes = 1000\n",
+                "limits.max_receiving_bytes",
+            ),
+            (
+                "[limits]\nrequest_timeout = \"0s\"\n",
+                "limits.request_timeout",
+            ),
+            ("[limits]\nmax_connections = 0\n", "limits.max_connections"),
+            ("[limits]\nidle_timeout = \"0s\"\n", "limits.idle_timeout"),
+            (
+                "[limits]\nmax_context_tokens = 0\n",
+                "limits.max_context_tokens",
+            ),
+            (
+                "[provider]\nmax_response_bytes = 10\n",
+                "provider.max_response_bytes",
+            ),
+            (
+                "[health]\nprobe_interval = \"0s\"\n",
+                "health.probe_interval",
+            ),
+        ] {
+            let (_f, o) = file(text);
+            let e = load(&o, env(&[])).expect_err(key);
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]

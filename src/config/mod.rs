@@ -42,6 +42,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub tls: TlsConfig,
     pub metrics: MetricsConfig,
+    pub health: HealthConfig,
     /// Set by `--insecure-open`: serve a non-loopback address with no
     /// tenants configured. Never read from a file.
     #[serde(skip)]
@@ -86,6 +87,24 @@ pub struct TlsConfig {
     /// signed by one of them (mutual TLS).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<PathBuf>,
+}
+
+/// The health service's view of the store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// How often the store is probed (a small write read back); health is
+    /// NOT_SERVING while a probe fails.
+    #[serde(with = "duration")]
+    pub probe_interval: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            probe_interval: Duration::from_secs(5),
+        }
+    }
 }
 
 /// The Prometheus endpoint; off unless `listen` is set.
@@ -177,6 +196,22 @@ pub struct LimitsConfig {
     /// Content bytes one tenant may store; appends past it are refused with
     /// RESOURCE_EXHAUSTED. 0: no cap.
     pub max_tenant_bytes: u64,
+    /// Most estimated tokens one GetContext answers with: what `max_tokens`
+    /// 0 means, and the most any larger value gets.
+    pub max_context_tokens: u32,
+    /// How long a request's body may take to arrive whole; a call takes its
+    /// slot only then.
+    #[serde(with = "duration")]
+    pub request_timeout: Duration,
+    /// Request bytes held at once by every body still arriving; past it a
+    /// request is refused (RESOURCE_EXHAUSTED) rather than buffered.
+    pub max_receiving_bytes: u64,
+    /// Connections open at once; at the cap a new one replaces the one idle
+    /// the longest, or is closed at once when none is idle.
+    pub max_connections: u32,
+    /// A connection with no call running this long is closed.
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +234,9 @@ pub struct ProviderConfig {
     /// `serve` sends one tiny request at start-up (in the background) and
     /// logs whether the provider answers, and what would fix it if not.
     pub check_on_start: bool,
+    /// Most bytes of a provider's response body read; a larger answer is a
+    /// malformed_response and nothing of it is kept.
+    pub max_response_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -264,6 +302,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             tls: TlsConfig::default(),
             metrics: MetricsConfig::default(),
+            health: HealthConfig::default(),
             insecure_open: false,
             allow_provider_change: false,
         }
@@ -288,6 +327,11 @@ impl Default for LimitsConfig {
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_calls: 256,
             max_tenant_bytes: 1024 * 1024 * 1024,
+            max_context_tokens: 100_000,
+            request_timeout: Duration::from_secs(10),
+            max_receiving_bytes: 64 * 1024 * 1024,
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -302,6 +346,7 @@ impl Default for ProviderConfig {
             max_input_tokens: 8000,
             max_output_tokens: 512,
             check_on_start: true,
+            max_response_bytes: 1024 * 1024,
         }
     }
 }
@@ -391,6 +436,24 @@ impl Config {
         if self.limits.max_concurrent_calls == 0 {
             return invalid("limits.max_concurrent_calls", "must be at least 1");
         }
+        if self.limits.max_context_tokens == 0 {
+            return invalid("limits.max_context_tokens", "must be at least 1");
+        }
+        if self.limits.max_connections == 0 {
+            return invalid("limits.max_connections", "must be at least 1");
+        }
+        if self.limits.idle_timeout.is_zero() {
+            return invalid("limits.idle_timeout", "must be longer than zero");
+        }
+        if self.limits.request_timeout.is_zero() {
+            return invalid("limits.request_timeout", "must be longer than zero");
+        }
+        if self.limits.max_receiving_bytes < u64::from(self.limits.max_message_bytes) + 5 {
+            return invalid(
+                "limits.max_receiving_bytes",
+                "must hold at least one whole message (limits.max_message_bytes and 5 bytes of framing)",
+            );
+        }
         let mut names = std::collections::HashSet::new();
         for (i, t) in self.auth.tenants.iter().enumerate() {
             let key = format!("auth.tenants[{i}]");
@@ -464,6 +527,9 @@ impl Config {
         if self.provider.max_output_tokens == 0 {
             return invalid("provider.max_output_tokens", "must be at least 1");
         }
+        if self.provider.max_response_bytes < 1024 {
+            return invalid("provider.max_response_bytes", "must be at least 1024");
+        }
         let r = &self.retry;
         if r.max_attempts == 0 {
             return invalid("retry.max_attempts", "must be at least 1");
@@ -498,6 +564,9 @@ impl Config {
         if self.shutdown.ceiling.is_zero() {
             return invalid("shutdown.ceiling", "must be longer than zero");
         }
+        if self.health.probe_interval.is_zero() {
+            return invalid("health.probe_interval", "must be longer than zero");
+        }
         let longest = crate::failure::LONGEST_WAIT;
         for (key, d) in [
             ("segment.max_idle", self.segment.max_idle),
@@ -511,6 +580,9 @@ impl Config {
             ("reconciler.quota_delay", self.reconciler.quota_delay),
             ("flush.ceiling", self.flush.ceiling),
             ("shutdown.ceiling", self.shutdown.ceiling),
+            ("limits.request_timeout", self.limits.request_timeout),
+            ("limits.idle_timeout", self.limits.idle_timeout),
+            ("health.probe_interval", self.health.probe_interval),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

@@ -100,7 +100,8 @@ impl ErrorBody {
 pub(crate) const MAX_RETRY_AFTER: Duration = super::LONGEST_WAIT;
 
 /// The wait a response asks for: `retry-after-ms` (milliseconds), else
-/// `retry-after` as seconds or as an HTTP date.
+/// `retry-after` as seconds or as an HTTP date; in every form at most
+/// MAX_RETRY_AFTER.
 pub(crate) fn parse_retry_after(
     retry_after_ms: Option<&str>,
     retry_after: Option<&str>,
@@ -126,7 +127,11 @@ pub(crate) fn parse_retry_after(
         return seconds(secs);
     }
     let at = httpdate::parse_http_date(raw).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
 }
 
 #[cfg(test)]
@@ -190,6 +195,11 @@ mod tests {
         assert_eq!(
             parse_retry_after(None, Some(&past), now),
             Some(Duration::ZERO)
+        );
+        // A date far ahead is capped like a number of seconds.
+        assert_eq!(
+            parse_retry_after(None, Some("Thu, 01 Jan 2099 00:00:00 GMT"), now),
+            Some(MAX_RETRY_AFTER)
         );
         assert_eq!(parse_retry_after(None, Some("soon"), now), None);
         assert_eq!(parse_retry_after(None, Some("-3"), now), None);

@@ -4,12 +4,22 @@
 //! - `RecordCalls` counts every call, health and reflection included, by
 //!   method and the status it really ended with: from the headers of a
 //!   trailers-only answer, else from the trailers, else `Cancelled` when
-//!   the caller went away before the end.
-//! - `NameOversize` gives a request over the message limit the code gRPC
-//!   defines for it (RESOURCE_EXHAUSTED with a reason) instead of tonic's
-//!   OUT_OF_RANGE; it rewrites that status and no other.
-//! - `ShedLoad` caps the archivist calls served at once: past the cap a
-//!   call is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
+//!   the caller went away before the end; and marks it running on its
+//!   connection until its answer is gone, so idle connections can be told
+//!   from busy ones (`conn.rs`).
+//! - `NameRefusals` gives tonic's refusals of a request the codes gRPC
+//!   defines, with details: over the message limit is RESOURCE_EXHAUSTED
+//!   instead of OUT_OF_RANGE, undecodable is INVALID_ARGUMENT instead of
+//!   INTERNAL; it rewrites those statuses and no other.
+//!
+//! Around the archivist service alone, after authentication (so a stranger
+//! holds nothing):
+//!
+//! - `Whole` reads a request's body whole, within the message limit, the
+//!   request timeout and the budget of bytes being received, before the
+//!   call goes on: a stalled body holds no call slot.
+//! - `Shed` caps the archivist calls served at once: past the cap a call
+//!   is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
 //!   RetryInfo) instead of waiting in a queue that would grow without bound.
 
 use std::collections::HashMap;
@@ -19,18 +29,28 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::Semaphore;
-use tonic::codegen::{BoxFuture, Service, http};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::codegen::{BoxFuture, Bytes, Service, http};
+use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::conn::{CallOnConn, ConnInfo};
 use super::status::ERROR_DOMAIN;
+use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 
 const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
 
 /// What tonic says when a request is over `max_decoding_message_size`.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+/// What tonic (through tonic-prost) says when a message does not decode.
+const PROST_DECODE_ERROR: &str = "failed to decode Protobuf message: ";
+/// What tonic says when a request's body ends before its message does.
+const TONIC_TRUNCATED: [&str; 2] = [
+    "Unexpected EOF decoding stream.",
+    "Missing request message.",
+];
 
 /// The metrics label for a request path: one of ours, or "other", so that
 /// callers (even unauthenticated ones) cannot mint label values.
@@ -138,6 +158,10 @@ where
             metrics: self.metrics.clone(),
             method: method_label(request.uri().path()),
         };
+        let on_conn = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|info| info.state.begin_call());
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = match call.await {
@@ -155,7 +179,11 @@ where
                 }
                 None => Some(pending),
             };
-            Ok(response.map(|inner| RecordedBody { inner, pending }))
+            Ok(response.map(|inner| RecordedBody {
+                inner,
+                pending,
+                _on_conn: on_conn,
+            }))
         })
     }
 }
@@ -173,10 +201,12 @@ impl Pending {
 }
 
 /// A response body that records its call's status when the trailers pass
-/// (or `Cancelled` if it is dropped before the end).
+/// (or `Cancelled` if it is dropped before the end), and keeps the call
+/// marked on its connection while it lives.
 pub(crate) struct RecordedBody<B> {
     inner: B,
     pending: Option<Pending>,
+    _on_conn: Option<CallOnConn>,
 }
 
 impl<B> Drop for RecordedBody<B> {
@@ -225,26 +255,31 @@ impl<B: Body + Unpin> Body for RecordedBody<B> {
     }
 }
 
-// ---- NameOversize ---------------------------------------------------------
+// ---- NameRefusals --------------------------------------------------------
 
-/// Rewrites tonic's OUT_OF_RANGE for a request over the message limit into
-/// RESOURCE_EXHAUSTED with reason MESSAGE_TOO_LARGE.
+/// Gives tonic's own refusals of a request the codes gRPC defines, with
+/// the rich details every other error carries: a request over the message
+/// limit is RESOURCE_EXHAUSTED (MESSAGE_TOO_LARGE) instead of OUT_OF_RANGE,
+/// and one that does not decode (a truncated message, a string that is not
+/// UTF-8) is INVALID_ARGUMENT (MALFORMED_REQUEST, with a BadRequest naming
+/// the field where prost says which) instead of INTERNAL. It rewrites those
+/// statuses and no other.
 #[derive(Clone)]
-pub(crate) struct NameOversize {
+pub(crate) struct NameRefusals {
     max_message_bytes: usize,
 }
 
-impl NameOversize {
-    pub(crate) fn new(max_message_bytes: usize) -> NameOversize {
-        NameOversize { max_message_bytes }
+impl NameRefusals {
+    pub(crate) fn new(max_message_bytes: usize) -> NameRefusals {
+        NameRefusals { max_message_bytes }
     }
 }
 
-impl<S> tower::Layer<S> for NameOversize {
-    type Service = Oversize<S>;
+impl<S> tower::Layer<S> for NameRefusals {
+    type Service = Refusals<S>;
 
-    fn layer(&self, inner: S) -> Oversize<S> {
-        Oversize {
+    fn layer(&self, inner: S) -> Refusals<S> {
+        Refusals {
             inner,
             limit: self.max_message_bytes,
         }
@@ -252,12 +287,12 @@ impl<S> tower::Layer<S> for NameOversize {
 }
 
 #[derive(Clone)]
-pub(crate) struct Oversize<S> {
+pub(crate) struct Refusals<S> {
     inner: S,
     limit: usize,
 }
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Oversize<S>
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Refusals<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
@@ -276,76 +311,144 @@ where
         let call = self.inner.call(request);
         let limit = self.limit;
         Box::pin(async move {
-            let mut response = call.await?;
-            if ours && is_too_large(response.headers()) {
-                let mut details = ErrorDetails::new();
-                details.set_error_info(
-                    "MESSAGE_TOO_LARGE",
-                    ERROR_DOMAIN,
-                    HashMap::from([("limit_bytes".to_owned(), limit.to_string())]),
-                );
-                response = Status::with_error_details(
-                    Code::ResourceExhausted,
-                    format!(
-                        "the request message is larger than the server's limit of {limit} bytes"
-                    ),
-                    details,
-                )
-                .into_http::<ResBody>();
+            let response = call.await?;
+            if !ours {
+                return Ok(response);
             }
-            Ok(response)
+            Ok(match refusal(response.headers(), limit) {
+                Some(status) => status.into_http::<ResBody>(),
+                None => response,
+            })
         })
     }
 }
 
-/// Whether a trailers-only answer is tonic refusing an oversized request.
-fn is_too_large(headers: &http::HeaderMap) -> bool {
-    status_in(headers) == Some(Code::OutOfRange)
-        && headers
-            .get("grpc-message")
-            .and_then(|v| v.to_str().ok())
-            // grpc-message is percent-encoded.
-            .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy())
-            .is_some_and(|m| m.starts_with(TONIC_TOO_LARGE))
+/// A request over the message limit, as every layer refuses it.
+fn too_large(limit: usize) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        "MESSAGE_TOO_LARGE",
+        ERROR_DOMAIN,
+        HashMap::from([("limit_bytes".to_owned(), limit.to_string())]),
+    );
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        format!("the request message is larger than the server's limit of {limit} bytes"),
+        details,
+    )
 }
 
-// ---- ShedLoad -------------------------------------------------------------
-
-/// Caps the archivist calls served at once; health and reflection stay out
-/// of the cap, so probes get through an overload.
-#[derive(Clone)]
-pub(crate) struct ShedLoad {
-    permits: Arc<Semaphore>,
+/// A request that is not a well-formed message, as every layer refuses it.
+fn malformed(field: &str, description: &str) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info("MALFORMED_REQUEST", ERROR_DOMAIN, HashMap::new());
+    details.add_bad_request_violation(field, description);
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("the request is not a valid message: {field}: {description}"),
+        details,
+    )
 }
 
-impl ShedLoad {
-    pub(crate) fn new(max_concurrent_calls: usize) -> ShedLoad {
-        ShedLoad {
-            permits: Arc::new(Semaphore::new(max_concurrent_calls)),
+/// The status to answer instead of tonic's, for a trailers-only answer
+/// that is tonic refusing a request it could not read.
+fn refusal(headers: &http::HeaderMap, limit: usize) -> Option<Status> {
+    let code = status_in(headers)?;
+    if !matches!(code, Code::OutOfRange | Code::Internal) {
+        return None;
+    }
+    // grpc-message is percent-encoded.
+    let message = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .map(|m| percent_encoding::percent_decode_str(m).decode_utf8_lossy())?;
+    match code {
+        Code::OutOfRange if message.starts_with(TONIC_TOO_LARGE) => Some(too_large(limit)),
+        Code::Internal => {
+            if let Some(rest) = message.strip_prefix(PROST_DECODE_ERROR) {
+                let (field, description) = decode_error_field(rest);
+                return Some(malformed(&field, description));
+            }
+            TONIC_TRUNCATED
+                .contains(&message.as_ref())
+                .then(|| malformed("(request)", "the message ends before it is whole"))
         }
+        _ => None,
     }
 }
 
-impl<S> tower::Layer<S> for ShedLoad {
-    type Service = Shed<S>;
-
-    fn layer(&self, inner: S) -> Shed<S> {
-        Shed {
-            inner,
-            permits: self.permits.clone(),
+/// The field path and the description in the rest of a prost decode error
+/// (`Inner.field: Outer.field: description`, innermost first), as
+/// `outer.inner` and the description.
+fn decode_error_field(rest: &str) -> (String, &str) {
+    let mut fields = Vec::new();
+    let mut tail = rest;
+    while let Some((head, after)) = tail.split_once(": ") {
+        let Some((message, field)) = head.split_once('.') else {
+            break;
+        };
+        let ident =
+            |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !(ident(message) && ident(field)) {
+            break;
         }
+        fields.push(field);
+        tail = after;
     }
+    fields.reverse();
+    let path = if fields.is_empty() {
+        "(request)".to_owned()
+    } else {
+        fields.join(".")
+    };
+    (path, tail)
 }
 
+// ---- Whole ----------------------------------------------------------------
+
+/// Reads an archivist request's body whole before the call may take a
+/// slot: a client that sends its headers and then stalls holds no slot and
+/// no more memory than the bytes it sent, and is cut off after
+/// `limits.request_timeout`. What every pending body holds together is
+/// capped too (`limits.max_receiving_bytes`): past it a request is refused
+/// at once (OVERLOADED) rather than buffered. A body over the message
+/// limit is refused as soon as its frame header says so; a body that is not
+/// one whole gRPC message is refused as malformed.
 #[derive(Clone)]
-pub(crate) struct Shed<S> {
+pub(crate) struct Whole<S> {
     inner: S,
-    permits: Arc<Semaphore>,
+    max_message_bytes: usize,
+    timeout: Duration,
+    receiving: Arc<Semaphore>,
 }
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Shed<S>
+impl<S> Whole<S> {
+    pub(crate) fn new(inner: S, limits: &LimitsConfig) -> Whole<S> {
+        let receiving = usize::try_from(limits.max_receiving_bytes)
+            .unwrap_or(usize::MAX)
+            .min(Semaphore::MAX_PERMITS);
+        Whole {
+            inner,
+            max_message_bytes: limits.max_message_bytes as usize,
+            timeout: limits.request_timeout,
+            receiving: Arc::new(Semaphore::new(receiving)),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Whole<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The gRPC frame header: a compression flag and the message's length.
+const FRAME_HEADER: usize = 5;
+
+impl<S, ResBody> Service<http::Request<tonic::body::Body>> for Whole<S>
 where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     ResBody: Default + Send + 'static,
 {
@@ -357,10 +460,152 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        if !request.uri().path().starts_with(ARCHIVIST_PATH) {
-            return Box::pin(self.inner.call(request));
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The service that was polled ready serves this call; a clone takes
+        // its place for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let max_message_bytes = self.max_message_bytes;
+        let timeout = self.timeout;
+        let receiving = self.receiving.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let read = read_whole(body, max_message_bytes, &receiving);
+            let (bytes, held) = match tokio::time::timeout(timeout, read).await {
+                Ok(Ok(read)) => read,
+                Ok(Err(status)) => return Ok(status.into_http()),
+                Err(_) => return Ok(request_timeout(timeout).into_http()),
+            };
+            let body = tonic::body::Body::new(http_body_util::Full::new(bytes));
+            let call = inner.call(http::Request::from_parts(parts, body));
+            // From here the call's slot bounds what it holds.
+            drop(held);
+            call.await
+        })
+    }
+}
+
+/// The body of a unary request, whole, as one gRPC message; with the share
+/// of the receiving budget its bytes hold.
+async fn read_whole(
+    mut body: tonic::body::Body,
+    max_message_bytes: usize,
+    receiving: &Arc<Semaphore>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Status> {
+    use http_body_util::BodyExt;
+    let mut buf: Vec<u8> = Vec::new();
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut expected: Option<usize> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            // Trailers: a unary request has nothing to say in them.
+            continue;
+        };
+        let n = u32::try_from(data.len()).map_err(|_| too_large(max_message_bytes))?;
+        let permit = receiving
+            .clone()
+            .try_acquire_many_owned(n)
+            .map_err(|_| overloaded())?;
+        match &mut held {
+            Some(h) => h.merge(permit),
+            None => held = Some(permit),
         }
+        buf.extend_from_slice(&data);
+        if expected.is_none() && buf.len() >= FRAME_HEADER {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if len > max_message_bytes {
+                return Err(too_large(max_message_bytes));
+            }
+            buf.reserve_exact((FRAME_HEADER + len).saturating_sub(buf.len()));
+            expected = Some(FRAME_HEADER + len);
+        }
+        if let Some(total) = expected
+            && buf.len() > total
+        {
+            return Err(malformed(
+                "(request)",
+                "a unary call carries one message; more bytes followed it",
+            ));
+        }
+    }
+    match expected {
+        Some(total) if buf.len() == total => Ok((Bytes::from(buf), held)),
+        _ => Err(malformed(
+            "(request)",
+            "the body ends before its message is whole",
+        )),
+    }
+}
+
+/// A request whose body did not arrive whole in time.
+fn request_timeout(timeout: Duration) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        "REQUEST_TIMEOUT",
+        ERROR_DOMAIN,
+        HashMap::from([("timeout_ms".to_owned(), timeout.as_millis().to_string())]),
+    );
+    Status::with_error_details(
+        Code::DeadlineExceeded,
+        format!(
+            "the request body did not arrive whole within {} ms (limits.request_timeout)",
+            timeout.as_millis()
+        ),
+        details,
+    )
+}
+
+/// The bodies being received fill the receiving budget.
+fn overloaded() -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info("OVERLOADED", ERROR_DOMAIN, HashMap::new());
+    details.set_retry_info(Some(Duration::from_millis(100)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "the server is receiving as many request bytes as it holds at once; retry shortly",
+        details,
+    )
+}
+
+// ---- ShedLoad -------------------------------------------------------------
+
+/// Caps the archivist calls served at once (it wraps the archivist service
+/// only: health and reflection stay out of the cap, so probes get through
+/// an overload). A call takes its slot once its request is whole (`Whole`
+/// runs first) and holds it until its answer is ready.
+#[derive(Clone)]
+pub(crate) struct Shed<S> {
+    inner: S,
+    permits: Arc<Semaphore>,
+}
+
+impl<S> Shed<S> {
+    pub(crate) fn new(inner: S, max_concurrent_calls: usize) -> Shed<S> {
+        Shed {
+            inner,
+            permits: Arc::new(Semaphore::new(max_concurrent_calls)),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Shed<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, ReqBody> Service<http::Request<ReqBody>> for Shed<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             let mut details = ErrorDetails::new();
             details.set_error_info("TOO_MANY_CALLS", ERROR_DOMAIN, HashMap::new());
@@ -370,15 +615,47 @@ where
                 "the server is at its limit of concurrent calls; retry shortly",
                 details,
             );
-            let response = status.into_http::<ResBody>();
+            let response = status.into_http::<tonic::body::Body>();
             return Box::pin(async move { Ok(response) });
         };
         let call = self.inner.call(request);
         Box::pin(async move {
-            let response = call.await;
-            drop(permit);
-            response
+            // The slot is the answer's until it is sent whole: a unary
+            // answer's moments, a watch stream's whole life (one slot).
+            let response = call.await?;
+            Ok(response.map(|body| {
+                tonic::body::Body::new(Held {
+                    body,
+                    _permit: permit,
+                })
+            }))
         })
+    }
+}
+
+/// An answer's body, holding its call's slot until it is dropped.
+struct Held<B> {
+    body: B,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<B: Body + Unpin> Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -386,24 +663,58 @@ where
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_tonics_oversize_status_is_renamed() {
+    fn answer(code: &str, message: &str) -> http::HeaderMap {
         let mut headers = http::HeaderMap::new();
-        headers.insert("grpc-status", "11".parse().expect("header"));
-        headers.insert(
-            "grpc-message",
-            "Error,%20decoded%20message%20length%20too%20large:%20found%205%20bytes"
-                .parse()
-                .expect("header"),
+        headers.insert("grpc-status", code.parse().expect("header"));
+        let encoded =
+            percent_encoding::utf8_percent_encode(message, percent_encoding::NON_ALPHANUMERIC)
+                .to_string();
+        headers.insert("grpc-message", encoded.parse().expect("header"));
+        headers
+    }
+
+    #[test]
+    fn only_tonics_refusals_are_renamed() {
+        let oversize = answer(
+            "11",
+            "Error, decoded message length too large: found 5 bytes",
         );
-        assert!(is_too_large(&headers));
-        headers.insert(
-            "grpc-message",
-            "seq%20out%20of%20range".parse().expect("header"),
+        let status = refusal(&oversize, 10).expect("renamed");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(refusal(&answer("11", "seq out of range"), 10).is_none());
+        assert!(
+            refusal(
+                &answer(
+                    "8",
+                    "Error, decoded message length too large: found 5 bytes"
+                ),
+                10
+            )
+            .is_none()
         );
-        assert!(!is_too_large(&headers));
-        headers.insert("grpc-status", "8".parse().expect("header"));
-        assert!(!is_too_large(&headers));
+        let utf8 = answer(
+            "13",
+            "failed to decode Protobuf message: NewEntry.content: AppendEntriesRequest.entries: invalid string value: data is not UTF-8 encoded",
+        );
+        let status = refusal(&utf8, 10).expect("renamed");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let details = status.get_error_details();
+        assert_eq!(
+            details.error_info().map(|i| i.reason.as_str()),
+            Some("MALFORMED_REQUEST")
+        );
+        let violation = &details.bad_request().expect("bad request").field_violations[0];
+        assert_eq!(violation.field, "entries.content");
+        assert_eq!(
+            violation.description,
+            "invalid string value: data is not UTF-8 encoded"
+        );
+        let short = answer("13", "failed to decode Protobuf message: buffer underflow");
+        let status = refusal(&short, 10).expect("renamed");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(refusal(&answer("13", "Unexpected EOF decoding stream."), 10).is_some());
+        // Our own INTERNAL errors pass untouched.
+        assert!(refusal(&answer("13", "the call was not authenticated"), 10).is_none());
     }
 
     #[test]

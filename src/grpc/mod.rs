@@ -1,9 +1,13 @@
 //! The gRPC face of archivist: the tonic service, whose handlers check and
 //! convert each request at the edge (`validate.rs`), call `service.rs`, and
-//! convert back (`wire.rs`); every error becomes a status in `status.rs`.
-//! Authentication is an interceptor here; the layers around every call
-//! (metrics, the message limit, load shedding) are in `gate.rs`.
+//! convert back (`wire.rs`), keeping every answer within the message limit
+//! (`fit.rs`); every error becomes a status in `status.rs`. Authentication
+//! is an interceptor here, run before anything of a request's body is read;
+//! the layers around calls (metrics, naming refusals, reading requests
+//! whole, load shedding) are in `gate.rs`.
 
+mod conn;
+mod fit;
 mod gate;
 mod status;
 mod validate;
@@ -30,10 +34,12 @@ use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
 use crate::wire::{
-    append_to_pb, backlog_to_pb, context_to_pb, event_to_pb, gap_to_pb, segment_to_pb,
-    session_info_to_pb,
+    append_to_pb, backlog_to_pb, event_to_pb, gap_to_pb, segment_to_pb, session_info_to_pb,
 };
-pub(crate) use gate::{NameOversize, RecordCalls, ShedLoad};
+pub(crate) use conn::Incoming;
+use fit::{fit_context, fit_flush, fit_page, fit_segment};
+pub(crate) use gate::{NameRefusals, RecordCalls};
+use gate::{Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{
@@ -51,18 +57,38 @@ impl GrpcService {
         GrpcService { service, limits }
     }
 
-    /// The service as tonic serves it: reading messages up to
-    /// `max_message_bytes`, every call authenticated first.
-    pub(crate) fn into_server(
-        self,
-        auth: Arc<Auth>,
-        max_message_bytes: usize,
-    ) -> InterceptedService<pb::archivist_server::ArchivistServer<GrpcService>, Authenticator> {
+    /// The largest answer: what the server reads is what it sends.
+    fn response_limit(&self) -> usize {
+        self.limits.max_message_bytes as usize
+    }
+
+    /// A segment as an answer carries it, within the message limit.
+    fn segment_out(&self, segment: crate::model::Segment) -> pb::Segment {
+        let mut segment = segment_to_pb(segment);
+        fit_segment(&mut segment, self.response_limit());
+        segment
+    }
+
+    /// The service as tonic serves it: each call authenticated first, then
+    /// its request read whole (within the message limit and the request
+    /// timeout), then given a call slot if one is free; reading messages up
+    /// to `max_message_bytes` and never sending a larger one.
+    pub(crate) fn into_server(self, auth: Arc<Auth>) -> ArchivistService {
+        let limits = self.limits.clone();
+        let max_message_bytes = limits.max_message_bytes as usize;
         let server = pb::archivist_server::ArchivistServer::new(self)
-            .max_decoding_message_size(max_message_bytes);
-        InterceptedService::new(server, Authenticator { auth })
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        let shed = Shed::new(server, limits.max_concurrent_calls as usize);
+        InterceptedService::new(Whole::new(shed, &limits), Authenticator { auth })
     }
 }
+
+/// The archivist service with its own layers, as the server mounts it.
+pub(crate) type ArchivistService = InterceptedService<
+    Whole<Shed<pb::archivist_server::ArchivistServer<GrpcService>>>,
+    Authenticator,
+>;
 
 /// Resolves each call's tenant from its bearer token before the call runs;
 /// a call without a valid token goes no further.
@@ -144,7 +170,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .await
             .map_err(service_status)?;
         Ok(Response::new(pb::CloseSegmentResponse {
-            segment: segment.map(segment_to_pb),
+            segment: segment.map(|s| self.segment_out(s)),
         }))
     }
 
@@ -161,8 +187,11 @@ impl pb::archivist_server::Archivist for GrpcService {
             .flush(&tenant, &session, deadline)
             .await
             .map_err(service_status)?;
+        let mut segments: Vec<pb::Segment> =
+            flushed.segments.into_iter().map(segment_to_pb).collect();
+        fit_flush(&mut segments, self.response_limit());
         Ok(Response::new(pb::FlushSessionResponse {
-            segments: flushed.segments.into_iter().map(segment_to_pb).collect(),
+            segments,
             complete: flushed.complete,
         }))
     }
@@ -178,7 +207,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .segment(&tenant, id)
             .await
             .map_err(service_status)?;
-        Ok(Response::new(segment_to_pb(segment)))
+        Ok(Response::new(self.segment_out(segment)))
     }
 
     async fn list_segments(
@@ -192,9 +221,15 @@ impl pb::archivist_server::Archivist for GrpcService {
             .list_segments(&tenant, filter, after, page_size)
             .await
             .map_err(service_status)?;
+        let mut segments: Vec<pb::Segment> = page.segments.into_iter().map(segment_to_pb).collect();
+        let next_after = match fit_page(&mut segments, self.response_limit()) {
+            // Cut short to fit: the next page starts after the last sent.
+            true => segments.last().map(|s| s.id),
+            false => page.next_after,
+        };
         Ok(Response::new(pb::ListSegmentsResponse {
-            segments: page.segments.into_iter().map(segment_to_pb).collect(),
-            next_page_token: page.next_after.map(page_token).unwrap_or_default(),
+            segments,
+            next_page_token: next_after.map(page_token).unwrap_or_default(),
         }))
     }
 
@@ -210,7 +245,7 @@ impl pb::archivist_server::Archivist for GrpcService {
             .context(&tenant, &session, req.max_tokens)
             .await
             .map_err(service_status)?;
-        Ok(Response::new(context_to_pb(context)))
+        Ok(Response::new(fit_context(context, self.response_limit())))
     }
 
     async fn requeue_segments(

@@ -14,12 +14,26 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 use crate::failure::{Failure, FailureClass, cause_chain};
 use crate::service::ServiceError;
 use crate::store::StoreError;
+use crate::throttle::{LOG_INTERVAL, Throttle};
 use crate::wire::{FAILURE_TYPE_URL, clip_causes, failure_to_pb};
 
 /// The ErrorInfo domain of every error this service returns.
 pub(crate) const ERROR_DOMAIN: &str = "archivist";
 /// Violations listed in one status; more would only bloat the trailer.
 const MAX_VIOLATIONS: usize = 50;
+/// How long a caller refused for a full disk is asked to wait.
+const STORAGE_FULL_RETRY: Duration = Duration::from_secs(5);
+
+static STORE_ERRORS: Throttle = Throttle::new(LOG_INTERVAL);
+static STORAGE_FULL: Throttle = Throttle::new(LOG_INTERVAL);
+
+/// The error a shared one stands for.
+fn innermost(err: &StoreError) -> &StoreError {
+    match err {
+        StoreError::Shared(inner) => innermost(inner),
+        other => other,
+    }
+}
 
 pub(super) fn invalid(violations: Vec<FieldViolation>) -> Status {
     let reason = violations
@@ -87,6 +101,7 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Shared(inner) => return store_status(inner),
         StoreError::Closed => (Code::Unavailable, "SHUTTING_DOWN", Vec::new()),
         StoreError::CheckpointBusy => (Code::Unavailable, "ERASURE_PENDING", Vec::new()),
+        StoreError::Full(_) => (Code::Unavailable, "STORAGE_FULL", Vec::new()),
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,
@@ -122,8 +137,21 @@ fn store_status(err: &StoreError) -> Status {
         | StoreError::Worker(_) => (Code::Internal, "STORE_ERROR", Vec::new()),
     };
     let causes = cause_chain(err);
-    if code == Code::Internal {
-        tracing::error!(error = %causes.join(": "), "store error");
+    // A broken or full store fails every call; the log says so once per
+    // interval, with how many more there were, not once per call.
+    if code == Code::Internal
+        && let Some(more) = STORE_ERRORS.hit()
+    {
+        tracing::error!(error = %causes.join(": "), more, "store error");
+    }
+    if let StoreError::Full(_) = innermost(err)
+        && let Some(more) = STORAGE_FULL.hit()
+    {
+        tracing::warn!(
+            error = %causes.join(": "),
+            more,
+            "the disk holding the database is full: calls that write are refused (UNAVAILABLE, STORAGE_FULL) until there is room"
+        );
     }
     let mut details = ErrorDetails::new();
     details.set_error_info(
@@ -131,7 +159,7 @@ fn store_status(err: &StoreError) -> Status {
         ERROR_DOMAIN,
         metadata.into_iter().collect::<HashMap<_, _>>(),
     );
-    match (code, err) {
+    match (code, innermost(err)) {
         (Code::NotFound, _) => {}
         (_, StoreError::ClientEntryIdReused { index, seq, .. }) => {
             details.add_bad_request_violation(
@@ -149,6 +177,9 @@ fn store_status(err: &StoreError) -> Status {
         }
         (Code::ResourceExhausted, _) => {
             details.set_retry_info(Some(Duration::from_millis(100)));
+        }
+        (_, StoreError::Full(_)) => {
+            details.set_retry_info(Some(STORAGE_FULL_RETRY));
         }
         _ => {
             details.set_debug_info(clip_causes(causes), "");
@@ -216,6 +247,29 @@ fn failure_status(segment_id: u64, failure: &Failure) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_unavailable_with_a_reason_and_a_wait() {
+        let full = StoreError::Full(Box::new(std::io::Error::other("SQLITE_FULL")));
+        for err in [
+            full,
+            StoreError::Shared(std::sync::Arc::new(StoreError::Full(Box::new(
+                std::io::Error::other("SQLITE_FULL"),
+            )))),
+        ] {
+            let status = store_status(&err);
+            assert_eq!(status.code(), Code::Unavailable);
+            let details = status.get_error_details();
+            assert_eq!(
+                details.error_info().map(|i| i.reason.as_str()),
+                Some("STORAGE_FULL")
+            );
+            assert_eq!(
+                details.retry_info().and_then(|r| r.retry_delay),
+                Some(STORAGE_FULL_RETRY)
+            );
+        }
+    }
 
     #[test]
     fn every_class_has_the_designed_code() {

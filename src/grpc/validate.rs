@@ -23,6 +23,9 @@ const MAX_CLIENT_ENTRY_ID: usize = 128;
 const MAX_LEVEL: u32 = 64;
 /// Most segment ids one RequeueSegments call may name.
 const MAX_REQUEUE_IDS: usize = 1000;
+/// Violations of one repeated field named in one answer; past it, more of
+/// the same would only cost memory.
+const MAX_LISTED_VIOLATIONS: usize = 20;
 /// A waiting call answers this long before its deadline, so the answer
 /// (the segment as it stands) arrives before the client gives up.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(100);
@@ -145,17 +148,23 @@ pub(super) fn parse_list(
 ) -> Result<(SegmentFilter, SegmentId, u32), Status> {
     let mut violations = Vec::new();
     let session = optional_session(&req.session_id, &mut violations);
+    // However long the list, at most the four states come out of it, in
+    // one order: a caller repeating values cannot make the query (or the
+    // store's statement cache) grow with its request.
     let mut states = Vec::new();
     for (i, raw) in req.states.iter().enumerate() {
         match state_from_pb(*raw) {
-            Some(s) => states.push(s),
-            None => violations.push(violation(
+            Some(s) if !states.contains(&s) => states.push(s),
+            Some(_) => {}
+            None if violations.len() < MAX_LISTED_VIOLATIONS => violations.push(violation(
                 format!("states[{i}]"),
                 "UNKNOWN_STATE",
                 format!("{raw} is not a segment state"),
             )),
+            None => {}
         }
     }
+    states.sort_by_key(|s| s.code());
     if req.levels.len() > MAX_LEVEL as usize {
         violations.push(violation(
             "levels",
@@ -316,6 +325,38 @@ mod tests {
         assert_eq!(parse_grpc_timeout("x"), None);
         assert_eq!(parse_grpc_timeout("123456789S"), None);
         assert_eq!(parse_grpc_timeout("10Q"), None);
+    }
+
+    #[test]
+    fn repeated_states_come_out_once_each_in_one_order() {
+        let many = pb::ListSegmentsRequest {
+            states: [4, 2, 2, 4, 2]
+                .into_iter()
+                .cycle()
+                .take(1_000_000)
+                .collect(),
+            ..Default::default()
+        };
+        let (filter, _, _) = parse_list(many).expect("valid");
+        assert_eq!(
+            filter.states,
+            vec![
+                crate::model::SegmentState::Pending,
+                crate::model::SegmentState::Parked
+            ]
+        );
+        let bad = pb::ListSegmentsRequest {
+            states: vec![99; 1_000_000],
+            ..Default::default()
+        };
+        let status = parse_list(bad).expect_err("unknown states");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        use tonic_types::StatusExt;
+        let listed = status
+            .get_error_details()
+            .bad_request()
+            .map_or(0, |b| b.field_violations.len());
+        assert_eq!(listed, MAX_LISTED_VIOLATIONS);
     }
 
     #[test]

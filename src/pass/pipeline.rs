@@ -122,8 +122,11 @@ impl Summariser {
         let end = match result {
             Ok(Some(recap)) => {
                 self.metrics.tokens(tally.input_tokens, tally.output_tokens);
+                // A provider may echo a secret (its key) inside a completion
+                // it calls a success: summaries pass the same redaction as
+                // failures before they are stored or served.
                 let summary = Summary {
-                    text: recap.text,
+                    text: self.provider.redact(&recap.text),
                     provider: self.provider.name().to_owned(),
                     model: recap.model,
                     prompt_version: recap.prompt_version,

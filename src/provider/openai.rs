@@ -22,6 +22,12 @@ pub const NAME: &str = "openai";
 /// Longest stretch of an error body quoted in a cause.
 const MAX_BODY_QUOTE: usize = 300;
 
+/// Most bytes of completion text one allowed output token may stand for. No
+/// tokenizer's token of ordinary text comes near it (English averages about
+/// 4 bytes, CJK about 3 to 6), so only a completion far past
+/// `max_output_tokens` is refused.
+pub const MAX_BYTES_PER_TOKEN: usize = 16;
+
 pub struct OpenAi {
     client: reqwest::Client,
     /// `provider.base_url` with any credentials in it redacted: what logs
@@ -32,6 +38,8 @@ pub struct OpenAi {
     /// The name of the variable the key was read from.
     key_env: String,
     api_key: Option<String>,
+    max_output_tokens: u32,
+    max_response_bytes: usize,
 }
 
 /// One failed attempt, before it is classified. Display never repeats the
@@ -42,6 +50,12 @@ pub enum OpenAiError {
     Send(#[source] reqwest::Error),
     #[error("reading the chat-completion response failed")]
     Body(#[source] reqwest::Error),
+    #[error(
+        "the response body is larger than provider.max_response_bytes ({limit} bytes); the rest was not read"
+    )]
+    TooLarge { limit: usize },
+    #[error("the completion is longer than provider.max_output_tokens ({limit}) allows: {found}")]
+    TooLong { limit: u32, found: String },
     #[error("the provider answered HTTP {status}: {detail}")]
     Status { status: u16, detail: String },
     /// Display carries the JSON error itself (no source): the root of
@@ -122,6 +136,8 @@ impl OpenAi {
             model: config.model.clone(),
             key_env: config.api_key_env.clone(),
             api_key: api_key.filter(|k| !k.is_empty()),
+            max_output_tokens: config.max_output_tokens,
+            max_response_bytes: usize::try_from(config.max_response_bytes).unwrap_or(usize::MAX),
         })
     }
 
@@ -233,21 +249,44 @@ impl OpenAi {
             SystemTime::now(),
         );
         let content_type = header("content-type").unwrap_or_else(|| "no content type".to_owned());
-        let text = response.text().await.map_err(|e| Failed {
-            // The body was cut off mid-read: the connection failed, not the
-            // provider's judgement.
-            class: if e.is_timeout() {
-                FailureClass::Timeout
-            } else {
-                FailureClass::Transport
-            },
-            error: OpenAiError::Body(e),
-            status: Some(status),
-            retry_after: None,
-            symptom: None,
-        })?;
+        let ok = (200..300).contains(&status);
+        let text = match self.read_body(response).await {
+            Ok(text) => text,
+            Err(BodyError::Read(e)) => {
+                return Err(Failed {
+                    // The body was cut off mid-read: the connection failed,
+                    // not the provider's judgement.
+                    class: if e.is_timeout() {
+                        FailureClass::Timeout
+                    } else {
+                        FailureClass::Transport
+                    },
+                    error: OpenAiError::Body(e),
+                    status: Some(status),
+                    retry_after: None,
+                    symptom: None,
+                });
+            }
+            // An answer too large to read is not a completion; an error
+            // status still says what it says, without its body.
+            Err(BodyError::TooLarge) if ok => {
+                return Err(Failed {
+                    class: FailureClass::MalformedResponse,
+                    error: OpenAiError::TooLarge {
+                        limit: self.max_response_bytes,
+                    },
+                    status: Some(status),
+                    retry_after: None,
+                    symptom: None,
+                });
+            }
+            Err(BodyError::TooLarge) => format!(
+                "(a body over provider.max_response_bytes, {} bytes, not read)",
+                self.max_response_bytes
+            ),
+        };
         let html = is_html(&content_type, &text);
-        if !(200..300).contains(&status) {
+        if !ok {
             let class = classify_http(status, &text);
             let symptom = match class {
                 FailureClass::UnknownModel
@@ -294,6 +333,16 @@ impl OpenAi {
             .map(|c| c.trim().to_owned())
             .filter(|c| !c.is_empty())
             .ok_or_else(|| malformed(OpenAiError::Empty, None))?;
+        let reported = parsed.usage.as_ref().map(|u| u.completion_tokens);
+        if let Some(found) = self.over_output_limit(&content, reported) {
+            return Err(malformed(
+                OpenAiError::TooLong {
+                    limit: self.max_output_tokens,
+                    found,
+                },
+                None,
+            ));
+        }
         let usage = parsed.usage.unwrap_or(Usage {
             prompt_tokens: crate::model::estimate_tokens(user),
             completion_tokens: crate::model::estimate_tokens(&content),
@@ -306,6 +355,51 @@ impl OpenAi {
             output_tokens: usage.completion_tokens,
         })
     }
+}
+
+impl OpenAi {
+    /// The response body as text, read up to `max_response_bytes` and no
+    /// further.
+    async fn read_body(&self, response: reqwest::Response) -> Result<String, BodyError> {
+        use http_body_util::{BodyExt, LengthLimitError, Limited};
+        let limit = self.max_response_bytes;
+        // A declared length over the cap is refused before a byte is read.
+        if response.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(BodyError::TooLarge);
+        }
+        let body = http::Response::<reqwest::Body>::from(response).into_body();
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok(String::from_utf8_lossy(&collected.to_bytes()).into_owned()),
+            Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+            Err(e) => match e.downcast::<reqwest::Error>() {
+                Ok(e) => Err(BodyError::Read(*e)),
+                // Limited only adds LengthLimitError to the body's own errors.
+                Err(_) => Err(BodyError::TooLarge),
+            },
+        }
+    }
+
+    /// How a completion passes what `max_output_tokens` allows, if it does:
+    /// by the provider's own count (when it gives one), or by more than
+    /// MAX_BYTES_PER_TOKEN bytes of text per allowed token.
+    fn over_output_limit(&self, content: &str, reported_tokens: Option<u32>) -> Option<String> {
+        let max_bytes = (self.max_output_tokens as usize).saturating_mul(MAX_BYTES_PER_TOKEN);
+        if content.len() > max_bytes {
+            return Some(format!(
+                "{} bytes of text, over {max_bytes} ({MAX_BYTES_PER_TOKEN} a token)",
+                content.len()
+            ));
+        }
+        reported_tokens
+            .filter(|&n| n > self.max_output_tokens)
+            .map(|n| format!("{n} tokens by the provider's count"))
+    }
+}
+
+/// Why a response body was not read whole.
+enum BodyError {
+    Read(reqwest::Error),
+    TooLarge,
 }
 
 /// A failed attempt with its class, decided where the typed cause was.
@@ -414,5 +508,27 @@ mod tests {
         let text = error_detail("404 page not found", &[], Some(Symptom::NoRoute));
         assert!(text.contains("provider.base_url"), "{text}");
         assert!(text.contains("404 page not found"), "{text}");
+    }
+
+    fn client(max_output_tokens: u32) -> OpenAi {
+        let config = ProviderConfig {
+            max_output_tokens,
+            ..ProviderConfig::default()
+        };
+        OpenAi::new(&config, None).expect("client")
+    }
+
+    #[test]
+    fn a_completion_is_held_to_max_output_tokens() {
+        let p = client(512);
+        // No usage reported: only the text's length counts, generously.
+        assert_eq!(p.over_output_limit(&"a".repeat(3000), None), None);
+        assert_eq!(p.over_output_limit(&"a".repeat(512 * 16), None), None);
+        let found = p.over_output_limit(&"a".repeat(512 * 16 + 1), None);
+        assert!(found.is_some_and(|f| f.contains("bytes")));
+        // The provider's own count, when it gives one.
+        assert_eq!(p.over_output_limit("short", Some(512)), None);
+        let found = p.over_output_limit("short", Some(513));
+        assert!(found.is_some_and(|f| f.contains("513 tokens")));
     }
 }

@@ -13,6 +13,10 @@
 //! - Only when the coarsest cover does not fit is the oldest history
 //!   dropped, item by item from the oldest end (`truncated`).
 //!
+//! Every limit is two: the estimated tokens asked for, and the bytes the
+//! answer may carry on the wire (the server's message limit), so that no
+//! cover is ever too large to send.
+//!
 //! A backend supplies the tree (`Tree`); the cost of a call follows the
 //! budget and the number of roots, never the session's length: entries are
 //! read newest first and only as far as they are returned.
@@ -34,6 +38,57 @@ pub(super) trait Tree {
     ) -> Result<(), StoreError>;
 }
 
+/// What an item costs on the wire beyond its texts, at most: ids, seqs,
+/// role, timestamps, counts and the framing of each message.
+const ITEM_OVERHEAD_BYTES: u64 = 128;
+
+/// What a part of a cover costs: estimated tokens, and bytes on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Cost {
+    tokens: u64,
+    bytes: u64,
+}
+
+impl Cost {
+    fn plus(self, other: Cost) -> Cost {
+        Cost {
+            tokens: self.tokens.saturating_add(other.tokens),
+            bytes: self.bytes.saturating_add(other.bytes),
+        }
+    }
+
+    fn within(self, limit: Cost) -> bool {
+        self.tokens <= limit.tokens && self.bytes <= limit.bytes
+    }
+
+    /// What is left of `self` after `spent`; None when it does not fit.
+    fn minus(self, spent: Cost) -> Option<Cost> {
+        Some(Cost {
+            tokens: self.tokens.checked_sub(spent.tokens)?,
+            bytes: self.bytes.checked_sub(spent.bytes)?,
+        })
+    }
+}
+
+fn summary_cost(summary: &crate::model::Summary) -> Cost {
+    Cost {
+        tokens: u64::from(estimate_tokens(&summary.text)),
+        bytes: ITEM_OVERHEAD_BYTES
+            + (summary.text.len()
+                + summary.provider.len()
+                + summary.model.len()
+                + summary.prompt_version.len()) as u64,
+    }
+}
+
+fn entry_cost(entry: &Entry) -> Cost {
+    Cost {
+        tokens: u64::from(entry.tokens),
+        bytes: ITEM_OVERHEAD_BYTES
+            + (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len)) as u64,
+    }
+}
+
 /// A part of a cover before its items are read: a summarised node, or a
 /// level-1 segment without a summary, which stands as its entries.
 enum Unit {
@@ -42,13 +97,16 @@ enum Unit {
 }
 
 impl Unit {
-    fn cost(&self) -> u64 {
+    /// The unit's cost; for entries not read yet, a bound: an entry's
+    /// estimated tokens are at least a quarter of its bytes.
+    fn cost(&self) -> Cost {
         match self {
-            Unit::Summary(node) => node
-                .summary
-                .as_ref()
-                .map_or(0, |s| u64::from(estimate_tokens(&s.text))),
-            Unit::Entries(segment) => u64::from(segment.token_estimate),
+            Unit::Summary(node) => node.summary.as_ref().map_or(Cost::default(), summary_cost),
+            Unit::Entries(segment) => Cost {
+                tokens: u64::from(segment.token_estimate),
+                bytes: 4 * u64::from(segment.token_estimate)
+                    + ITEM_OVERHEAD_BYTES * u64::from(segment.entry_count),
+            },
         }
     }
 
@@ -73,44 +131,61 @@ fn coarsest(tree: &mut impl Tree, node: Segment, out: &mut Vec<Unit>) -> Result<
 }
 
 /// The cover of the session `tree` reads, within `max_tokens` (0: no
-/// limit).
-pub(super) fn cover(tree: &mut impl Tree, max_tokens: u32) -> Result<Context, StoreError> {
-    let limit = match max_tokens {
-        0 => u64::MAX,
-        n => u64::from(n),
+/// limit) and `max_bytes` on the wire.
+pub(super) fn cover(
+    tree: &mut impl Tree,
+    max_tokens: u32,
+    max_bytes: usize,
+) -> Result<Context, StoreError> {
+    let limit = Cost {
+        tokens: match max_tokens {
+            0 => u64::MAX,
+            n => u64::from(n),
+        },
+        bytes: max_bytes as u64,
     };
     let mut units = Vec::new();
     for root in tree.roots()? {
         coarsest(tree, root, &mut units)?;
     }
-    let total: u64 = units.iter().map(Unit::cost).sum();
+    let total = units
+        .iter()
+        .map(Unit::cost)
+        .fold(Cost::default(), Cost::plus);
     let mut out = Output::default();
-    if total > limit {
+    if !total.within(limit) {
         // Even the coarsest cover is too long: keep its newest part.
         out.truncated = true;
         let mut left = limit;
         while let Some(unit) = units.pop() {
-            let cost = unit.cost();
             match unit {
                 Unit::Summary(node) => {
-                    if cost > left {
+                    let Some(rest) = node
+                        .summary
+                        .as_ref()
+                        .and_then(|s| left.minus(summary_cost(s)))
+                    else {
                         break;
-                    }
-                    left -= cost;
+                    };
+                    left = rest;
                     out.push_summary(node);
                 }
                 Unit::Entries(segment) => {
                     let mut full = false;
-                    tree.entries(&segment, &mut |entry| {
-                        let cost = u64::from(entry.tokens);
-                        if cost > left {
-                            full = true;
-                            return false;
-                        }
-                        left -= cost;
-                        out.push_entry(entry);
-                        true
-                    })?;
+                    tree.entries(
+                        &segment,
+                        &mut |entry| match left.minus(entry_cost(&entry)) {
+                            Some(rest) => {
+                                left = rest;
+                                out.push_entry(entry);
+                                true
+                            }
+                            None => {
+                                full = true;
+                                false
+                            }
+                        },
+                    )?;
                     if full {
                         break;
                     }
@@ -120,7 +195,7 @@ pub(super) fn cover(tree: &mut impl Tree, max_tokens: u32) -> Result<Context, St
         return Ok(out.finish());
     }
     // It fits: zoom into the newest roll-ups while the slack allows.
-    let mut slack = limit - total;
+    let mut slack = limit.minus(total).unwrap_or_default();
     let mut zooming = true;
     while let Some(unit) = units.pop() {
         if zooming && unit.zoomable() {
@@ -131,11 +206,14 @@ pub(super) fn cover(tree: &mut impl Tree, max_tokens: u32) -> Result<Context, St
             for child in tree.children(node)? {
                 coarsest(tree, child, &mut finer)?;
             }
-            let finer_cost: u64 = finer.iter().map(Unit::cost).sum();
-            let coarse_cost = unit.cost();
-            let fits = finer_cost <= coarse_cost.saturating_add(slack);
-            if !finer.is_empty() && fits {
-                slack = slack.saturating_add(coarse_cost) - finer_cost;
+            let finer_cost = finer
+                .iter()
+                .map(Unit::cost)
+                .fold(Cost::default(), Cost::plus);
+            // What is left if the node gives way to its children.
+            let after = slack.plus(unit.cost()).minus(finer_cost);
+            if let (false, Some(after)) = (finer.is_empty(), after) {
+                slack = after;
                 units.extend(finer);
                 continue;
             }
@@ -343,7 +421,7 @@ mod tests {
 
     #[test]
     fn no_limit_is_the_finest_cover() {
-        let ctx = cover(&mut Fake::eight([true, true], true), 0).expect("cover");
+        let ctx = cover(&mut Fake::eight([true, true], true), 0, usize::MAX).expect("cover");
         assert_eq!(shape(&ctx).len(), 8);
         assert!(shape(&ctx).iter().all(|s| s.2 == 1));
         assert!(contiguous(&ctx, 1, 16) && !ctx.truncated);
@@ -368,7 +446,8 @@ mod tests {
             ),
         ];
         for (budget, want) in cases {
-            let ctx = cover(&mut Fake::eight([true, true], true), budget).expect("cover");
+            let ctx =
+                cover(&mut Fake::eight([true, true], true), budget, usize::MAX).expect("cover");
             assert_eq!(shape(&ctx), want, "budget {budget}");
             assert!(!ctx.truncated && ctx.tokens <= budget, "budget {budget}");
         }
@@ -378,7 +457,7 @@ mod tests {
     fn a_node_without_a_summary_stands_as_its_children() {
         // The top and the first level-2 node failed: the coarsest cover is
         // four level-1 recaps and the second level-2 node.
-        let ctx = cover(&mut Fake::eight([false, true], false), 38).expect("cover");
+        let ctx = cover(&mut Fake::eight([false, true], false), 38, usize::MAX).expect("cover");
         assert_eq!(
             shape(&ctx),
             vec![(1, 2, 1), (3, 4, 1), (5, 6, 1), (7, 8, 1), (9, 16, 2)]
@@ -390,7 +469,7 @@ mod tests {
             n.summary = None;
             n.state = SegmentState::Pending;
         }
-        let ctx = cover(&mut f, 0).expect("cover");
+        let ctx = cover(&mut f, 0, usize::MAX).expect("cover");
         assert_eq!(shape(&ctx)[..3], [(1, 1, 0), (2, 2, 0), (3, 4, 1)]);
         assert!(contiguous(&ctx, 1, 16));
     }
@@ -403,7 +482,7 @@ mod tests {
             n.summary = None;
             n.state = SegmentState::Pending;
         }
-        let ctx = cover(&mut f, 35).expect("cover");
+        let ctx = cover(&mut f, 35, usize::MAX).expect("cover");
         assert!(ctx.truncated);
         assert_eq!(shape(&ctx), vec![(14, 14, 0), (15, 15, 0), (16, 16, 0)]);
         // The three entries kept and the one that did not fit, plus the

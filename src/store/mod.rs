@@ -78,6 +78,8 @@ pub enum StoreError {
     NotCommitted(#[source] BackendError),
     #[error("the store's write queue is full")]
     Busy,
+    #[error("the disk holding the database is full")]
+    Full(#[source] BackendError),
     #[error("tenant {tenant:?} would store {wanted} bytes, over its cap of {limit}")]
     TenantFull {
         tenant: String,
@@ -97,6 +99,21 @@ pub enum StoreError {
     Shared(Arc<StoreError>),
     #[error("a database worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
+}
+
+/// The most bytes a segment takes in an answer, near enough: its texts (the
+/// session name, the summary, the last failure's causes) and a fixed share
+/// for ids, counts, states and timestamps. Reads stop at a number of these
+/// bytes, so what one call holds follows what it can answer.
+pub(crate) fn segment_bytes(segment: &Segment) -> usize {
+    const FIXED: usize = 256;
+    let summary = segment.summary.as_ref().map_or(0, |s| {
+        s.text.len() + s.provider.len() + s.model.len() + s.prompt_version.len()
+    });
+    let failure = segment.last_failure.as_ref().map_or(0, |f| {
+        f.causes.iter().map(String::len).sum::<usize>() + f.provider.len() + f.model.len()
+    });
+    FIXED + segment.session.len() + summary + failure
 }
 
 /// What survives once a write is acknowledged.
@@ -394,35 +411,55 @@ impl Store {
     }
 
     /// Segments matching `filter`, ordered by id (which within a session is
-    /// ordinal order), after the id `after`, at most `limit` of them.
+    /// ordinal order), after the id `after`: at most `limit` of them, and
+    /// no more than `max_bytes` take in an answer (`segment_bytes`; the
+    /// first is always given). True with them when the bytes cut the list
+    /// short.
     pub(crate) async fn list_segments(
         &self,
         tenant: &Tenant,
         filter: SegmentFilter,
         after: SegmentId,
         limit: u32,
-    ) -> Result<Vec<Segment>, StoreError> {
-        on_backend!(self, b => b.list_segments(tenant, filter, after, limit).await)
+        max_bytes: usize,
+    ) -> Result<(Vec<Segment>, bool), StoreError> {
+        on_backend!(self, b => b.list_segments(tenant, filter, after, limit, max_bytes).await)
     }
 
-    /// Every level-1 segment of one session, in ordinal order.
-    pub(crate) async fn session_segments(
+    /// The session's PENDING segments, in ordinal order, each with when it
+    /// is due; read without their texts.
+    pub(crate) async fn pending_in_session(
         &self,
         tenant: &Tenant,
         session: &SessionName,
-    ) -> Result<Vec<Segment>, StoreError> {
-        on_backend!(self, b => b.session_segments(tenant, session).await)
+    ) -> Result<Vec<(SegmentId, Option<Millis>)>, StoreError> {
+        on_backend!(self, b => b.pending_in_session(tenant, session).await)
     }
 
-    /// What an agent puts in its prompt: the session's cover within
-    /// `max_tokens` (the rule is `context.rs`'s).
+    /// What a flush answers: the session's segments still owed a recap,
+    /// then its summarised ones, each newest first, as far as `max_bytes`
+    /// goes (`segment_bytes`), in ordinal order; and whether every segment
+    /// of the session is SUMMARISED. Reads no further than that.
+    pub(crate) async fn flushed(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        max_bytes: usize,
+    ) -> Result<(Vec<Segment>, bool), StoreError> {
+        on_backend!(self, b => b.flushed(tenant, session, max_bytes).await)
+    }
+
+    /// What an agent puts in its prompt (the rule is `context.rs`'s): at
+    /// most `max_tokens` (0: no limit) estimated tokens and `max_bytes` bytes
+    /// of items; reads from the newest end only as far as the budget goes.
     pub async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
+        max_bytes: usize,
     ) -> Result<Context, StoreError> {
-        on_backend!(self, b => b.context(tenant, session, max_tokens).await)
+        on_backend!(self, b => b.context(tenant, session, max_tokens, max_bytes).await)
     }
 
     /// Counts per state, the oldest PENDING age and parked counts per class;
@@ -459,6 +496,12 @@ impl Store {
     /// other than `fingerprint` due now; returns how many.
     pub(crate) async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
         on_backend!(self, b => b.unpark_changed(fingerprint).await)
+    }
+
+    /// Whether the store can write and read now: one small write committed
+    /// and read back. For the health probe.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        on_backend!(self, b => b.probe().await)
     }
 
     /// PENDING segments due at `now` and not claimed by a live worker,

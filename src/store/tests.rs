@@ -343,7 +343,7 @@ async fn context_keeps_the_newest_that_fits() {
             .await
             .expect("append");
 
-        let all = store.context(&t, &s, 0).await.expect("context");
+        let all = store.context(&t, &s, 0, usize::MAX).await.expect("context");
         assert!(!all.truncated);
         assert_eq!(all.items.len(), 3);
         assert!(
@@ -364,12 +364,93 @@ async fn context_keeps_the_newest_that_fits() {
 
         // A budget for one entry keeps the newest one only.
         let newest = all.items[2].tokens();
-        let one = store.context(&t, &s, newest).await.expect("context");
+        let one = store
+            .context(&t, &s, newest, usize::MAX)
+            .await
+            .expect("context");
+        assert!(one.truncated);
+        assert_eq!(one.items, all.items[2..]);
+
+        // So does a byte budget for one entry (its text and 128 bytes of
+        // framing), whatever the token budget.
+        let one = store
+            .context(&t, &s, 0, "new two".len() + 128)
+            .await
+            .expect("context");
         assert!(one.truncated);
         assert_eq!(one.items, all.items[2..]);
 
         assert!(matches!(
-            store.context(&t, &session("nosuch"), 0).await,
+            store.context(&t, &session("nosuch"), 0, usize::MAX).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn listings_and_flushes_read_only_what_an_answer_carries() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        // Four summarised segments with 10 KiB summaries, then one PENDING.
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let id = closed_segment(&store, &[&format!("entry {i}")]).await;
+            if i < 4 {
+                let (claim, _) = store
+                    .claim(id, "w", LEASE)
+                    .await
+                    .expect("claim")
+                    .expect("free");
+                let text = "y".repeat(10 * 1024);
+                assert!(
+                    store
+                        .complete(&claim, summary(&text), 1, 0)
+                        .await
+                        .expect("complete")
+                        .held
+                );
+            }
+            ids.push(id);
+        }
+        let one = segment_bytes(&store.segment(&t, ids[0]).await.expect("segment"));
+        let filter = || SegmentFilter {
+            session: Some(s.clone()),
+            ..SegmentFilter::default()
+        };
+        // Room for two: the page stops there and says it was cut.
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, 2 * one)
+            .await
+            .expect("list");
+        assert!(cut);
+        assert_eq!(page.iter().map(|s| s.id).collect::<Vec<_>>(), ids[..2]);
+        // Room for none still gives one, and all fit when there is room.
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, 1)
+            .await
+            .expect("list");
+        assert!(cut);
+        assert_eq!(page.len(), 1);
+        let (page, cut) = store
+            .list_segments(&t, filter(), 0, 100, usize::MAX)
+            .await
+            .expect("list");
+        assert!(!cut);
+        assert_eq!(page.len(), 5);
+
+        // A flush with room for two keeps the PENDING one and the newest
+        // summarised one, in ordinal order.
+        let (kept, complete) = store.flushed(&t, &s, 2 * one).await.expect("flushed");
+        assert!(!complete);
+        assert_eq!(
+            kept.iter().map(|s| s.id).collect::<Vec<_>>(),
+            [ids[3], ids[4]]
+        );
+        let pending = store.pending_in_session(&t, &s).await.expect("pending");
+        assert_eq!(pending.iter().map(|p| p.0).collect::<Vec<_>>(), [ids[4]]);
+        assert!(matches!(
+            store.flushed(&t, &session("nosuch"), usize::MAX).await,
             Err(StoreError::SessionNotFound(_))
         ));
     }
@@ -398,15 +479,17 @@ async fn idle_open_segments_close_and_busy_ones_do_not() {
             .expect("close idle");
         assert_eq!(closed.len(), 1);
         let idle = store
-            .session_segments(&t, &session("idle"))
+            .flushed(&t, &session("idle"), usize::MAX)
             .await
-            .expect("segments");
+            .expect("segments")
+            .0;
         assert_eq!(idle[0].state, SegmentState::Pending);
         assert!(idle[0].next_attempt_at.is_some(), "due at once");
         let busy = store
-            .session_segments(&t, &session("busy"))
+            .flushed(&t, &session("busy"), usize::MAX)
             .await
-            .expect("segments");
+            .expect("segments")
+            .0;
         assert_eq!(busy[0].state, SegmentState::Open);
         // Nothing is left to close, and the idle session's next append
         // opens a new segment.
@@ -562,9 +645,10 @@ async fn an_existing_or_read_only_open_never_creates_a_database() {
         .expect("read-only");
     assert_eq!(
         read_only
-            .session_segments(&Tenant::default(), &session("s"))
+            .flushed(&Tenant::default(), &session("s"), usize::MAX)
             .await
             .expect("read")
+            .0
             .len(),
         1
     );

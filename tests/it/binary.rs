@@ -11,41 +11,59 @@ use archivist::pb;
 
 use crate::harness::{context_entries, entry, eventually};
 
-struct Process {
-    child: Child,
-    address: String,
+pub(crate) struct Process {
+    pub(crate) child: Child,
+    pub(crate) address: String,
+    /// Every line the server has logged so far.
+    pub(crate) log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Process {
     /// Starts `archivist serve` on `data_dir` on a port of its own choosing
     /// (read back from its start-up line), and waits until it answers.
-    async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
-        Process::start_with(data_dir, env, &[]).await
+    pub(crate) async fn start(data_dir: &std::path::Path, env: &[(&str, &str)]) -> Process {
+        Process::start_adjusted(data_dir, env, |_| {}).await
     }
 
     /// As `start`, with more flags for `serve`.
-    async fn start_with(
+    pub(crate) async fn start_with(
         data_dir: &std::path::Path,
         env: &[(&str, &str)],
         flags: &[&str],
     ) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_archivist"))
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        Process::start_adjusted(data_dir, env, move |c| {
+            c.args(&flags);
+        })
+        .await
+    }
+
+    /// As `start`, after `adjust` has its say over the command.
+    pub(crate) async fn start_adjusted(
+        data_dir: &std::path::Path,
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
-            .args(flags)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn archivist");
+            .stderr(Stdio::piped());
+        adjust(&mut command);
+        let mut child = command.spawn().expect("spawn archivist");
         let stderr = child.stderr.take().expect("stderr");
         let (found, listening) = std::sync::mpsc::channel();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let lines = log.clone();
         // Reads the start-up line, then keeps draining so the server never
         // blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().expect("lock").push(line.clone());
                 if !line.contains("archivist is serving") {
                     continue;
                 }
@@ -65,7 +83,11 @@ impl Process {
                 .expect("join")
                 .expect("archivist reported its address");
         let address = format!("http://{addr}");
-        let process = Process { child, address };
+        let process = Process {
+            child,
+            address,
+            log,
+        };
         let up = eventually(Duration::from_secs(20), || async {
             archivist::client::connect(&process.address).await.is_ok()
         })
@@ -77,7 +99,7 @@ impl Process {
     /// Starts the binary against an OpenAI-compatible provider at `base`.
     /// Each fake provider has a base URL of its own, so a restart with
     /// another one is a provider change the test means.
-    async fn start_openai(
+    pub(crate) async fn start_openai(
         data_dir: &std::path::Path,
         base: &str,
         extra: &[(&str, &str)],
@@ -109,10 +131,38 @@ impl Process {
         .await
     }
 
-    async fn client(&self) -> archivist::client::Client {
+    pub(crate) async fn client(&self) -> archivist::client::Client {
         archivist::client::connect(&self.address)
             .await
             .expect("connect")
+    }
+}
+
+impl Process {
+    /// CPU time the server has used so far (user and system), from /proc.
+    pub(crate) fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .expect("the server's /proc stat");
+        // Fields after the command name (which ends the last ')'): utime
+        // and stime are the 12th and 13th, in clock ticks.
+        let after = stat.rsplit_once(')').expect("stat").1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 =
+            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_millis(ticks * 1000 / per_second)
+    }
+
+    /// The server's peak resident memory so far, in KiB, from /proc.
+    pub(crate) fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the server's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM")
     }
 }
 

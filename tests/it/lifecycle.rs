@@ -409,3 +409,43 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
     assert!(next(&mut watch).await.is_none());
     assert_eq!(server.backlog().await.open, 1);
 }
+
+#[tokio::test]
+async fn a_watch_holds_one_call_slot_for_as_long_as_it_is_open() {
+    let server = TestServer::start_with(|c| c.limits.max_concurrent_calls = 2).await;
+    server.append("s", &["x"]).await;
+    let watch = || async {
+        server
+            .client
+            .clone()
+            .watch_session(pb::WatchSessionRequest {
+                session_id: "s".into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner()
+    };
+    let first = watch().await;
+    // One watch open: one slot taken, another call still fits.
+    server.backlog().await;
+    let second = watch().await;
+    let refused = server
+        .client
+        .clone()
+        .get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect_err("both slots are held by watches");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    drop(first);
+    let freed = eventually(Duration::from_secs(5), || async {
+        server
+            .client
+            .clone()
+            .get_backlog(pb::GetBacklogRequest {})
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(freed, "a closed watch gives its slot back");
+    drop(second);
+}

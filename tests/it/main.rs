@@ -7,6 +7,7 @@ mod context;
 mod errors;
 mod failures;
 mod harness;
+mod hostile;
 mod lifecycle;
 mod logs;
 mod operator;

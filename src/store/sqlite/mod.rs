@@ -25,6 +25,7 @@ mod sessions;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,8 +50,17 @@ const DATABASE_FILE: &str = "archivist.sqlite3";
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> StoreError {
-        StoreError::Query(Box::new(e))
+        if is_full(&e) {
+            StoreError::Full(Box::new(e))
+        } else {
+            StoreError::Query(Box::new(e))
+        }
     }
+}
+
+/// SQLITE_FULL: the disk (or the database's size limit) has no room.
+pub(super) fn is_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 impl Durability {
@@ -73,6 +83,8 @@ struct Inner {
     /// None when opened read-only: every write fails with `ReadOnly`.
     jobs: Option<mpsc::Sender<Job>>,
     readers: Mutex<Vec<Connection>>,
+    /// A write failed for want of room since the last health probe.
+    full_seen: AtomicBool,
 }
 
 impl Sqlite {
@@ -125,6 +137,7 @@ impl Sqlite {
                     path,
                     jobs: None,
                     readers: Mutex::new(vec![reader]),
+                    full_seen: AtomicBool::new(false),
                 }),
             });
         }
@@ -168,6 +181,7 @@ impl Sqlite {
                 path,
                 jobs: Some(jobs),
                 readers: Mutex::new(Vec::new()),
+                full_seen: AtomicBool::new(false),
             }),
         })
     }
@@ -182,7 +196,20 @@ impl Sqlite {
         let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
         let (job, answer) = job(f);
         jobs.send(job).await.map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
+    }
+
+    /// Passes a write's result on, remembering a full disk for the probe.
+    fn noting_full<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Full(_)) = &result {
+            self.inner.full_seen.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Whether a write failed for want of room since the last call.
+    fn take_full_seen(&self) -> bool {
+        self.inner.full_seen.swap(false, Ordering::SeqCst)
     }
 
     /// As `write`, but refuses with `Busy` instead of waiting when the
@@ -198,7 +225,7 @@ impl Sqlite {
             mpsc::error::TrySendError::Full(_) => StoreError::Busy,
             mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
         })?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
     }
 
     /// Copies every committed page from the WAL into the database file and

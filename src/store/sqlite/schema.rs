@@ -254,6 +254,14 @@ CREATE TABLE provider_runs (
 -- retention.session_ttl, oldest first, through this index.
 CREATE INDEX sessions_by_last_append ON sessions (last_append_at);
 "#,
+    r#"
+-- One row the server's health probe writes and reads back, so health says
+-- NOT_SERVING while the store cannot write or read.
+CREATE TABLE health_probe (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at INTEGER NOT NULL
+);
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -12,7 +12,7 @@ use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
 use crate::store::context::{Tree, cover};
-use crate::store::{BackfillFilter, SegmentFilter, StoreError};
+use crate::store::{BackfillFilter, SegmentFilter, StoreError, segment_bytes};
 
 /// Oldest first or newest first.
 #[derive(Clone, Copy)]
@@ -101,6 +101,35 @@ fn collect_segments(
     Ok(out)
 }
 
+/// Segments gathered up to a number of bytes (`segment_bytes`), and always
+/// the first: what one answer can carry, read no further.
+struct BytesBound {
+    max_bytes: usize,
+    used: usize,
+    segments: Vec<Segment>,
+}
+
+impl BytesBound {
+    fn new(max_bytes: usize) -> BytesBound {
+        BytesBound {
+            max_bytes,
+            used: 0,
+            segments: Vec::new(),
+        }
+    }
+
+    /// Keeps the segment if it fits; false (and it is dropped) if not.
+    fn take(&mut self, segment: Segment) -> bool {
+        let used = self.used.saturating_add(segment_bytes(&segment));
+        if used > self.max_bytes && !self.segments.is_empty() {
+            return false;
+        }
+        self.used = used;
+        self.segments.push(segment);
+        true
+    }
+}
+
 impl Sqlite {
     pub(crate) async fn segment(
         &self,
@@ -149,7 +178,8 @@ impl Sqlite {
         filter: SegmentFilter,
         after: SegmentId,
         limit: u32,
-    ) -> Result<Vec<Segment>, StoreError> {
+        max_bytes: usize,
+    ) -> Result<(Vec<Segment>, bool), StoreError> {
         let tenant = tenant.0.clone();
         self.read(move |conn| {
             let (clause, mut values) = filter_clause(&tenant, &filter);
@@ -161,28 +191,78 @@ impl Sqlite {
                  ORDER BY s.id LIMIT ?{n}",
                 n - 1
             );
-            collect_segments(conn, &sql, params_from_iter(values))
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let mut page = BytesBound::new(max_bytes);
+            for row in stmt.query_map(params_from_iter(values), rows::segment)? {
+                if !page.take(row??) {
+                    return Ok((page.segments, true));
+                }
+            }
+            Ok((page.segments, false))
         })
         .await
     }
 
-    pub(crate) async fn session_segments(
+    pub(crate) async fn pending_in_session(
         &self,
         tenant: &Tenant,
         session: &SessionName,
-    ) -> Result<Vec<Segment>, StoreError> {
+    ) -> Result<Vec<(SegmentId, Option<Millis>)>, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
         self.read(move |conn| {
-            let sql = format!(
-                "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
-                 WHERE x.tenant = ?1 AND x.name = ?2 AND s.level = 1 ORDER BY s.ordinal"
-            );
-            let out = collect_segments(conn, &sql, params![tenant, session])?;
-            if out.is_empty() && session_row(conn, &tenant, &session)?.is_none() {
+            let Some(row) = session_row(conn, &tenant, &session)? else {
                 return Err(StoreError::SessionNotFound(session));
+            };
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, next_attempt_at FROM segments \
+                 WHERE session_id = ?1 AND level = 1 AND state = ?2 ORDER BY ordinal",
+            )?;
+            let rows = stmt.query_map(params![row.id, SegmentState::Pending.code()], |r| {
+                Ok((r.get::<_, u64>(0)?, r.get::<_, Option<i64>>(1)?.map(Millis)))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    pub(crate) async fn flushed(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        max_bytes: usize,
+    ) -> Result<(Vec<Segment>, bool), StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.read(move |conn| {
+            let Some(row) = session_row(conn, &tenant, &session)? else {
+                return Err(StoreError::SessionNotFound(session));
+            };
+            let summarised = SegmentState::Summarised.code();
+            let mut kept = BytesBound::new(max_bytes);
+            let mut complete = true;
+            // Those still owed a recap first, then the summarised ones; each
+            // newest first, as far as the bytes go.
+            for op in ["!=", "="] {
+                let sql = format!(
+                    "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
+                     WHERE s.session_id = ?1 AND s.level = 1 AND s.state {op} ?2 \
+                     ORDER BY s.ordinal DESC"
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
+                for segment in stmt.query_map(params![row.id, summarised], rows::segment)? {
+                    let segment = segment??;
+                    if segment.state != SegmentState::Summarised {
+                        complete = false;
+                    }
+                    if !kept.take(segment) {
+                        break;
+                    }
+                }
             }
-            Ok(out)
+            let mut segments = kept.segments;
+            segments.sort_by_key(|s| s.ordinal);
+            Ok((segments, complete))
         })
         .await
     }
@@ -192,6 +272,7 @@ impl Sqlite {
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
+        max_bytes: usize,
     ) -> Result<Context, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
@@ -205,6 +286,7 @@ impl Sqlite {
                     session_id: row.id,
                 },
                 max_tokens,
+                max_bytes,
             )
         })
         .await
@@ -334,6 +416,34 @@ impl Sqlite {
                 ])? as u64;
             }
             Ok(n)
+        })
+        .await
+    }
+
+    /// Fails if a write failed for want of room since the last probe (the
+    /// probe's own small row may still fit where an append does not);
+    /// else writes the probe row through the writer (a commit, as every
+    /// write makes) and reads it back on a read connection.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        if self.take_full_seen() {
+            return Err(StoreError::Full(
+                "writes failed for want of room since the last probe".into(),
+            ));
+        }
+        let at = Millis::now().0;
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO health_probe (id, at) VALUES (1, ?1) \
+                 ON CONFLICT (id) DO UPDATE SET at = excluded.at",
+            )?
+            .execute([at])?;
+            Ok(())
+        })
+        .await?;
+        self.read(|conn| {
+            conn.prepare_cached("SELECT at FROM health_probe WHERE id = 1")?
+                .query_row([], |r| r.get::<_, i64>(0))?;
+            Ok(())
         })
         .await
     }

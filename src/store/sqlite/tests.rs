@@ -34,7 +34,10 @@ async fn append(store: &Sqlite, name: &str, texts: &[&str]) -> bool {
 }
 
 async fn count_entries(store: &Sqlite, name: &str) -> usize {
-    match store.context(&Tenant::default(), &session(name), 0).await {
+    match store
+        .context(&Tenant::default(), &session(name), 0, usize::MAX)
+        .await
+    {
         Ok(ctx) => ctx.items.len(),
         Err(StoreError::SessionNotFound(_)) => 0,
         Err(e) => panic!("{e}"),
@@ -89,7 +92,7 @@ async fn a_failing_job_undoes_only_itself() {
     assert!(matches!(result, Err(StoreError::Corrupt(_))));
     assert!(matches!(
         store
-            .context(&Tenant::default(), &session("ghost"), 0)
+            .context(&Tenant::default(), &session("ghost"), 0, usize::MAX)
             .await,
         Err(StoreError::SessionNotFound(_))
     ));
@@ -207,7 +210,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
     // Appends go on after it, at the next ordinal.
     assert!(append(&store, "old", &["third"]).await);
     let ctx = store
-        .context(&Tenant::default(), &session("old"), 0)
+        .context(&Tenant::default(), &session("old"), 0, usize::MAX)
         .await
         .expect("context");
     assert_eq!(ctx.items.len(), 2);
@@ -230,4 +233,42 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         !schema.contains("_v3") && !schema.contains("_v4"),
         "{schema}"
     );
+}
+
+#[tokio::test]
+async fn a_full_disk_is_told_apart_and_the_probe_reports_it() {
+    let (_dir, store) = open().await;
+    assert!(append(&store, "s", &["fits"]).await);
+    store
+        .probe()
+        .await
+        .expect("a healthy store answers the probe");
+    // The database may not grow past the pages it has: what SQLite says
+    // when the disk is full.
+    store
+        .write(|conn| {
+            let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+        .expect("cap the size");
+    let big = "x".repeat(256 * 1024);
+    let err = store
+        .append(
+            &Tenant::default(),
+            &session("s"),
+            entries(&[&big]),
+            POLICY,
+            0,
+        )
+        .await
+        .expect_err("no room");
+    assert!(matches!(err, StoreError::Full(_)), "{err:?}");
+    // Nothing of it was stored; the next probe reports the full disk even
+    // though its own row still fits, and the one after, with no write
+    // refused meanwhile, passes.
+    assert_eq!(count_entries(&store, "s").await, 1);
+    assert!(matches!(store.probe().await, Err(StoreError::Full(_))));
+    store.probe().await.expect("nothing refused since");
 }

@@ -23,16 +23,38 @@ pub(crate) enum BatchFailure {
     #[error("the commit failed")]
     Commit(#[source] Arc<rusqlite::Error>),
     #[error("another write in the same transaction failed in a way that aborted it")]
-    Aborted,
+    Aborted {
+        /// It failed for want of room on the disk.
+        full: bool,
+    },
+}
+
+impl BatchFailure {
+    /// The error a job of the failed batch answers with: a full disk says
+    /// so (the write may succeed once there is room), anything else is a
+    /// write not committed.
+    fn into_store_error(self) -> StoreError {
+        let full = match &self {
+            BatchFailure::Begin(e) | BatchFailure::Commit(e) => super::is_full(e),
+            BatchFailure::Aborted { full } => *full,
+        };
+        if full {
+            StoreError::Full(Box::new(self))
+        } else {
+            StoreError::NotCommitted(Box::new(self))
+        }
+    }
 }
 
 type Completion = Box<dyn FnOnce(Result<(), BatchFailure>) + Send>;
 
-/// What running a job left: what to do once the batch's fate is known, and
-/// whether the batch's transaction is still whole.
+/// What running a job left: what to do once the batch's fate is known,
+/// whether the batch's transaction is still whole, and whether the job
+/// found the disk full.
 pub(super) struct Ran {
     completion: Completion,
     intact: bool,
+    full: bool,
 }
 
 /// A write job: runs inside the batch's transaction (or learns that the
@@ -49,15 +71,17 @@ where
     let job: Job = Box::new(move |conn| {
         let (result, intact) = match conn {
             Ok(conn) => in_savepoint(conn, f),
-            Err(e) => (Err(StoreError::NotCommitted(Box::new(e))), true),
+            Err(e) => (Err(e.into_store_error()), true),
         };
+        let full = matches!(result, Err(StoreError::Full(_)));
         Ran {
+            full,
             completion: Box::new(move |batch| {
                 let outcome = match (result, batch) {
                     // The job's own error explains more than the batch's.
                     (Err(e), _) => Err(e),
                     (Ok(value), Ok(())) => Ok(value),
-                    (Ok(_), Err(e)) => Err(StoreError::NotCommitted(Box::new(e))),
+                    (Ok(_), Err(e)) => Err(e.into_store_error()),
                 };
                 // The caller may have gone away; its work is committed anyway.
                 let _ = tx.send(outcome);
@@ -105,10 +129,10 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
             (first(Err(e.clone())).completion)(Err(e));
             continue;
         }
-        let mut intact = run_job(&conn, first, &mut done);
+        let (mut intact, mut full) = run_job(&conn, first, &mut done);
         while intact && done.len() < MAX_BATCH {
             match jobs.try_recv() {
-                Ok(job) => intact = run_job(&conn, job, &mut done),
+                Ok(job) => (intact, full) = run_job(&conn, job, &mut done),
                 Err(_) => break,
             }
         }
@@ -116,7 +140,7 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
             conn.execute_batch("COMMIT")
                 .map_err(|e| BatchFailure::Commit(Arc::new(e)))
         } else {
-            Err(BatchFailure::Aborted)
+            Err(BatchFailure::Aborted { full })
         };
         if outcome.is_err() && !conn.is_autocommit() {
             // End what is left of the transaction so the next batch starts
@@ -129,15 +153,16 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
     }
 }
 
-/// Runs one job; false when the batch's transaction is no longer whole.
-fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> bool {
+/// Runs one job; says whether the batch's transaction is still whole, and
+/// whether the job found the disk full.
+fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> (bool, bool) {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(conn)))) {
         Ok(ran) => {
             done.push(ran.completion);
-            ran.intact
+            (ran.intact, ran.full)
         }
         // The job's answer channel was dropped in the unwind, so its caller
         // hears the store failed; what it half-wrote must not be committed.
-        Err(_) => false,
+        Err(_) => (false, false),
     }
 }

@@ -252,7 +252,8 @@ class Client(_Base):
     ) -> Context:
         """What an agent puts in its prompt: summaries where segments have
         one, raw entries elsewhere, oldest first, the oldest dropped to fit
-        `max_tokens` (0: no limit; then `truncated` is set)."""
+        `max_tokens` (0: the server's cap; `truncated` says something was
+        dropped)."""
         request = pb.GetContextRequest(session_id=session_id, max_tokens=max_tokens)
         return Context.from_pb(self._call(self._stub.GetContext, request, timeout))
 

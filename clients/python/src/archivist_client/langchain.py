@@ -166,7 +166,7 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
             `[A-Za-z0-9._:-]`).
         client: a `Client`, or an `AsyncClient` for the async methods
             (`aget_messages`, `aadd_messages`) only.
-        max_tokens: the token budget of `messages` (0: the whole context).
+        max_tokens: the token budget of `messages` (0: the server's cap).
         summary_prefix: text put before each summary's recap in its
             SystemMessage (e.g. "Earlier in this conversation: ").
 
