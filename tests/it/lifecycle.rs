@@ -449,3 +449,58 @@ async fn a_watch_holds_one_call_slot_for_as_long_as_it_is_open() {
     assert!(freed, "a closed watch gives its slot back");
     drop(second);
 }
+
+#[tokio::test]
+async fn list_sessions_pages_through_one_tenants_sessions_and_no_others() {
+    let server = TestServer::start_with(tenants).await;
+    let mut a = client(&server, Some(TOKEN_A)).await;
+    let mut b = client(&server, Some(TOKEN_B)).await;
+    for i in 0..250 {
+        a.append_entries(append_request(&format!("a-{i:03}"), &["x"]))
+            .await
+            .expect("append");
+    }
+    for name in ["b-only-1", "b-only-2", "a-007"] {
+        b.append_entries(append_request(name, &["y", "z"]))
+            .await
+            .expect("append");
+    }
+    let mut names = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = a
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 100,
+                page_token: token,
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        pages += 1;
+        for s in &page.sessions {
+            assert_eq!(s.entry_count, 1, "tenant a's own count: {s:?}");
+        }
+        names.extend(page.sessions.into_iter().map(|s| s.session_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(pages, 3);
+    let want: Vec<String> = (0..250).map(|i| format!("a-{i:03}")).collect();
+    assert_eq!(names, want);
+    let theirs: Vec<String> = b
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 0,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .sessions
+        .into_iter()
+        .map(|s| s.session_id)
+        .collect();
+    assert_eq!(theirs, vec!["a-007", "b-only-1", "b-only-2"]);
+}
