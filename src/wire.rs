@@ -318,3 +318,35 @@ pub(crate) fn gap_to_pb(missed: u64) -> pb::SessionEvent {
         missed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_class_crosses_the_wire_with_its_retryable_flag() {
+        for class in FailureClass::ALL {
+            let failure = Failure {
+                class,
+                retry_after: (class == FailureClass::RateLimited).then_some(Duration::from_secs(7)),
+                causes: vec!["outer".to_owned(), "root".to_owned()],
+                attempts: 2,
+                elapsed: Duration::from_millis(1500),
+                http_status: Some(503),
+                provider: "openai".to_owned(),
+                model: "m".to_owned(),
+                hint: "what to do".to_owned(),
+            };
+            let wire = failure_to_pb(&failure);
+            // Only the classes that retrying cannot fix say so.
+            let parks = matches!(
+                class,
+                FailureClass::Unauthorized
+                    | FailureClass::UnknownModel
+                    | FailureClass::InvalidRequest
+            );
+            assert_eq!(wire.retryable, !parks, "{class:?}");
+            assert_eq!(failure_from_pb(&wire), Some(failure), "{class:?}");
+        }
+    }
+}

@@ -79,7 +79,10 @@ impl ErrorBody {
             "spend_limit_exceeded",
         ];
         let [code, kind, message] = self.markers();
-        if !code.is_empty() || !kind.is_empty() {
+        // A numeric code only repeats the HTTP status (vLLM, llama.cpp and
+        // some gateways send one): it names no reason.
+        let typed_code = !code.is_empty() && !code.bytes().all(|b| b.is_ascii_digit());
+        if typed_code || !kind.is_empty() {
             // A typed code says what it is; a plain rate limit may still
             // mention billing in its text.
             return CODES.contains(&code.as_str()) || CODES.contains(&kind.as_str());
@@ -168,6 +171,278 @@ mod tests {
         ];
         for (status, body, want) in cases {
             assert_eq!(classify_http(status, body), want, "{status} {body}");
+        }
+    }
+
+    /// Error bodies as providers send them, and the class each must get.
+    #[test]
+    fn real_error_bodies_from_each_provider_classify() {
+        use FailureClass::*;
+        let cases: &[(&str, u16, &str, FailureClass)] = &[
+            // OpenAI.
+            (
+                "openai bad key",
+                401,
+                r#"{"error":{"message":"Incorrect API key provided: sk-abc***xyz. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+                Unauthorized,
+            ),
+            (
+                "openai no such model",
+                404,
+                r#"{"error":{"message":"The model `gpt-5-turbo` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#,
+                UnknownModel,
+            ),
+            (
+                "openai rate limit",
+                429,
+                r#"{"error":{"message":"Rate limit reached for gpt-4 in organization org-xyz on tokens per min (TPM): Limit 10000, Used 9000, Requested 2000. Please try again in 6s. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#,
+                RateLimited,
+            ),
+            (
+                "openai quota",
+                429,
+                r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#,
+                QuotaExhausted,
+            ),
+            (
+                "openai billing limit",
+                429,
+                r#"{"error":{"message":"Billing hard limit has been reached","type":"invalid_request_error","param":null,"code":"billing_hard_limit_reached"}}"#,
+                QuotaExhausted,
+            ),
+            (
+                "openai context",
+                400,
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+                InvalidRequest,
+            ),
+            (
+                "openai server error",
+                500,
+                r#"{"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}"#,
+                Unavailable,
+            ),
+            (
+                "openai overloaded",
+                503,
+                r#"{"error":{"message":"The engine is currently overloaded, please try again later","type":"server_error","param":null,"code":null}}"#,
+                Unavailable,
+            ),
+            // Azure OpenAI.
+            (
+                "azure bad key",
+                401,
+                r#"{"error":{"code":"401","message":"Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key for an active subscription and use a correct regional API endpoint for your resource."}}"#,
+                Unauthorized,
+            ),
+            (
+                "azure no deployment",
+                404,
+                r#"{"error":{"code":"DeploymentNotFound","message":"The API deployment for this resource does not exist. If you created the deployment within the last 5 minutes, please wait a moment and try again."}}"#,
+                UnknownModel,
+            ),
+            (
+                "azure rate limit",
+                429,
+                r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-02-01 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 8 seconds."}}"#,
+                RateLimited,
+            ),
+            (
+                "azure content filter",
+                400,
+                r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy.","type":null,"param":"prompt","code":"content_filter","status":400}}"#,
+                InvalidRequest,
+            ),
+            // Anthropic-compatible gateways.
+            (
+                "anthropic overloaded",
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                Unavailable,
+            ),
+            (
+                "anthropic rate limit",
+                429,
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#,
+                RateLimited,
+            ),
+            (
+                "anthropic bad key",
+                401,
+                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+                Unauthorized,
+            ),
+            (
+                "anthropic no model",
+                404,
+                r#"{"type":"error","error":{"type":"not_found_error","message":"model: claude-9"}}"#,
+                UnknownModel,
+            ),
+            (
+                "anthropic no credit",
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#,
+                InvalidRequest,
+            ),
+            (
+                "litellm throttled",
+                429,
+                r#"{"error":{"message":"litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit reached","type":"throttling_error","param":null,"code":"429"}}"#,
+                RateLimited,
+            ),
+            // vLLM: a numeric code, at the top level.
+            (
+                "vllm no model",
+                404,
+                r#"{"object":"error","message":"The model `llama-9` does not exist.","type":"NotFoundError","param":null,"code":404}"#,
+                UnknownModel,
+            ),
+            (
+                "vllm context",
+                400,
+                r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","param":null,"code":400}"#,
+                InvalidRequest,
+            ),
+            (
+                "vllm no model as 400",
+                400,
+                r#"{"object":"error","message":"The model `llama-9` does not exist.","type":"NotFoundError","param":null,"code":400}"#,
+                UnknownModel,
+            ),
+            // llama.cpp server: a numeric code, nested.
+            (
+                "llama.cpp context",
+                400,
+                r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
+                InvalidRequest,
+            ),
+            (
+                "llama.cpp loading",
+                503,
+                r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+                Unavailable,
+            ),
+            (
+                "llama.cpp bad key",
+                401,
+                r#"{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}"#,
+                Unauthorized,
+            ),
+            // A gateway echoing the status as the code, with only the text
+            // telling a quota from a rate limit.
+            (
+                "gateway quota, numeric code",
+                429,
+                r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details."}}"#,
+                QuotaExhausted,
+            ),
+            (
+                "gateway rate, numeric code",
+                429,
+                r#"{"error":{"code":429,"message":"Too many requests, slow down"}}"#,
+                RateLimited,
+            ),
+            // Ollama: the error is a bare string.
+            (
+                "ollama no model",
+                404,
+                r#"{"error":"model "llama9" not found, try pulling it first"}"#,
+                UnknownModel,
+            ),
+            (
+                "ollama no model as 400",
+                400,
+                r#"{"error":"model 'llama9' not found"}"#,
+                UnknownModel,
+            ),
+            (
+                "ollama missing model",
+                400,
+                r#"{"error":"model is required"}"#,
+                InvalidRequest,
+            ),
+            (
+                "ollama runner died",
+                500,
+                r#"{"error":"llama runner process has terminated: signal: killed"}"#,
+                Unavailable,
+            ),
+            (
+                "ollama quota text only",
+                429,
+                r#"{"error":"insufficient_quota for this key"}"#,
+                QuotaExhausted,
+            ),
+        ];
+        for (name, status, body, want) in cases {
+            assert_eq!(classify_http(*status, body), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_code_a_body_carries_is_read_whatever_its_type() {
+        let text = ErrorBody::parse(r#"{"error":{"code":"rate_limit_exceeded","message":"m"}}"#);
+        assert_eq!(text.code, "rate_limit_exceeded");
+        let number = ErrorBody::parse(
+            r#"{"object":"error","code":404,"type":"NotFoundError","message":"gone"}"#,
+        );
+        assert_eq!(
+            number,
+            ErrorBody {
+                code: "404".to_owned(),
+                kind: "NotFoundError".to_owned(),
+                message: "gone".to_owned(),
+            }
+        );
+        let nested = ErrorBody::parse(r#"{"error":{"code":503,"message":"Loading model"}}"#);
+        assert_eq!(nested.code, "503");
+        assert_eq!(ErrorBody::parse("<html>"), ErrorBody::default());
+        assert_eq!(
+            ErrorBody::parse(r#"{"error":{"code":null}}"#),
+            ErrorBody::default()
+        );
+    }
+
+    #[test]
+    fn a_wait_is_capped_at_thirty_days_in_every_form() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let cap = Duration::from_secs(30 * 24 * 3600);
+        assert_eq!(MAX_RETRY_AFTER, cap);
+        let secs = cap.as_secs();
+        for (ms, s, want) in [
+            (None, Some(secs.to_string()), cap),
+            (
+                None,
+                Some((secs - 1).to_string()),
+                cap - Duration::from_secs(1),
+            ),
+            (None, Some((secs + 1).to_string()), cap),
+            (Some((secs * 1000).to_string()), None, cap),
+            (
+                Some((secs * 1000 - 1).to_string()),
+                None,
+                cap - Duration::from_millis(1),
+            ),
+            (Some((secs * 1000 + 1).to_string()), None, cap),
+        ] {
+            assert_eq!(
+                parse_retry_after(ms.as_deref(), s.as_deref(), now),
+                Some(want),
+                "{ms:?} {s:?}"
+            );
+        }
+        for (offset, want) in [
+            (cap - Duration::from_secs(1), cap - Duration::from_secs(1)),
+            (cap, cap),
+            (cap + Duration::from_secs(1), cap),
+            (cap * 1000, cap),
+        ] {
+            let date = httpdate::fmt_http_date(now + offset);
+            assert_eq!(
+                parse_retry_after(None, Some(&date), now),
+                Some(want),
+                "{date}"
+            );
         }
     }
 

@@ -107,4 +107,56 @@ mod tests {
         assert_eq!(redact("plain words stay", &[key]), "plain words stay");
         assert_eq!(redact("bearer abc.def", &[]), "bearer [REDACTED]");
     }
+
+    #[test]
+    fn a_key_is_redacted_wherever_it_stands() {
+        let key = "sk-live-0123456789abcdef";
+        let cases = [
+            format!("{key} was refused"),
+            format!("refused: {key}"),
+            format!("{key}{key} and {key} again"),
+            format!("(\"{key}\"), [{key}]; {key}."),
+            format!("https://api.example/v1?api_key={key}&stream=false"),
+            format!("wss://{key}@gateway.example/path"),
+            format!("Authorization: Bearer {key}"),
+            format!("bearer {key}\nnext line"),
+        ];
+        for text in &cases {
+            let out = redact(text, &[key]);
+            assert!(!out.contains(key), "{text:?} -> {out:?}");
+            assert!(!out.contains("0123456789abcdef"), "{text:?} -> {out:?}");
+            assert!(out.contains(REDACTED), "{text:?} -> {out:?}");
+        }
+        // What surrounds a key is kept.
+        assert_eq!(
+            redact(&format!("(\"{key}\"), next"), &[key]),
+            "(\"[REDACTED]\"), next"
+        );
+        assert_eq!(
+            redact(&format!("{key}{key} x"), &[key]),
+            "[REDACTED][REDACTED] x"
+        );
+        assert_eq!(
+            redact("https://api.example/v1?key=abc123&model=m#frag", &[]),
+            "https://api.example/v1?key=[REDACTED]&model=m#frag"
+        );
+        assert_eq!(
+            redact("see https://user:pw@host.example/x and http://other/y", &[]),
+            "see https://[REDACTED]@host.example/x and http://other/y"
+        );
+        // Token-like parameters by name, any case, and only their value.
+        assert_eq!(
+            redact("GET /v1?Access_Token=t0k3n1 HTTP/1.1", &[]),
+            "GET /v1?Access_Token=[REDACTED] HTTP/1.1"
+        );
+        assert_eq!(redact("token= (nothing)", &[]), "token= (nothing)");
+        // A short "secret" would blank ordinary words, so it is not used.
+        assert_eq!(redact("abc is fine", &["abc"]), "abc is fine");
+        assert_eq!(
+            redact("abcdef is a key", &["abcdef"]),
+            "[REDACTED] is a key"
+        );
+        // Already redacted text stays as it is.
+        assert_eq!(redact("Bearer [REDACTED]", &[]), "Bearer [REDACTED]");
+    }
 }

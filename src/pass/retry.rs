@@ -531,4 +531,70 @@ mod tests {
         assert_eq!(report.attempts, 0, "a cancelled send is not counted");
         assert!(start.elapsed() < Duration::from_secs(1));
     }
+
+    /// Sends of a pass whose every attempt fails with `error()`, and how
+    /// long the pass took (time is paused: only its own waits count).
+    async fn sends(c: &RetryConfig, error: impl Fn() -> Fake) -> (u32, Duration) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        run_pass(c, &CancellationToken::new(), Logged::No, |_, _| {
+            let calls = calls.clone();
+            let e = error();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(e)
+            }
+        })
+        .await;
+        (calls.load(Ordering::SeqCst), start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_of_exactly_the_blind_wait_cap_is_waited_out() {
+        let c = RetryConfig {
+            max_attempts: 2,
+            max_blind_wait: Duration::from_secs(30),
+            pass_ceiling: Duration::from_secs(60),
+            ..config()
+        };
+        let asking = |wait: Duration| {
+            move || Fake {
+                class: FailureClass::RateLimited,
+                retry_after: Some(wait),
+            }
+        };
+        let (n, took) = sends(&c, asking(Duration::from_secs(30))).await;
+        assert_eq!(n, 2, "waited the 30 s it asked for, then sent again");
+        assert!(took >= Duration::from_secs(30), "{took:?}");
+        let (n, took) = sends(&c, asking(Duration::from_millis(30_001))).await;
+        assert_eq!(n, 1, "a wait past the cap ends the pass");
+        assert_eq!(took, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_leaves_less_than_a_send_before_the_ceiling_ends_the_pass() {
+        let unavailable = || fail(FailureClass::Unavailable);
+        for (backoff, want) in [
+            // 9.85 s of wait leaves 150 ms: enough for a send (100 ms).
+            (Duration::from_millis(9_850), 2),
+            // Exactly 100 ms left still counts.
+            (Duration::from_millis(9_900), 2),
+            // 9.95 s leaves 50 ms: not worth a send, so the pass ends now.
+            (Duration::from_millis(9_950), 1),
+        ] {
+            let c = RetryConfig {
+                max_attempts: 2,
+                initial_backoff: backoff,
+                max_backoff: backoff,
+                jitter: 0.0,
+                pass_ceiling: Duration::from_secs(10),
+                ..config()
+            };
+            let (n, took) = sends(&c, unavailable).await;
+            assert_eq!(n, want, "backoff {backoff:?}");
+            if want == 1 {
+                assert_eq!(took, Duration::ZERO, "ended at once, no sleep");
+            }
+        }
+    }
 }
