@@ -373,6 +373,67 @@ mod tests {
                 r#"{"error":"insufficient_quota for this key"}"#,
                 QuotaExhausted,
             ),
+            // Each marker on its own: the code, the type, the text.
+            (
+                "model code only",
+                400,
+                r#"{"error":{"code":"model_not_found","message":"unavailable"}}"#,
+                UnknownModel,
+            ),
+            (
+                "model type only",
+                422,
+                r#"{"error":{"type":"model_not_found","message":"unavailable"}}"#,
+                UnknownModel,
+            ),
+            (
+                "model text, does not exist",
+                413,
+                r#"{"error":{"message":"Model x does not exist"}}"#,
+                UnknownModel,
+            ),
+            (
+                "not found, but no model",
+                400,
+                r#"{"error":{"message":"route not found"}}"#,
+                InvalidRequest,
+            ),
+            (
+                "a model, found",
+                400,
+                r#"{"error":{"message":"model found but busy"}}"#,
+                InvalidRequest,
+            ),
+            (
+                "quota code only",
+                429,
+                r#"{"error":{"code":"quota_exceeded","message":"slow down"}}"#,
+                QuotaExhausted,
+            ),
+            (
+                "quota type only",
+                429,
+                r#"{"error":{"type":"spend_limit_exceeded","message":"slow down"}}"#,
+                QuotaExhausted,
+            ),
+            (
+                "typed rate code, quota words",
+                429,
+                r#"{"error":{"code":"rate_limit_exceeded","message":"You exceeded your current quota of requests per minute"}}"#,
+                RateLimited,
+            ),
+            (
+                "typed rate type, quota words",
+                429,
+                r#"{"error":{"type":"requests","message":"insufficient_quota soon"}}"#,
+                RateLimited,
+            ),
+            (
+                "quota text only",
+                429,
+                r#"{"error":{"message":"You exceeded your current quota."}}"#,
+                QuotaExhausted,
+            ),
         ];
         for (name, status, body, want) in cases {
             assert_eq!(classify_http(*status, body), *want, "{name}");
