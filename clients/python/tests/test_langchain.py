@@ -13,7 +13,7 @@ from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
-from archivist_client import AsyncClient, Client
+from archivist_client import AsyncClient, Client, NotFound
 from archivist_client.langchain import ArchivistChatMessageHistory
 
 
@@ -128,10 +128,29 @@ def test_messages_are_summaries_then_raw_messages(server, session_id: str) -> No
         assert summary.response_metadata["archivist"]["kind"] == "summary"
         assert messages[1].content == "Restart it."
         assert (messages[2].role, messages[2].content) == ("tool", "restarted")
-
-        with pytest.raises(NotImplementedError, match="DeleteSession"):
-            history.clear()
         assert isinstance(history, BaseChatMessageHistory)
+
+
+def test_clear_erases_the_session(server, session_id: str) -> None:
+    with Client(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        history.clear()  # nothing stored yet: already clear, no error
+        history.add_messages([HumanMessage("My locker code is 4711."), AIMessage("Noted.")])
+        client.close(session_id, wait=True)
+        history.add_messages([HumanMessage("Forget all of that.")])
+        assert len(history.messages) == 2  # a summary, then the raw message
+
+        history.clear()
+        assert history.messages == []
+        with pytest.raises(NotFound):
+            client.context(session_id)
+        assert session_id not in [s.session_id for s in client.sessions()]
+        history.clear()  # again: no error
+
+        # The history goes on as a new session.
+        history.add_messages([HumanMessage("Hello again.")])
+        entries = client.context(session_id).entries
+        assert [(e.seq, e.content) for e in entries] == [(1, "Hello again.")]
 
 
 async def test_async_history_with_an_async_client(server, session_id: str) -> None:
@@ -143,3 +162,11 @@ async def test_async_history_with_an_async_client(server, session_id: str) -> No
         assert [m.content for m in await history.aget_messages()] == ["from asyncio", "answered"]
         with pytest.raises(TypeError, match="AsyncClient"):
             history.messages
+        with pytest.raises(TypeError, match="AsyncClient"):
+            history.clear()
+
+        await history.aclear()
+        assert await history.aget_messages() == []
+        with pytest.raises(NotFound):
+            await client.context(session_id)
+        await history.aclear()  # already clear: no error

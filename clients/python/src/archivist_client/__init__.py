@@ -8,13 +8,14 @@
         for item in client.context("demo").items:
             print(item.kind, item.text if item.kind == "summary" else item.content)
 
-Layout: `client` (Client, AsyncClient), `types` (the result dataclasses),
+Layout: `client` (Client, AsyncClient, and the SessionWatch and
+AsyncSessionWatch that `watch` returns), `types` (the result dataclasses),
 `errors` (ArchivistError and one subclass per status code), `langchain`
 (a LangChain chat message history; needs the `langchain` extra), and `v1`
 (the generated protobuf and gRPC stubs, made by generate.py).
 """
 
-from .client import DEFAULT_TIMEOUT, AsyncClient, Client
+from .client import DEFAULT_TIMEOUT, AsyncClient, AsyncSessionWatch, Client, SessionWatch
 from .errors import (
     AlreadyExists,
     ArchivistError,
@@ -37,11 +38,14 @@ from .types import (
     Context,
     ContextItem,
     ContextSummary,
+    DeleteResult,
     Entry,
     Failure,
     FlushResult,
     MessageLike,
     Segment,
+    SessionEvent,
+    SessionInfo,
     Summary,
 )
 
@@ -54,6 +58,7 @@ __all__ = [
     "AppendedEntry",
     "ArchivistError",
     "AsyncClient",
+    "AsyncSessionWatch",
     "Backlog",
     "Cancelled",
     "Client",
@@ -61,6 +66,7 @@ __all__ = [
     "ContextItem",
     "ContextSummary",
     "DeadlineExceeded",
+    "DeleteResult",
     "Entry",
     "FailedPrecondition",
     "Failure",
@@ -72,6 +78,9 @@ __all__ = [
     "PermissionDenied",
     "ResourceExhausted",
     "Segment",
+    "SessionEvent",
+    "SessionInfo",
+    "SessionWatch",
     "Summary",
     "Unauthenticated",
     "Unavailable",

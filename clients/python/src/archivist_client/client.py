@@ -1,8 +1,11 @@
 """`Client` (blocking) and `AsyncClient` (`grpc.aio`) for archivist.v1.
 
 Both take the same arguments and have the same methods; the async ones are
-coroutines and `AsyncClient.segments` is an async iterator. Every failed
-call raises an `ArchivistError` subclass (see `archivist_client.errors`).
+coroutines, `AsyncClient.segments` and `AsyncClient.sessions` are async
+iterators, and `watch` gives a `SessionWatch` (a generator of events) or an
+`AsyncSessionWatch` (an async iterator). Every failed call, and every
+stream that fails, raises an `ArchivistError` subclass (see
+`archivist_client.errors`).
 Nothing here retries: the server's recap passes do that, bounded, and a
 caller that wants to retry a call decides for itself (`err.retry_after`,
 `err.failure.retryable`).
@@ -10,8 +13,10 @@ caller that wants to retry a call decides for itself (`err.retry_after`,
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from types import TracebackType
 from typing import Any, Callable, TypeVar, cast
 
 import grpc
@@ -22,16 +27,19 @@ from .types import (
     AppendResult,
     Backlog,
     Context,
+    DeleteResult,
     FlushResult,
     MessageLike,
     Segment,
+    SessionEvent,
+    SessionInfo,
     new_entries,
     state_value,
 )
 from .v1 import archivist_pb2 as pb
 from .v1 import archivist_pb2_grpc as pb_grpc
 
-__all__ = ["AsyncClient", "Client", "DEFAULT_TIMEOUT"]
+__all__ = ["AsyncClient", "AsyncSessionWatch", "Client", "DEFAULT_TIMEOUT", "SessionWatch"]
 
 #: Default deadline of every call, in seconds. A waiting `close` or `flush`
 #: answers a little before its deadline with the state as it stands.
@@ -96,9 +104,25 @@ def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
+def _levels(levels: Iterable[int] | int | None) -> list[int]:
+    if levels is None:
+        return []
+    if isinstance(levels, int):
+        levels = [levels]
+    out = []
+    for level in levels:
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise TypeError(
+                f"levels must be ints (1: segments, 2 and up: roll-ups); got {level!r}"
+            )
+        out.append(level)
+    return out
+
+
 def _list_request(
     session_id: str | None,
     states: Iterable[str | int] | None,
+    levels: Iterable[int] | int | None,
     page_size: int,
     page_token: str,
 ) -> pb.ListSegmentsRequest:
@@ -109,6 +133,7 @@ def _list_request(
         states=[cast("pb.SegmentState", state_value(s)) for s in states or ()],
         page_size=page_size,
         page_token=page_token,
+        levels=_levels(levels),
     )
 
 
@@ -120,6 +145,216 @@ def _requeue_request(
         segment_ids=list(segment_ids or ()),
         include_parked=include_parked,
     )
+
+
+def _task_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (Python 3.11+
+    can tell; 3.10 cannot, and says no)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling and cancelling())
+
+
+class SessionWatch(Generator[SessionEvent, None, None]):
+    """The events of one session, as they happen: what `Client.watch`
+    returns, once the server has subscribed it.
+
+    A generator of `SessionEvent`: iterate it (`for event in watch`), and
+    stop it with `close()` (or leave its `with` block). `cancel()` does the
+    same and may be called from another thread, ending a `for` loop blocked
+    there. Iteration ends after the "deleted" event (the session was erased)
+    and when stopped; a stream that fails raises its `ArchivistError`
+    (`Unavailable`, reason "SHUTTING_DOWN", when the server stops;
+    `DeadlineExceeded` when the watch's own `timeout` passes).
+
+    There is no replay: read `segments()` after `watch()` returns to learn
+    what happened before.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._pending: pb.SessionEvent | None = None
+        self._finished = False
+        self._stopped = False
+
+    def _subscribe(self) -> None:
+        # Response headers come once the server has subscribed this watcher
+        # (or together with the status, when it refused).
+        try:
+            self._call.initial_metadata()
+            if self._call.done():
+                # Either refused (NOT_FOUND, ...) or ended already: the
+                # first read tells which, keeping an event it may hold.
+                try:
+                    self._pending = next(self._call)
+                except StopIteration:
+                    self._finished = True
+        except grpc.RpcError as e:
+            self._finished = True
+            raise from_rpc_error(e) from e
+
+    def send(self, value: None) -> SessionEvent:
+        """The next event (`next(watch)`); blocks until one comes."""
+        if value is not None:
+            raise TypeError("SessionWatch.send takes only None")
+        if self._finished:
+            raise StopIteration
+        try:
+            if self._pending is not None:
+                message, self._pending = self._pending, None
+            else:
+                message = next(self._call)
+        except StopIteration:
+            self._finished = True
+            raise
+        except grpc.RpcError as e:
+            self._finished = True
+            if self._stopped:
+                raise StopIteration from None
+            raise from_rpc_error(e) from e
+        event = SessionEvent.from_pb(message)
+        if event.kind == "deleted":
+            # The session is gone and the server ends the stream.
+            self.cancel()
+        return event
+
+    def throw(  # type: ignore[override]
+        self,
+        typ: Any,
+        val: Any = None,
+        tb: TracebackType | None = None,
+    ) -> SessionEvent:
+        """Stops the watch and raises the exception (as a generator that
+        does not catch it would)."""
+        self.cancel()
+        if isinstance(typ, BaseException):
+            raise typ
+        raise (typ() if val is None else val).with_traceback(tb)
+
+    def close(self) -> None:
+        """Stops watching; iteration ends. Idempotent."""
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Stops watching, from any thread: a `for` loop over this watch,
+        even one blocked waiting, ends without an error."""
+        self._stopped = True
+        self._finished = True
+        self._call.cancel()
+
+    @property
+    def active(self) -> bool:
+        """Whether the watch may still yield events."""
+        return not self._finished
+
+    def __enter__(self) -> SessionWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSessionWatch:
+    """The `grpc.aio` twin of `SessionWatch`: an async iterator of
+    `SessionEvent` (what `AsyncClient.watch` returns).
+
+    `async with client.watch(session_id) as events:` and
+    `events = await client.watch(session_id)` return once the server has
+    subscribed (so `segments()` read then misses nothing); plain
+    `async for event in client.watch(session_id)` subscribes on the first
+    step. Iteration ends after the "deleted" event; `aclose()` (or leaving
+    the `async with` block) or `cancel()` stops it, ending a loop waiting in
+    another task without an error, and cancelling the task that iterates
+    stops it too. A stream that fails raises its `ArchivistError`.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._subscribed = False
+        self._pending: pb.SessionEvent | None = None
+        self._finished = False
+        self._stopped = False
+
+    async def subscribed(self) -> AsyncSessionWatch:
+        """Returns once the server has subscribed this watcher; raises the
+        call's error (`NotFound` for a session that does not exist, ...)."""
+        if self._subscribed:
+            return self
+        self._subscribed = True
+        try:
+            await self._call.initial_metadata()
+            if self._call.done() and not self._finished:
+                message = await self._call.read()
+                if message is grpc.aio.EOF:
+                    self._finished = True
+                else:
+                    self._pending = message
+        except grpc.RpcError as e:
+            self._finished = True
+            raise from_rpc_error(e) from e
+        except asyncio.CancelledError:
+            if self._stopped and not _task_cancelled():
+                return self
+            self.cancel()
+            raise
+        return self
+
+    def __await__(self) -> Generator[Any, None, AsyncSessionWatch]:
+        return self.subscribed().__await__()
+
+    def __aiter__(self) -> AsyncSessionWatch:
+        return self
+
+    async def __anext__(self) -> SessionEvent:
+        if not self._subscribed:
+            await self.subscribed()
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            if self._pending is not None:
+                message, self._pending = self._pending, None
+            else:
+                message = await self._call.read()
+        except grpc.RpcError as e:
+            self._finished = True
+            if self._stopped:
+                raise StopAsyncIteration from None
+            raise from_rpc_error(e) from e
+        except asyncio.CancelledError:
+            if self._stopped and not _task_cancelled():
+                # Stopped by aclose()/cancel(), not by cancelling this task.
+                raise StopAsyncIteration from None
+            self.cancel()
+            raise
+        if message is grpc.aio.EOF:
+            self._finished = True
+            raise StopAsyncIteration
+        event = SessionEvent.from_pb(message)
+        if event.kind == "deleted":
+            self.cancel()
+        return event
+
+    def cancel(self) -> None:
+        """Stops watching; a loop over this watch, even one waiting in
+        another task, ends without an error. Idempotent."""
+        self._stopped = True
+        self._finished = True
+        self._call.cancel()
+
+    async def aclose(self) -> None:
+        """Stops watching (as `cancel()`)."""
+        self.cancel()
+
+    @property
+    def active(self) -> bool:
+        """Whether the watch may still yield events."""
+        return not self._finished
+
+    async def __aenter__(self) -> AsyncSessionWatch:
+        return await self.subscribed()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class _Base:
@@ -267,19 +502,23 @@ class Client(_Base):
         session_id: str | None = None,
         *,
         states: Iterable[str | int] | None = None,
+        levels: Iterable[int] | int | None = None,
         page_size: int = 0,
         timeout: float | None = DEFAULT,
     ) -> Iterator[Segment]:
-        """Iterates over segments in ordinal order, one page at a time.
+        """Iterates over segments in id order (ordinal order within a
+        session and level), one page at a time.
 
         `session_id` None means every session of the caller; `states`
-        (e.g. ["pending", "parked"]) filters; `page_size` 0 is the server's
-        default (50). Each page is fetched when the previous one is used up,
-        each with its own deadline.
+        (e.g. ["pending", "parked"]) filters; `levels` names the levels of
+        the memory tree to list (e.g. [1, 2]; None or empty: level 1 only,
+        the segments of entries; 2 and up are roll-ups); `page_size` 0 is
+        the server's default (50). Each page is fetched when the previous
+        one is used up, each with its own deadline.
         """
         token = ""
         while True:
-            request = _list_request(session_id, states, page_size, token)
+            request = _list_request(session_id, states, levels, page_size, token)
             page = self._call(self._stub.ListSegments, request, timeout)
             for segment in page.segments:
                 yield Segment.from_pb(segment)
@@ -306,6 +545,54 @@ class Client(_Base):
         return Backlog.from_pb(
             self._call(self._stub.GetBacklog, pb.GetBacklogRequest(), timeout)
         )
+
+    def sessions(
+        self, *, page_size: int = 0, timeout: float | None = DEFAULT
+    ) -> Iterator[SessionInfo]:
+        """Iterates over the caller's sessions in session_id order, one page
+        at a time (`page_size` 0: the server's default, 50), each page with
+        its own deadline. Only the caller's tenant's sessions are listed."""
+        token = ""
+        while True:
+            request = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            page = self._call(self._stub.ListSessions, request, timeout)
+            for info in page.sessions:
+                yield SessionInfo.from_pb(info)
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    def delete_session(
+        self, session_id: str, *, timeout: float | None = DEFAULT
+    ) -> DeleteResult:
+        """Erases the session: its entries, segments, roll-ups, summaries
+        and failures. Watchers get a "deleted" event; the next append starts
+        a new session at seq 1. Raises NotFound when there is no such
+        session."""
+        request = pb.DeleteSessionRequest(session_id=session_id)
+        return DeleteResult.from_pb(self._call(self._stub.DeleteSession, request, timeout))
+
+    def watch(self, session_id: str, *, timeout: float | None = None) -> SessionWatch:
+        """Watches the session's events: returns, once the server has
+        subscribed, a `SessionWatch` generating `SessionEvent`s as segments
+        and roll-ups close, are summarised, fail or are parked, ending after
+        the session's erasure ("deleted").
+
+        No replay: read `segments()` after this returns to see what happened
+        before. `timeout` is the whole watch's deadline (None, the default:
+        none; it ends with `DeadlineExceeded`). Raises NotFound for a session
+        that does not exist. Stop it with `close()` or `cancel()`, or use it
+        in a `with` block:
+
+            with client.watch("demo") as events:
+                for event in events:
+                    print(event.kind, event.segment and event.segment.id)
+        """
+        request = pb.WatchSessionRequest(session_id=session_id)
+        call = self._stub.WatchSession(request, timeout=timeout, metadata=self._metadata)
+        watch = SessionWatch(call)
+        watch._subscribe()
+        return watch
 
 
 class AsyncClient(_Base):
@@ -401,6 +688,7 @@ class AsyncClient(_Base):
         session_id: str | None = None,
         *,
         states: Iterable[str | int] | None = None,
+        levels: Iterable[int] | int | None = None,
         page_size: int = 0,
         timeout: float | None = DEFAULT,
     ) -> AsyncIterator[Segment]:
@@ -408,7 +696,7 @@ class AsyncClient(_Base):
         `Client.segments`."""
         token = ""
         while True:
-            request = _list_request(session_id, states, page_size, token)
+            request = _list_request(session_id, states, levels, page_size, token)
             page = await self._call(self._stub.ListSegments, request, timeout)
             for segment in page.segments:
                 yield Segment.from_pb(segment)
@@ -433,3 +721,42 @@ class AsyncClient(_Base):
         return Backlog.from_pb(
             await self._call(self._stub.GetBacklog, pb.GetBacklogRequest(), timeout)
         )
+
+    async def sessions(
+        self, *, page_size: int = 0, timeout: float | None = DEFAULT
+    ) -> AsyncIterator[SessionInfo]:
+        """Iterates (`async for`) over the caller's sessions page by page;
+        see `Client.sessions`."""
+        token = ""
+        while True:
+            request = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            page = await self._call(self._stub.ListSessions, request, timeout)
+            for info in page.sessions:
+                yield SessionInfo.from_pb(info)
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    async def delete_session(
+        self, session_id: str, *, timeout: float | None = DEFAULT
+    ) -> DeleteResult:
+        """Erases the session; see `Client.delete_session`."""
+        request = pb.DeleteSessionRequest(session_id=session_id)
+        return DeleteResult.from_pb(
+            await self._call(self._stub.DeleteSession, request, timeout)
+        )
+
+    def watch(self, session_id: str, *, timeout: float | None = None) -> AsyncSessionWatch:
+        """Watches the session's events: an `AsyncSessionWatch`, an async
+        iterator of `SessionEvent` ending after "deleted"; see
+        `Client.watch`. Not a coroutine: `async with client.watch(s) as
+        events` (or `await client.watch(s)`) waits for the subscription and
+        raises NotFound for a session that does not exist.
+
+            async with client.watch("demo") as events:
+                async for event in events:
+                    print(event.kind)
+        """
+        request = pb.WatchSessionRequest(session_id=session_id)
+        call = self._stub.WatchSession(request, timeout=timeout, metadata=self._metadata)
+        return AsyncSessionWatch(call)

@@ -25,6 +25,9 @@ a message without an id is given a fresh `uuid4` id first, written back into
 object reuses its key. Messages read back from this session's `messages`
 carry their entry's key as `id` and, in `response_metadata["archivist"]`,
 where they came from; adding them to the same session again is a no-op.
+
+`clear()` erases the session in archivist (DeleteSession): its entries,
+recaps and roll-ups, for good.
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def _to_messages(session_id: str, context: Context, summary_prefix: str) -> list
                             "kind": "summary",
                             "session_id": session_id,
                             "segment_id": item.segment_id,
+                            "level": item.level,
                             "first_seq": item.first_seq,
                             "last_seq": item.last_seq,
                             "provider": item.summary.provider,
@@ -165,14 +169,15 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
         session_id: the archivist session (1-128 characters of
             `[A-Za-z0-9._:-]`).
         client: a `Client`, or an `AsyncClient` for the async methods
-            (`aget_messages`, `aadd_messages`) only.
+            (`aget_messages`, `aadd_messages`, `aclear`) only.
         max_tokens: the token budget of `messages` (0: the server's cap).
         summary_prefix: text put before each summary's recap in its
             SystemMessage (e.g. "Earlier in this conversation: ").
 
-    `messages` is the session's context: a SystemMessage per summary, then
-    the raw messages not yet summarised, oldest first. `clear()` is not
-    available yet (the server has no DeleteSession).
+    `messages` is the session's context: a SystemMessage per summary (of a
+    segment or, for older history, a roll-up of several), then the raw
+    messages not yet summarised, oldest first. `clear()` erases the session
+    in archivist: its entries, recaps and roll-ups.
     """
 
     def __init__(
@@ -245,13 +250,22 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
             await self.client.append(self.session_id, entries[start : start + BATCH])
 
     def clear(self) -> None:
-        """Not available yet: archivist has no DeleteSession RPC, so a
-        session's entries and summaries cannot be erased from a client."""
-        raise NotImplementedError(
-            "ArchivistChatMessageHistory.clear() is not available: the archivist "
-            "server has no DeleteSession RPC yet, so a session cannot be erased "
-            "from a client. Use a new session_id to start an empty history."
-        )
+        """Erases the session in archivist (DeleteSession): its entries, its
+        segments' recaps and its roll-ups, all of it, for good. A session
+        that does not exist is already clear: no error. The next message
+        added starts the session afresh at seq 1."""
+        try:
+            self._sync_client().delete_session(self.session_id)
+        except NotFound:
+            pass
 
     async def aclear(self) -> None:
-        self.clear()
+        """`clear()` through an AsyncClient (or, with a Client, in an
+        executor)."""
+        if not isinstance(self.client, AsyncClient):
+            await super().aclear()
+            return
+        try:
+            await self.client.delete_session(self.session_id)
+        except NotFound:
+            pass

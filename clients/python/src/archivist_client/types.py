@@ -27,6 +27,8 @@ __all__ = [
     "Context",
     "ContextItem",
     "ContextSummary",
+    "DeleteResult",
+    "EVENT_KINDS",
     "Entry",
     "Failure",
     "FlushResult",
@@ -34,6 +36,8 @@ __all__ = [
     "ROLES",
     "STATES",
     "Segment",
+    "SessionEvent",
+    "SessionInfo",
     "Summary",
 ]
 
@@ -41,6 +45,8 @@ __all__ = [
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
 #: Segment states, as the client spells them.
 STATES: tuple[str, ...] = ("open", "pending", "summarised", "parked")
+#: Session event kinds (`SessionEvent.kind`), as the client spells them.
+EVENT_KINDS: tuple[str, ...] = ("closed", "summarised", "failed", "parked", "deleted", "gap")
 
 #: One message for `append`: a `(role, content)` pair, or a mapping with
 #: `role`, `content` and optionally `client_entry_id` (an idempotency key,
@@ -77,6 +83,16 @@ def role_name(value: int) -> str:
 
 def state_name(value: int) -> str:
     return _enum_name(pb.SegmentState, value, "SEGMENT_STATE_")
+
+
+def event_kind_name(value: int) -> str:
+    return _enum_name(pb.SessionEventKind, value, "SESSION_EVENT_KIND_")
+
+
+def _level(value: int) -> int:
+    # A server older than the memory tree sends no level: its segments are
+    # all segments of entries, level 1.
+    return value or 1
 
 
 def role_value(role: str) -> int:
@@ -216,7 +232,15 @@ class Summary:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of a session's entries, its state, and its recap if it has one."""
+    """A node of a session's memory tree: its state, and its recap if it
+    has one.
+
+    At `level` 1 it is a segment, a run of the session's entries; at level
+    L + 1 it is a roll-up recapping consecutive level-L nodes, `child_ids`
+    (oldest first; empty at level 1). `first_seq`, `last_seq` and
+    `entry_count` span the entries beneath it; `ordinal` counts the nodes of
+    its level within the session.
+    """
 
     id: int
     session_id: str
@@ -232,6 +256,8 @@ class Segment:
     next_attempt_at: datetime | None
     closed_at: datetime | None
     raw: pb.Segment = field(repr=False, compare=False)
+    level: int = 1
+    child_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def from_pb(cls, segment: pb.Segment) -> Segment:
@@ -256,6 +282,8 @@ class Segment:
             next_attempt_at=_ts(segment, "next_attempt_at"),
             closed_at=_ts(segment, "closed_at"),
             raw=segment,
+            level=_level(segment.level),
+            child_ids=list(segment.child_ids),
         )
 
 
@@ -291,13 +319,16 @@ class Entry:
 
 @dataclass(frozen=True)
 class ContextSummary:
-    """A context item standing for the entries `first_seq..=last_seq`."""
+    """A context item standing for the entries `first_seq..=last_seq`: the
+    recap of node `segment_id`, a segment (`level` 1) or a roll-up (2 and
+    up)."""
 
     segment_id: int
     first_seq: int
     last_seq: int
     summary: Summary
     raw: pb.ContextSummary = field(repr=False, compare=False)
+    level: int = 1
 
     kind: Literal["summary"] = field(default="summary", init=False)
 
@@ -314,6 +345,7 @@ class ContextSummary:
             last_seq=item.last_seq,
             summary=Summary.from_pb(item.summary),
             raw=item,
+            level=_level(item.level),
         )
 
 
@@ -325,9 +357,10 @@ ContextItem = Union[ContextSummary, Entry]
 class Context:
     """What an agent puts in its prompt, oldest first.
 
-    `items` are summaries (`ContextSummary`, kind "summary") where segments
-    have a recap and raw entries (`Entry`, kind "entry") elsewhere.
-    `truncated` says older items were dropped to fit `max_tokens`.
+    `items` cover the session: summaries (`ContextSummary`, kind "summary")
+    of segments or, for older history, roll-ups, and raw entries (`Entry`,
+    kind "entry") where no recap exists, their seq ranges contiguous.
+    `truncated` says the oldest history was dropped to fit `max_tokens`.
     """
 
     items: list[ContextItem]
@@ -436,4 +469,95 @@ class Backlog:
             oldest_pending_age=_dur(backlog, "oldest_pending_age"),
             parked_by_class=dict(backlog.parked_by_class),
             raw=backlog,
+        )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One of the caller's sessions (from `sessions()`).
+
+    `pending` and `parked` count the session's nodes owed a recap and
+    parked; `open_segment_id` is the segment taking appends (None when none
+    is open); `last_append_at` is when it last stored an entry.
+    """
+
+    session_id: str
+    entry_count: int
+    last_seq: int
+    open_segment_id: int | None
+    pending: int
+    parked: int
+    created_at: datetime | None
+    last_append_at: datetime | None
+    raw: pb.SessionInfo = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, info: pb.SessionInfo) -> SessionInfo:
+        return cls(
+            session_id=info.session_id,
+            entry_count=info.entry_count,
+            last_seq=info.last_seq,
+            open_segment_id=(
+                info.open_segment_id if info.HasField("open_segment_id") else None
+            ),
+            pending=info.pending,
+            parked=info.parked,
+            created_at=_ts(info, "created_at"),
+            last_append_at=_ts(info, "last_append_at"),
+            raw=info,
+        )
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """What `delete_session` erased: the session's entries, and its
+    segments and roll-ups (`segments_deleted` counts both)."""
+
+    entries_deleted: int
+    segments_deleted: int
+    raw: pb.DeleteSessionResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, response: pb.DeleteSessionResponse) -> DeleteResult:
+        return cls(
+            entries_deleted=response.entries_deleted,
+            segments_deleted=response.segments_deleted,
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """Something that happened to a watched session (from `watch()`).
+
+    `kind` is one of:
+
+    - "closed": a segment closed (it is now "pending", owed a recap);
+    - "summarised": a node's recap is written (a segment's, or a roll-up's);
+    - "failed": a node's recap pass failed; it stays pending and is tried
+      again (`segment.last_failure` says why, `segment.next_attempt_at`
+      when);
+    - "parked": a pass failed in a way retrying cannot fix;
+    - "deleted": the session was erased; the watch ends after this event;
+    - "gap": this watcher fell behind and lost `missed` events before this
+      one (read `segments()` to catch up).
+
+    `segment` is the node as it is after the event (None for "deleted" and
+    "gap"); `at` is when it happened.
+    """
+
+    kind: str
+    segment: Segment | None
+    at: datetime | None
+    missed: int
+    raw: pb.SessionEvent = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, event: pb.SessionEvent) -> SessionEvent:
+        return cls(
+            kind=event_kind_name(event.kind),
+            segment=Segment.from_pb(event.segment) if event.HasField("segment") else None,
+            at=_ts(event, "at"),
+            missed=event.missed,
+            raw=event,
         )
