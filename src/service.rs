@@ -175,10 +175,11 @@ impl Service {
             )
             .await?;
         if !outcome.closed_segment_ids.is_empty() {
-            // Recaps run in the background; the append never waits on them.
-            self.wake.notify_one();
+            // Watchers hear of the close before a recap can land; recaps
+            // run in the background and the append never waits on them.
             self.closed(tenant, session, &outcome.closed_segment_ids)
                 .await;
+            self.wake.notify_one();
         }
         Ok(outcome)
     }
