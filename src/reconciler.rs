@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,6 +35,9 @@ pub struct Reconciler {
     /// erased; zero: never.
     session_ttl: Duration,
     wake: Arc<Notify>,
+    /// Told once the first round (idle closing, expiry, the first scan and
+    /// the passes it starts) is done.
+    ready: Option<oneshot::Sender<()>>,
 }
 
 /// Sleeps until the breaker's next probe, or forever when it is closed.
@@ -63,23 +66,38 @@ impl Reconciler {
             max_idle: config.segment.max_idle,
             session_ttl: config.retention.session_ttl,
             wake: reports.wake,
+            ready: None,
         }
+    }
+
+    /// Says on `ready` when the first round is done: the server serves
+    /// only after it, so that what was owed before the start is taken up
+    /// first and the first calls do not race the start-up scan.
+    pub(crate) fn with_ready(mut self, ready: oneshot::Sender<()>) -> Reconciler {
+        self.ready = Some(ready);
+        self
     }
 
     /// Runs until `cancel` fires: closes idle segments on every tick, and
     /// scans on every tick, on every wake-up and whenever a pass ends,
     /// keeping at most `concurrency` passes running.
-    pub async fn run(self, cancel: CancellationToken) {
+    pub async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // An interval's first tick is at once: this first round is it.
+        tick.tick().await;
         let mut running: JoinSet<PassOutcome> = JoinSet::new();
         let mut ticked = true;
+        let mut ready = self.ready.take();
         loop {
             if std::mem::take(&mut ticked) {
                 self.close_idle().await;
                 self.expire().await;
             }
             self.fill(&mut running).await;
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
+            }
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = tick.tick() => ticked = true,

@@ -124,7 +124,10 @@ pub async fn run_with_key(
     let service = Arc::new(app.service());
 
     let background = CancellationToken::new();
-    let reconciler_task = tokio::spawn(app.reconciler().run(background.clone()));
+    let (ready, reconciler_ready) = tokio::sync::oneshot::channel();
+    let reconciler_task = tokio::spawn(app.reconciler().with_ready(ready).run(background.clone()));
+    // The backlog from before the start is looked at before any call is.
+    let _ = reconciler_ready.await;
     if config.provider.kind == ProviderKind::Openai && config.provider.check_on_start {
         // Once, in the background: a provider that is down or misconfigured
         // is said plainly at start-up, but never holds the server back.
