@@ -4,7 +4,10 @@
 
 pub mod backfill;
 pub mod check;
+mod output;
+mod reads;
 pub mod session;
+mod waits;
 
 use crate::config::{self, Config, Overrides};
 use crate::failure::cause_chain;

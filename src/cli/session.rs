@@ -9,17 +9,20 @@
 
 use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
-use crate::client::{CallError, Client, ClientOptions, DEFAULT_SERVER, connect_with};
-use crate::model::{Role, SegmentState};
+pub use super::output::describe;
+use super::output::*;
+use super::reads::{list_sessions, show, show_backlog};
+use super::waits::{close, flush};
+use crate::client::{Client, ClientOptions, DEFAULT_SERVER, connect_with};
+use crate::model::Role;
 use crate::pb;
-use crate::text::{count, human_duration};
-use crate::wire::{role_from_pb, role_to_pb, state_from_pb};
+use crate::text::count;
+use crate::wire::role_to_pb;
 
 /// Exit status of a close or flush that worked while a recap is not there:
 /// it failed, or was still running when the call's bound came.
@@ -141,7 +144,7 @@ pub enum SessionCommand {
 }
 
 /// Why a command did not end well.
-enum Failed {
+pub(super) enum Failed {
     /// A call failed, or there is no server: exit 1.
     Error(String),
     /// The arguments make no sense: exit 64.
@@ -188,7 +191,7 @@ pub async fn backlog(flags: ClientFlags) -> ExitCode {
     exit(show_backlog(&flags).await)
 }
 
-async fn connect(flags: &ClientFlags) -> Result<Client, Failed> {
+pub(super) async fn connect(flags: &ClientFlags) -> Result<Client, Failed> {
     connect_with(&ClientOptions {
         address: flags.server.clone(),
         token: flags.token.clone(),
@@ -202,7 +205,7 @@ async fn connect(flags: &ClientFlags) -> Result<Client, Failed> {
 }
 
 /// A request carrying the `--timeout` as its deadline.
-fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
+pub(super) fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     if let Some(limit) = flags.timeout {
         request.set_timeout(limit);
@@ -210,7 +213,7 @@ fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
     request
 }
 
-fn print_json(value: &Value) {
+pub(super) fn print_json(value: &Value) {
     match serde_json::to_string_pretty(value) {
         Ok(text) => println!("{text}"),
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
@@ -496,7 +499,7 @@ fn check_session(session: &str) -> Result<(), Failed> {
 }
 
 /// NOT_FOUND when `session` does not exist (GetContext says so).
-async fn ensure_session(
+pub(super) async fn ensure_session(
     client: &mut Client,
     flags: &ClientFlags,
     session: &str,
@@ -513,322 +516,6 @@ async fn ensure_session(
     Ok(())
 }
 
-/// Shows progress on standard error while a call waits: a spinner with
-/// the time so far on a terminal, one line otherwise.
-struct Waiting(Option<ProgressBar>);
-
-impl Waiting {
-    fn start(what: String) -> Waiting {
-        if !std::io::stderr().is_terminal() {
-            eprintln!("{what}");
-            return Waiting(None);
-        }
-        let bar = ProgressBar::new_spinner();
-        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]") {
-            bar.set_style(style);
-        }
-        bar.set_message(what);
-        bar.enable_steady_tick(Duration::from_millis(120));
-        Waiting(Some(bar))
-    }
-
-    fn done(self) {
-        if let Some(bar) = self.0 {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-fn bound(flags: &ClientFlags, server_default: &str) -> String {
-    match flags.timeout {
-        Some(t) => format!("up to {} (--timeout)", human_duration(t)),
-        None => format!("up to the server's {server_default}"),
-    }
-}
-
-async fn close(
-    client: &mut Client,
-    flags: &ClientFlags,
-    session: &str,
-    wait: bool,
-) -> Result<(), Failed> {
-    let waiting = wait.then(|| {
-        Waiting::start(format!(
-            "closing the open segment of {session} and waiting for its recap ({})",
-            bound(flags, "retry.pass_ceiling, 30 s by default")
-        ))
-    });
-    let result = client
-        .close_segment(request(
-            flags,
-            pb::CloseSegmentRequest {
-                session_id: session.to_owned(),
-                wait,
-            },
-        ))
-        .await;
-    if let Some(w) = waiting {
-        w.done();
-    }
-    let status = match result {
-        Ok(resp) => {
-            let Some(seg) = resp.into_inner().segment else {
-                if flags.json {
-                    print_json(&json!({ "closed": false, "segment": null }));
-                } else {
-                    println!("nothing was open in {session}: there is no segment to close");
-                }
-                return Ok(());
-            };
-            let summarised = state_from_pb(seg.state) == Some(SegmentState::Summarised);
-            if flags.json {
-                print_json(&json!({ "closed": true, "segment": segment_json(&seg) }));
-            } else if !wait {
-                println!(
-                    "closed segment {} of {session} ({}); its recap runs in the background (`archivist session show {session}` shows it)",
-                    seg.id,
-                    seq_range(&seg)
-                );
-            } else {
-                println!(
-                    "closed segment {} of {session} ({})",
-                    seg.id,
-                    seq_range(&seg)
-                );
-                print_segment(&seg);
-                if !summarised {
-                    println!(
-                        "its recap is not done yet: the server goes on with it; `archivist session show {session}` shows it"
-                    );
-                }
-            }
-            return match (wait, summarised) {
-                (true, false) => Err(Failed::RecapNotDone),
-                _ => Ok(()),
-            };
-        }
-        Err(status) => status,
-    };
-    // A waiting close fails with the recap's failure after the segment was
-    // closed: say so, and what happens next, rather than only the error.
-    let error = CallError::from_status(&status);
-    let segment_id = error
-        .metadata
-        .iter()
-        .find(|(k, _)| k == "segment_id")
-        .and_then(|(_, v)| v.parse::<u64>().ok());
-    let Some(segment_id) = segment_id.filter(|_| wait && status.code() != tonic::Code::NotFound)
-    else {
-        return Err(status.into());
-    };
-    let seg = client
-        .get_segment(request(flags, pb::GetSegmentRequest { segment_id }))
-        .await?
-        .into_inner();
-    if flags.json {
-        print_json(&json!({
-            "closed": true,
-            "segment": segment_json(&seg),
-            "error": error_json(&error),
-        }));
-    } else {
-        println!(
-            "closed segment {} of {session} ({}), but its recap did not succeed: {}",
-            seg.id,
-            seq_range(&seg),
-            error.message
-        );
-        print_segment(&seg);
-    }
-    Err(Failed::RecapNotDone)
-}
-
-async fn flush(client: &mut Client, flags: &ClientFlags, session: &str) -> Result<(), Failed> {
-    let waiting = Waiting::start(format!(
-        "flushing {session}: closing its open segment and waiting for every pending recap ({})",
-        bound(flags, "flush.ceiling, 10 s by default")
-    ));
-    let result = client
-        .flush_session(request(
-            flags,
-            pb::FlushSessionRequest {
-                session_id: session.to_owned(),
-            },
-        ))
-        .await;
-    waiting.done();
-    let resp = result?.into_inner();
-    if flags.json {
-        print_json(&json!({
-            "session_id": session,
-            "complete": resp.complete,
-            "segments": resp.segments.iter().map(segment_json).collect::<Vec<_>>(),
-        }));
-    } else {
-        for seg in &resp.segments {
-            print_segment(seg);
-        }
-        println!(
-            "{}",
-            if resp.complete {
-                "complete: every segment is summarised"
-            } else {
-                "not complete: what is left stays PENDING (or PARKED) and the server keeps at it"
-            }
-        );
-    }
-    if resp.complete {
-        Ok(())
-    } else {
-        Err(Failed::RecapNotDone)
-    }
-}
-
-async fn show(client: &mut Client, flags: &ClientFlags, session: &str) -> Result<(), Failed> {
-    let mut segments = Vec::new();
-    let mut token = String::new();
-    loop {
-        let resp = client
-            .list_segments(request(
-                flags,
-                pb::ListSegmentsRequest {
-                    session_id: session.to_owned(),
-                    states: Vec::new(),
-                    page_size: 100,
-                    page_token: token,
-                    levels: Vec::new(),
-                },
-            ))
-            .await?
-            .into_inner();
-        segments.extend(resp.segments);
-        if resp.next_page_token.is_empty() {
-            break;
-        }
-        token = resp.next_page_token;
-    }
-    if segments.is_empty() {
-        // ListSegments filters; a session that is not there is NOT_FOUND.
-        ensure_session(client, flags, session).await?;
-    }
-    if flags.json {
-        print_json(&json!({
-            "session_id": session,
-            "segments": segments.iter().map(segment_json).collect::<Vec<_>>(),
-        }));
-        return Ok(());
-    }
-    if segments.is_empty() {
-        println!("{session} has no segments");
-    }
-    for seg in &segments {
-        print_segment(seg);
-    }
-    Ok(())
-}
-
-async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
-    let mut client = connect(flags).await?;
-    let mut sessions = Vec::new();
-    let mut token = String::new();
-    loop {
-        let resp = client
-            .list_sessions(request(
-                flags,
-                pb::ListSessionsRequest {
-                    page_size: 200,
-                    page_token: token,
-                },
-            ))
-            .await?
-            .into_inner();
-        sessions.extend(resp.sessions);
-        if resp.next_page_token.is_empty() {
-            break;
-        }
-        token = resp.next_page_token;
-    }
-    if flags.json {
-        print_json(&json!({
-            "sessions": sessions.iter().map(session_json).collect::<Vec<_>>(),
-        }));
-        return Ok(());
-    }
-    if sessions.is_empty() {
-        println!("no sessions yet: `archivist session append NAME TEXT` starts one");
-        return Ok(());
-    }
-    let now = SystemTime::now();
-    for s in &sessions {
-        let open = match s.open_segment_id {
-            Some(id) => format!("segment {id} open"),
-            None => "nothing open".to_owned(),
-        };
-        println!(
-            "{}: {}, {}, {} pending, {} parked, last append {}",
-            s.session_id,
-            count(s.entry_count, "entry", "entries"),
-            open,
-            s.pending,
-            s.parked,
-            s.last_append_at
-                .as_ref()
-                .map(|t| when(t, now))
-                .unwrap_or_else(|| "never".to_owned())
-        );
-    }
-    Ok(())
-}
-
-async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
-    let mut client = connect(flags).await?;
-    let b = client
-        .get_backlog(request(flags, pb::GetBacklogRequest {}))
-        .await?
-        .into_inner();
-    let oldest = b
-        .oldest_pending_age
-        .and_then(|d| Duration::try_from(d).ok());
-    if flags.json {
-        let mut by_class: Vec<(&String, &u64)> = b.parked_by_class.iter().collect();
-        by_class.sort();
-        print_json(&json!({
-            "open": b.open,
-            "pending": b.pending,
-            "summarised": b.summarised,
-            "parked": b.parked,
-            "oldest_pending_age_seconds": oldest.map(|d| d.as_secs_f64()),
-            "parked_by_class": by_class
-                .into_iter()
-                .map(|(k, v)| (k.clone(), Value::from(*v)))
-                .collect::<serde_json::Map<String, Value>>()
-        }));
-        return Ok(());
-    }
-    println!("open: {}", b.open);
-    match oldest {
-        Some(age) if b.pending > 0 => println!(
-            "pending: {} (the oldest closed {} ago)",
-            b.pending,
-            human_duration(age)
-        ),
-        _ => println!("pending: {}", b.pending),
-    }
-    println!("summarised: {}", b.summarised);
-    println!("parked: {}", b.parked);
-    let mut by_class: Vec<(&String, &u64)> = b.parked_by_class.iter().collect();
-    by_class.sort();
-    for (class, n) in by_class {
-        println!("  {class}: {n}");
-    }
-    if b.parked > 0 {
-        println!(
-            "parked segments wait for a fixed provider setup: `archivist check` (with the server's configuration) shows what is wrong; once fixed, restart the server or run `archivist session requeue --include-parked`"
-        );
-    }
-    Ok(())
-}
-
 fn parse_role(name: &str) -> Result<pb::Role, Failed> {
     Role::parse(name).map(role_to_pb).ok_or_else(|| {
         Failed::Usage(format!(
@@ -841,327 +528,6 @@ fn parse_role(name: &str) -> Result<pb::Role, Failed> {
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration ({e}); write it like \"10s\" or \"2m\""))
-}
-
-fn role_name(role: i32) -> &'static str {
-    role_from_pb(role).map_or("?", Role::as_str)
-}
-
-fn state_name(state: i32) -> &'static str {
-    state_from_pb(state).map_or("?", SegmentState::as_str)
-}
-
-fn seq_range(seg: &pb::Segment) -> String {
-    format!(
-        "seq {}..{}, {}",
-        seg.first_seq,
-        seg.last_seq,
-        count(u64::from(seg.entry_count), "entry", "entries")
-    )
-}
-
-fn system_time(t: &prost_types::Timestamp) -> Option<SystemTime> {
-    SystemTime::try_from(*t).ok()
-}
-
-fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
-    system_time(t).map(|t| humantime::format_rfc3339_seconds(t).to_string())
-}
-
-/// A time with how far it is from now: "2026-11-29T10:00:05Z (in 4 s)".
-fn when(t: &prost_types::Timestamp, now: SystemTime) -> String {
-    let Some(at) = system_time(t) else {
-        return "?".to_owned();
-    };
-    let stamp = humantime::format_rfc3339_seconds(at);
-    match at.duration_since(now) {
-        Ok(ahead) if ahead >= Duration::from_secs(1) => {
-            format!("{stamp} (in {})", human_duration(ahead))
-        }
-        Err(past) if past.duration() >= Duration::from_secs(1) => {
-            format!("{stamp} ({} ago)", human_duration(past.duration()))
-        }
-        _ => format!("{stamp} (now)"),
-    }
-}
-
-/// What a person should know to do about a segment in its state: nothing
-/// for a healthy one.
-fn advice(seg: &pb::Segment) -> Option<String> {
-    match state_from_pb(seg.state)? {
-        SegmentState::Parked => Some(format!(
-            "parked: the server does not retry it by itself. Fix the provider setup (`archivist check` with the server's configuration shows what is wrong), then restart the server with it, or run `archivist session requeue {} --include-parked`",
-            seg.session_id
-        )),
-        SegmentState::Pending if seg.last_failure.is_some() => Some(
-            "pending: the server tries again by itself at the next attempt; `archivist session requeue` makes it due now"
-                .to_owned(),
-        ),
-        _ => None,
-    }
-}
-
-fn print_segment(seg: &pb::Segment) {
-    let now = SystemTime::now();
-    let tried = match (seg.attempts, seg.passes) {
-        (0, 0) => String::new(),
-        (attempts, passes) => format!(
-            ", {} in {}",
-            count(u64::from(attempts), "attempt", "attempts"),
-            count(u64::from(passes), "pass", "passes")
-        ),
-    };
-    println!(
-        "segment {} (#{} of {}): {}, {}{tried}",
-        seg.id,
-        seg.ordinal,
-        seg.session_id,
-        state_name(seg.state),
-        seq_range(seg),
-    );
-    if let Some(s) = &seg.summary {
-        for line in s.text.lines() {
-            println!("    {line}");
-        }
-        println!("    [{} / {}]", s.provider, s.model);
-    }
-    if let Some(at) = &seg.next_attempt_at {
-        println!("    next attempt: {}", when(at, now));
-    }
-    if let Some(f) = &seg.last_failure {
-        let status = f
-            .http_status
-            .map(|s| format!(" (HTTP {s})"))
-            .unwrap_or_default();
-        // The first cause restates the class and attempts.
-        let causes = f.causes.get(1..).unwrap_or_default().join(": ");
-        println!(
-            "    last failure: {}{status} after {}: {causes}",
-            failure_class_name(f),
-            count(u64::from(f.attempts), "attempt", "attempts"),
-        );
-        if !f.hint.is_empty() {
-            println!("    fix: {}", f.hint);
-        }
-    }
-    if let Some(advice) = advice(seg) {
-        println!("    {advice}");
-    }
-}
-
-fn failure_class_name(f: &pb::Failure) -> &'static str {
-    crate::wire::failure_from_pb(f).map_or("unknown", |f| f.class.as_str())
-}
-
-/// A failed call as lines for a person: the status, then every cause.
-pub fn describe(status: &tonic::Status) -> String {
-    let error = CallError::from_status(status);
-    let mut out = error.to_string();
-    for (field, description) in &error.violations {
-        out.push_str(&format!("\n  {field}: {description}"));
-    }
-    if let Some(wait) = error.retry_after {
-        out.push_str(&format!("\n  retry after {}", human_duration(wait)));
-    }
-    for cause in error.chain() {
-        out.push_str(&format!("\ncaused by: {cause}"));
-    }
-    if let Some(hint) = error
-        .failure
-        .as_ref()
-        .map(|f| &f.hint)
-        .filter(|h| !h.is_empty())
-    {
-        out.push_str(&format!("\nfix: {hint}"));
-    }
-    out
-}
-
-/// As `describe`, with what a person at this terminal can do about it.
-fn describe_with_hint(status: &tonic::Status) -> String {
-    let error = CallError::from_status(status);
-    let mut out = describe(status);
-    let hint = match (status.code(), error.reason.as_deref()) {
-        (tonic::Code::Unauthenticated, Some("MISSING_TOKEN")) => {
-            Some("this server needs a token: pass --token, or set ARCHIVIST_TOKEN")
-        }
-        (tonic::Code::Unauthenticated, _) => {
-            Some("the server knows no tenant with this token: check --token (or ARCHIVIST_TOKEN)")
-        }
-        (tonic::Code::AlreadyExists, Some("CLIENT_ENTRY_ID_REUSED")) => Some(
-            "that --id already names another entry: give new text a new id (the same id with the same text is a safe retry)",
-        ),
-        (tonic::Code::DeadlineExceeded, None) => {
-            Some("no answer within --timeout: give it longer, or check the server")
-        }
-        _ => None,
-    };
-    if let Some(hint) = hint {
-        out.push_str(&format!("\nhint: {hint}"));
-    }
-    out
-}
-
-fn timestamp_json(t: &Option<prost_types::Timestamp>) -> Value {
-    t.as_ref()
-        .and_then(rfc3339)
-        .map_or(Value::Null, Value::from)
-}
-
-fn failure_json(f: &pb::Failure) -> Value {
-    json!({
-        "class": failure_class_name(f),
-        "retryable": f.retryable,
-        "attempts": f.attempts,
-        "elapsed_seconds": f.elapsed.and_then(|d| Duration::try_from(d).ok()).map(|d| d.as_secs_f64()),
-        "http_status": f.http_status,
-        "provider": f.provider,
-        "model": f.model,
-        "causes": f.causes,
-        "hint": f.hint,
-    })
-}
-
-fn segment_json(seg: &pb::Segment) -> Value {
-    json!({
-        "id": seg.id,
-        "session_id": seg.session_id,
-        "ordinal": seg.ordinal,
-        "state": state_name(seg.state),
-        "first_seq": seg.first_seq,
-        "last_seq": seg.last_seq,
-        "entry_count": seg.entry_count,
-        "attempts": seg.attempts,
-        "passes": seg.passes,
-        "next_attempt_at": timestamp_json(&seg.next_attempt_at),
-        "closed_at": timestamp_json(&seg.closed_at),
-        "summary": seg.summary.as_ref().map(|s| json!({
-            "text": s.text,
-            "provider": s.provider,
-            "model": s.model,
-            "prompt_version": s.prompt_version,
-            "input_tokens": s.input_tokens,
-            "output_tokens": s.output_tokens,
-            "created_at": timestamp_json(&s.created_at),
-        })),
-        "last_failure": seg.last_failure.as_ref().map(failure_json),
-        "advice": advice(seg),
-    })
-}
-
-fn session_json(s: &pb::SessionInfo) -> Value {
-    json!({
-        "session_id": s.session_id,
-        "entry_count": s.entry_count,
-        "last_seq": s.last_seq,
-        "open_segment_id": s.open_segment_id,
-        "pending": s.pending,
-        "parked": s.parked,
-        "created_at": timestamp_json(&s.created_at),
-        "last_append_at": timestamp_json(&s.last_append_at),
-    })
-}
-
-fn append_json(session: &str, resp: &pb::AppendEntriesResponse) -> Value {
-    json!({
-        "session_id": session,
-        "entries": resp.entries.iter().map(|e| json!({
-            "seq": e.seq,
-            "client_entry_id": e.client_entry_id,
-            "duplicate": e.duplicate,
-        })).collect::<Vec<_>>(),
-        "open_segment_id": resp.open_segment_id,
-        "closed_segment_ids": resp.closed_segment_ids,
-    })
-}
-
-fn context_json(resp: &pb::GetContextResponse) -> Value {
-    let items: Vec<Value> = resp
-        .items
-        .iter()
-        .filter_map(|item| match &item.item {
-            Some(pb::context_item::Item::Summary(s)) => {
-                let summary = s.summary.clone().unwrap_or_default();
-                Some(json!({ "summary": {
-                    "segment_id": s.segment_id,
-                    "first_seq": s.first_seq,
-                    "last_seq": s.last_seq,
-                    "text": summary.text,
-                    "provider": summary.provider,
-                    "model": summary.model,
-                }}))
-            }
-            Some(pb::context_item::Item::Entry(e)) => Some(json!({ "entry": {
-                "seq": e.seq,
-                "role": role_name(e.role),
-                "content": e.content,
-                "client_entry_id": e.client_entry_id,
-                "created_at": timestamp_json(&e.created_at),
-            }})),
-            None => None,
-        })
-        .collect();
-    json!({
-        "items": items,
-        "truncated": resp.truncated,
-        "estimated_tokens": resp.estimated_tokens,
-    })
-}
-
-fn error_json(error: &CallError) -> Value {
-    json!({
-        "code": format!("{:?}", error.code),
-        "message": error.message,
-        "reason": error.reason,
-        "causes": error.chain(),
-        "hint": error.failure.as_ref().map(|f| f.hint.clone()),
-    })
-}
-
-/// Levels `session tree` asks for: with fanout 4, level 16 covers four
-/// billion segments.
-const TREE_DEPTH: u32 = 16;
-
-/// The nodes as a tree: roots (nodes no roll-up covers) oldest first, each
-/// roll-up's children indented beneath it.
-fn render_tree(nodes: &[pb::Segment]) -> String {
-    use std::collections::{HashMap, HashSet};
-    use std::fmt::Write;
-    let by_id: HashMap<u64, &pb::Segment> = nodes.iter().map(|n| (n.id, n)).collect();
-    let covered: HashSet<u64> = nodes
-        .iter()
-        .flat_map(|n| n.child_ids.iter().copied())
-        .collect();
-    let mut roots: Vec<&pb::Segment> = nodes.iter().filter(|n| !covered.contains(&n.id)).collect();
-    roots.sort_by_key(|n| n.first_seq);
-    let mut out = String::new();
-    let mut stack: Vec<(&pb::Segment, usize)> = roots.into_iter().rev().map(|n| (n, 0)).collect();
-    while let Some((node, depth)) = stack.pop() {
-        let summary = node
-            .summary
-            .as_ref()
-            .map(|s| s.text.lines().next().unwrap_or_default().to_owned())
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "{:indent$}L{} #{} (id {}) seq {}..{} {}  {}",
-            "",
-            node.level,
-            node.ordinal,
-            node.id,
-            node.first_seq,
-            node.last_seq,
-            state_name(node.state),
-            summary,
-            indent = depth * 2
-        );
-        for child in node.child_ids.iter().rev() {
-            if let Some(child) = by_id.get(child) {
-                stack.push((child, depth + 1));
-            }
-        }
-    }
-    out
 }
 
 /// Asks on the terminal; anything but yes ends the command. Off a terminal
@@ -1183,57 +549,5 @@ fn confirm(question: &str) -> Result<(), Failed> {
     match answer.trim().to_ascii_lowercase().as_str() {
         "y" | "yes" => Ok(()),
         _ => Err(Failed::Error("not erased".to_owned())),
-    }
-}
-
-fn event_kind(event: &pb::SessionEvent) -> &'static str {
-    match pb::SessionEventKind::try_from(event.kind) {
-        Ok(pb::SessionEventKind::Closed) => "CLOSED",
-        Ok(pb::SessionEventKind::Summarised) => "SUMMARISED",
-        Ok(pb::SessionEventKind::Failed) => "FAILED",
-        Ok(pb::SessionEventKind::Parked) => "PARKED",
-        Ok(pb::SessionEventKind::Deleted) => "DELETED",
-        Ok(pb::SessionEventKind::Gap) => "GAP",
-        Ok(pb::SessionEventKind::Unspecified) | Err(_) => "?",
-    }
-}
-
-fn event_json(event: &pb::SessionEvent) -> Value {
-    json!({
-        "kind": event_kind(event),
-        "at": event.at.map(|t| t.to_string()),
-        "missed": event.missed,
-        "segment": event.segment.as_ref().map(segment_json),
-    })
-}
-
-fn print_event(event: &pb::SessionEvent) {
-    let at = event
-        .at
-        .and_then(|t| std::time::SystemTime::try_from(t).ok())
-        .map(|t| humantime::format_rfc3339_millis(t).to_string())
-        .unwrap_or_default();
-    let kind = event_kind(event);
-    match &event.segment {
-        Some(seg) => {
-            let why = match kind {
-                "FAILED" | "PARKED" => seg
-                    .last_failure
-                    .as_ref()
-                    .and_then(|f| f.causes.last())
-                    .map(|c| format!(": {c}"))
-                    .unwrap_or_default(),
-                _ => String::new(),
-            };
-            println!(
-                "{at} {kind} level {} #{} (id {}) seq {}..{}{why}",
-                seg.level, seg.ordinal, seg.id, seg.first_seq, seg.last_seq
-            );
-        }
-        None if kind == "GAP" => println!(
-            "{at} GAP: {} lost (this watcher fell behind)",
-            count(event.missed, "event", "events")
-        ),
-        None => println!("{at} {kind}"),
     }
 }

@@ -1,0 +1,385 @@
+//! What the terminal client prints: segments, events, trees and errors for
+//! a person, and the same as JSON for scripts (`--json`).
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+
+use crate::client::CallError;
+use crate::model::{Role, SegmentState};
+use crate::pb;
+use crate::text::{count, human_duration};
+use crate::wire::{role_from_pb, state_from_pb};
+
+pub(super) fn role_name(role: i32) -> &'static str {
+    role_from_pb(role).map_or("?", Role::as_str)
+}
+
+pub(super) fn state_name(state: i32) -> &'static str {
+    state_from_pb(state).map_or("?", SegmentState::as_str)
+}
+
+pub(super) fn seq_range(seg: &pb::Segment) -> String {
+    format!(
+        "seq {}..{}, {}",
+        seg.first_seq,
+        seg.last_seq,
+        count(u64::from(seg.entry_count), "entry", "entries")
+    )
+}
+
+pub(super) fn system_time(t: &prost_types::Timestamp) -> Option<SystemTime> {
+    SystemTime::try_from(*t).ok()
+}
+
+pub(super) fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
+    system_time(t).map(|t| humantime::format_rfc3339_seconds(t).to_string())
+}
+
+/// A time with how far it is from now: "2026-11-29T10:00:05Z (in 4 s)".
+pub(super) fn when(t: &prost_types::Timestamp, now: SystemTime) -> String {
+    let Some(at) = system_time(t) else {
+        return "?".to_owned();
+    };
+    let stamp = humantime::format_rfc3339_seconds(at);
+    match at.duration_since(now) {
+        Ok(ahead) if ahead >= Duration::from_secs(1) => {
+            format!("{stamp} (in {})", human_duration(ahead))
+        }
+        Err(past) if past.duration() >= Duration::from_secs(1) => {
+            format!("{stamp} ({} ago)", human_duration(past.duration()))
+        }
+        _ => format!("{stamp} (now)"),
+    }
+}
+
+/// What a person should know to do about a segment in its state: nothing
+/// for a healthy one.
+pub(super) fn advice(seg: &pb::Segment) -> Option<String> {
+    match state_from_pb(seg.state)? {
+        SegmentState::Parked => Some(format!(
+            "parked: the server does not retry it by itself. Fix the provider setup (`archivist check` with the server's configuration shows what is wrong), then restart the server with it, or run `archivist session requeue {} --include-parked`",
+            seg.session_id
+        )),
+        SegmentState::Pending if seg.last_failure.is_some() => Some(
+            "pending: the server tries again by itself at the next attempt; `archivist session requeue` makes it due now"
+                .to_owned(),
+        ),
+        _ => None,
+    }
+}
+
+pub(super) fn print_segment(seg: &pb::Segment) {
+    let now = SystemTime::now();
+    let tried = match (seg.attempts, seg.passes) {
+        (0, 0) => String::new(),
+        (attempts, passes) => format!(
+            ", {} in {}",
+            count(u64::from(attempts), "attempt", "attempts"),
+            count(u64::from(passes), "pass", "passes")
+        ),
+    };
+    println!(
+        "segment {} (#{} of {}): {}, {}{tried}",
+        seg.id,
+        seg.ordinal,
+        seg.session_id,
+        state_name(seg.state),
+        seq_range(seg),
+    );
+    if let Some(s) = &seg.summary {
+        for line in s.text.lines() {
+            println!("    {line}");
+        }
+        println!("    [{} / {}]", s.provider, s.model);
+    }
+    if let Some(at) = &seg.next_attempt_at {
+        println!("    next attempt: {}", when(at, now));
+    }
+    if let Some(f) = &seg.last_failure {
+        let status = f
+            .http_status
+            .map(|s| format!(" (HTTP {s})"))
+            .unwrap_or_default();
+        // The first cause restates the class and attempts.
+        let causes = f.causes.get(1..).unwrap_or_default().join(": ");
+        println!(
+            "    last failure: {}{status} after {}: {causes}",
+            failure_class_name(f),
+            count(u64::from(f.attempts), "attempt", "attempts"),
+        );
+        if !f.hint.is_empty() {
+            println!("    fix: {}", f.hint);
+        }
+    }
+    if let Some(advice) = advice(seg) {
+        println!("    {advice}");
+    }
+}
+
+pub(super) fn failure_class_name(f: &pb::Failure) -> &'static str {
+    crate::wire::failure_from_pb(f).map_or("unknown", |f| f.class.as_str())
+}
+
+/// A failed call as lines for a person: the status, then every cause.
+pub fn describe(status: &tonic::Status) -> String {
+    let error = CallError::from_status(status);
+    let mut out = error.to_string();
+    for (field, description) in &error.violations {
+        out.push_str(&format!("\n  {field}: {description}"));
+    }
+    if let Some(wait) = error.retry_after {
+        out.push_str(&format!("\n  retry after {}", human_duration(wait)));
+    }
+    for cause in error.chain() {
+        out.push_str(&format!("\ncaused by: {cause}"));
+    }
+    if let Some(hint) = error
+        .failure
+        .as_ref()
+        .map(|f| &f.hint)
+        .filter(|h| !h.is_empty())
+    {
+        out.push_str(&format!("\nfix: {hint}"));
+    }
+    out
+}
+
+/// As `describe`, with what a person at this terminal can do about it.
+pub(super) fn describe_with_hint(status: &tonic::Status) -> String {
+    let error = CallError::from_status(status);
+    let mut out = describe(status);
+    let hint = match (status.code(), error.reason.as_deref()) {
+        (tonic::Code::Unauthenticated, Some("MISSING_TOKEN")) => {
+            Some("this server needs a token: pass --token, or set ARCHIVIST_TOKEN")
+        }
+        (tonic::Code::Unauthenticated, _) => {
+            Some("the server knows no tenant with this token: check --token (or ARCHIVIST_TOKEN)")
+        }
+        (tonic::Code::AlreadyExists, Some("CLIENT_ENTRY_ID_REUSED")) => Some(
+            "that --id already names another entry: give new text a new id (the same id with the same text is a safe retry)",
+        ),
+        (tonic::Code::DeadlineExceeded, None) => {
+            Some("no answer within --timeout: give it longer, or check the server")
+        }
+        _ => None,
+    };
+    if let Some(hint) = hint {
+        out.push_str(&format!("\nhint: {hint}"));
+    }
+    out
+}
+
+pub(super) fn timestamp_json(t: &Option<prost_types::Timestamp>) -> Value {
+    t.as_ref()
+        .and_then(rfc3339)
+        .map_or(Value::Null, Value::from)
+}
+
+pub(super) fn failure_json(f: &pb::Failure) -> Value {
+    json!({
+        "class": failure_class_name(f),
+        "retryable": f.retryable,
+        "attempts": f.attempts,
+        "elapsed_seconds": f.elapsed.and_then(|d| Duration::try_from(d).ok()).map(|d| d.as_secs_f64()),
+        "http_status": f.http_status,
+        "provider": f.provider,
+        "model": f.model,
+        "causes": f.causes,
+        "hint": f.hint,
+    })
+}
+
+pub(super) fn segment_json(seg: &pb::Segment) -> Value {
+    json!({
+        "id": seg.id,
+        "session_id": seg.session_id,
+        "ordinal": seg.ordinal,
+        "state": state_name(seg.state),
+        "first_seq": seg.first_seq,
+        "last_seq": seg.last_seq,
+        "entry_count": seg.entry_count,
+        "attempts": seg.attempts,
+        "passes": seg.passes,
+        "next_attempt_at": timestamp_json(&seg.next_attempt_at),
+        "closed_at": timestamp_json(&seg.closed_at),
+        "summary": seg.summary.as_ref().map(|s| json!({
+            "text": s.text,
+            "provider": s.provider,
+            "model": s.model,
+            "prompt_version": s.prompt_version,
+            "input_tokens": s.input_tokens,
+            "output_tokens": s.output_tokens,
+            "created_at": timestamp_json(&s.created_at),
+        })),
+        "last_failure": seg.last_failure.as_ref().map(failure_json),
+        "advice": advice(seg),
+    })
+}
+
+pub(super) fn session_json(s: &pb::SessionInfo) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "entry_count": s.entry_count,
+        "last_seq": s.last_seq,
+        "open_segment_id": s.open_segment_id,
+        "pending": s.pending,
+        "parked": s.parked,
+        "created_at": timestamp_json(&s.created_at),
+        "last_append_at": timestamp_json(&s.last_append_at),
+    })
+}
+
+pub(super) fn append_json(session: &str, resp: &pb::AppendEntriesResponse) -> Value {
+    json!({
+        "session_id": session,
+        "entries": resp.entries.iter().map(|e| json!({
+            "seq": e.seq,
+            "client_entry_id": e.client_entry_id,
+            "duplicate": e.duplicate,
+        })).collect::<Vec<_>>(),
+        "open_segment_id": resp.open_segment_id,
+        "closed_segment_ids": resp.closed_segment_ids,
+    })
+}
+
+pub(super) fn context_json(resp: &pb::GetContextResponse) -> Value {
+    let items: Vec<Value> = resp
+        .items
+        .iter()
+        .filter_map(|item| match &item.item {
+            Some(pb::context_item::Item::Summary(s)) => {
+                let summary = s.summary.clone().unwrap_or_default();
+                Some(json!({ "summary": {
+                    "segment_id": s.segment_id,
+                    "first_seq": s.first_seq,
+                    "last_seq": s.last_seq,
+                    "text": summary.text,
+                    "provider": summary.provider,
+                    "model": summary.model,
+                }}))
+            }
+            Some(pb::context_item::Item::Entry(e)) => Some(json!({ "entry": {
+                "seq": e.seq,
+                "role": role_name(e.role),
+                "content": e.content,
+                "client_entry_id": e.client_entry_id,
+                "created_at": timestamp_json(&e.created_at),
+            }})),
+            None => None,
+        })
+        .collect();
+    json!({
+        "items": items,
+        "truncated": resp.truncated,
+        "estimated_tokens": resp.estimated_tokens,
+    })
+}
+
+pub(super) fn error_json(error: &CallError) -> Value {
+    json!({
+        "code": format!("{:?}", error.code),
+        "message": error.message,
+        "reason": error.reason,
+        "causes": error.chain(),
+        "hint": error.failure.as_ref().map(|f| f.hint.clone()),
+    })
+}
+
+/// Levels `session tree` asks for: with fanout 4, level 16 covers four
+/// billion segments.
+pub(super) const TREE_DEPTH: u32 = 16;
+
+/// The nodes as a tree: roots (nodes no roll-up covers) oldest first, each
+/// roll-up's children indented beneath it.
+pub(super) fn render_tree(nodes: &[pb::Segment]) -> String {
+    use std::collections::{HashMap, HashSet};
+    use std::fmt::Write;
+    let by_id: HashMap<u64, &pb::Segment> = nodes.iter().map(|n| (n.id, n)).collect();
+    let covered: HashSet<u64> = nodes
+        .iter()
+        .flat_map(|n| n.child_ids.iter().copied())
+        .collect();
+    let mut roots: Vec<&pb::Segment> = nodes.iter().filter(|n| !covered.contains(&n.id)).collect();
+    roots.sort_by_key(|n| n.first_seq);
+    let mut out = String::new();
+    let mut stack: Vec<(&pb::Segment, usize)> = roots.into_iter().rev().map(|n| (n, 0)).collect();
+    while let Some((node, depth)) = stack.pop() {
+        let summary = node
+            .summary
+            .as_ref()
+            .map(|s| s.text.lines().next().unwrap_or_default().to_owned())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:indent$}L{} #{} (id {}) seq {}..{} {}  {}",
+            "",
+            node.level,
+            node.ordinal,
+            node.id,
+            node.first_seq,
+            node.last_seq,
+            state_name(node.state),
+            summary,
+            indent = depth * 2
+        );
+        for child in node.child_ids.iter().rev() {
+            if let Some(child) = by_id.get(child) {
+                stack.push((child, depth + 1));
+            }
+        }
+    }
+    out
+}
+
+pub(super) fn event_kind(event: &pb::SessionEvent) -> &'static str {
+    match pb::SessionEventKind::try_from(event.kind) {
+        Ok(pb::SessionEventKind::Closed) => "CLOSED",
+        Ok(pb::SessionEventKind::Summarised) => "SUMMARISED",
+        Ok(pb::SessionEventKind::Failed) => "FAILED",
+        Ok(pb::SessionEventKind::Parked) => "PARKED",
+        Ok(pb::SessionEventKind::Deleted) => "DELETED",
+        Ok(pb::SessionEventKind::Gap) => "GAP",
+        Ok(pb::SessionEventKind::Unspecified) | Err(_) => "?",
+    }
+}
+
+pub(super) fn event_json(event: &pb::SessionEvent) -> Value {
+    json!({
+        "kind": event_kind(event),
+        "at": event.at.map(|t| t.to_string()),
+        "missed": event.missed,
+        "segment": event.segment.as_ref().map(segment_json),
+    })
+}
+
+pub(super) fn print_event(event: &pb::SessionEvent) {
+    let at = event
+        .at
+        .and_then(|t| std::time::SystemTime::try_from(t).ok())
+        .map(|t| humantime::format_rfc3339_millis(t).to_string())
+        .unwrap_or_default();
+    let kind = event_kind(event);
+    match &event.segment {
+        Some(seg) => {
+            let why = match kind {
+                "FAILED" | "PARKED" => seg
+                    .last_failure
+                    .as_ref()
+                    .and_then(|f| f.causes.last())
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            println!(
+                "{at} {kind} level {} #{} (id {}) seq {}..{}{why}",
+                seg.level, seg.ordinal, seg.id, seg.first_seq, seg.last_seq
+            );
+        }
+        None if kind == "GAP" => println!(
+            "{at} GAP: {} lost (this watcher fell behind)",
+            count(event.missed, "event", "events")
+        ),
+        None => println!("{at} {kind}"),
+    }
+}

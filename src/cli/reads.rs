@@ -1,0 +1,161 @@
+//! The client commands that only read: a session's segments (`show`), the
+//! tenant's sessions (`archivist sessions`) and the backlog.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Value, json};
+
+use super::output::*;
+use super::session::{ClientFlags, Failed, connect, ensure_session, print_json, request};
+use crate::client::Client;
+use crate::pb;
+use crate::text::{count, human_duration};
+
+pub(super) async fn show(
+    client: &mut Client,
+    flags: &ClientFlags,
+    session: &str,
+) -> Result<(), Failed> {
+    let mut segments = Vec::new();
+    let mut token = String::new();
+    loop {
+        let resp = client
+            .list_segments(request(
+                flags,
+                pb::ListSegmentsRequest {
+                    session_id: session.to_owned(),
+                    states: Vec::new(),
+                    page_size: 100,
+                    page_token: token,
+                    levels: Vec::new(),
+                },
+            ))
+            .await?
+            .into_inner();
+        segments.extend(resp.segments);
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        token = resp.next_page_token;
+    }
+    if segments.is_empty() {
+        // ListSegments filters; a session that is not there is NOT_FOUND.
+        ensure_session(client, flags, session).await?;
+    }
+    if flags.json {
+        print_json(&json!({
+            "session_id": session,
+            "segments": segments.iter().map(segment_json).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    if segments.is_empty() {
+        println!("{session} has no segments");
+    }
+    for seg in &segments {
+        print_segment(seg);
+    }
+    Ok(())
+}
+
+pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
+    let mut client = connect(flags).await?;
+    let mut sessions = Vec::new();
+    let mut token = String::new();
+    loop {
+        let resp = client
+            .list_sessions(request(
+                flags,
+                pb::ListSessionsRequest {
+                    page_size: 200,
+                    page_token: token,
+                },
+            ))
+            .await?
+            .into_inner();
+        sessions.extend(resp.sessions);
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        token = resp.next_page_token;
+    }
+    if flags.json {
+        print_json(&json!({
+            "sessions": sessions.iter().map(session_json).collect::<Vec<_>>(),
+        }));
+        return Ok(());
+    }
+    if sessions.is_empty() {
+        println!("no sessions yet: `archivist session append NAME TEXT` starts one");
+        return Ok(());
+    }
+    let now = SystemTime::now();
+    for s in &sessions {
+        let open = match s.open_segment_id {
+            Some(id) => format!("segment {id} open"),
+            None => "nothing open".to_owned(),
+        };
+        println!(
+            "{}: {}, {}, {} pending, {} parked, last append {}",
+            s.session_id,
+            count(s.entry_count, "entry", "entries"),
+            open,
+            s.pending,
+            s.parked,
+            s.last_append_at
+                .as_ref()
+                .map(|t| when(t, now))
+                .unwrap_or_else(|| "never".to_owned())
+        );
+    }
+    Ok(())
+}
+
+pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
+    let mut client = connect(flags).await?;
+    let b = client
+        .get_backlog(request(flags, pb::GetBacklogRequest {}))
+        .await?
+        .into_inner();
+    let oldest = b
+        .oldest_pending_age
+        .and_then(|d| Duration::try_from(d).ok());
+    if flags.json {
+        let mut by_class: Vec<(&String, &u64)> = b.parked_by_class.iter().collect();
+        by_class.sort();
+        print_json(&json!({
+            "open": b.open,
+            "pending": b.pending,
+            "summarised": b.summarised,
+            "parked": b.parked,
+            "oldest_pending_age_seconds": oldest.map(|d| d.as_secs_f64()),
+            "parked_by_class": by_class
+                .into_iter()
+                .map(|(k, v)| (k.clone(), Value::from(*v)))
+                .collect::<serde_json::Map<String, Value>>()
+        }));
+        return Ok(());
+    }
+    println!("open: {}", b.open);
+    match oldest {
+        Some(age) if b.pending > 0 => println!(
+            "pending: {} (the oldest closed {} ago)",
+            b.pending,
+            human_duration(age)
+        ),
+        _ => println!("pending: {}", b.pending),
+    }
+    println!("summarised: {}", b.summarised);
+    println!("parked: {}", b.parked);
+    let mut by_class: Vec<(&String, &u64)> = b.parked_by_class.iter().collect();
+    by_class.sort();
+    for (class, n) in by_class {
+        println!("  {class}: {n}");
+    }
+    if b.parked > 0 {
+        println!(
+            "parked segments wait for a fixed provider setup: `archivist check` (with the server's configuration) shows what is wrong; once fixed, restart the server or run `archivist session requeue --include-parked`"
+        );
+    }
+    Ok(())
+}
