@@ -9,8 +9,8 @@
 //! # Codemap
 //!
 //! Public (what a user of the library calls):
-//! - `config`: the TOML / environment / flag configuration and its checks
-//!   (`load.rs` layers the sources).
+//! - `config`: the TOML / environment / flag configuration (`load.rs`
+//!   layers the sources, `validate.rs` checks what types cannot).
 //! - `model`: plain domain types (sessions, entries, segments, summaries).
 //! - `failure`: the failure taxonomy and the `Failure` record
 //!   (`classify.rs` reads a provider's answer, `redact.rs` keeps secrets
@@ -21,7 +21,8 @@
 //!   endpoint, the bounded shutdown.
 //! - `cli`: the binary's commands other than `serve`: `backfill`, `check`
 //!   (one probe of the provider through a real pass), and the terminal
-//!   client (`session`, `sessions`, `backlog`).
+//!   client (`session.rs` its commands, `reads.rs` and `waits.rs` the
+//!   longer ones, `output.rs` what it prints, as text or JSON).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!
@@ -29,27 +30,31 @@
 //! - `app`: the composition root; builds store, provider, breaker, metrics
 //!   and summariser once, for serve, backfill, check and the benches, and
 //!   holds a run to the provider the database was served with.
-//! - `store/`: the backend-neutral store (`mod.rs`), the context budget rule
-//!   (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
+//! - `store/`: the backend-neutral store (`mod.rs`), the GetContext cover
+//!   over the memory tree (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
 //!   idle closing and the session listing, `segments.rs` reads, `claims.rs`
 //!   claims, `runs.rs` the provider each kind of run last used), and one
 //!   suite for every backend (`tests.rs`).
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
-//!   client and the built-in extractive one.
+//!   client and the built-in extractive one; every prompt and its version
+//!   in `prompts.rs`.
 //! - `pass/`: recap passes: `retry.rs` the one bounded retry loop,
 //!   `schedule.rs` what follows a pass without a recap (`Disposition`) and
 //!   the lease, `recap.rs` chunk-and-fold planning, `record.rs` the Failure
 //!   of a pass and its hint, `pipeline.rs` claim-recap-write and the
 //!   provider probe, `mod.rs` the registry of running passes.
 //! - `breaker`: the provider-wide circuit breaker.
-//! - `reconciler`: the background drain of due PENDING segments, and the
-//!   closing of segments idle for `segment.max_idle`.
+//! - `reconciler`: the background drain of due PENDING segments and
+//!   roll-ups, the closing of segments idle for `segment.max_idle`, and the
+//!   erasure of sessions past `retention.session_ttl`.
+//! - `events`: the hub `WatchSession` streams from; bounded per watcher.
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),
-//!   statuses (`status.rs`), the layers around every call (`gate.rs`), and
-//!   answers kept within the message limit (`fit.rs`).
+//!   statuses (`status.rs`), the layers around every call (`gate.rs`),
+//!   answers kept within the message limit (`fit.rs`), and the accept loop
+//!   with its connection cap and idle timeout (`conn.rs`).
 //! - `wire`: domain ⇄ `pb`, both ways, for server and client.
 //! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
 //!   `text`: UTF-8-safe cutting and hex; `throttle`: log lines a flood
