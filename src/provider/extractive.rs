@@ -27,7 +27,22 @@ struct Sentence<'a> {
 }
 
 impl Extractive {
+    /// The recap of a transcript: each sentence kept says who said it.
     pub fn summarise(&self, entries: &[Entry], max_output_tokens: u32) -> Recap {
+        self.pick(entries, max_output_tokens, true)
+    }
+
+    /// The recap of recaps (a fold or a roll-up): their lines already say
+    /// who said what, so they are kept as they are.
+    pub fn summarise_recaps(&self, recaps: &[Entry], max_output_tokens: u32) -> Recap {
+        self.pick(recaps, max_output_tokens, false)
+    }
+
+    fn pick(&self, entries: &[Entry], max_output_tokens: u32, labelled: bool) -> Recap {
+        let render = |entry: &Entry, sentence: &str| match labelled {
+            true => render(entry, sentence),
+            false => sentence.to_owned(),
+        };
         let sentences: Vec<Sentence<'_>> = entries
             .iter()
             .enumerate()
@@ -268,5 +283,27 @@ mod tests {
         let entries = vec![entry(1, Role::Tool, "{}")];
         let recap = Extractive.summarise(&entries, 16);
         assert_eq!(recap.text, "tool: {}");
+    }
+
+    #[test]
+    fn a_recap_of_recaps_keeps_their_lines_as_they_are() {
+        let recaps = [
+            entry(
+                1,
+                Role::Assistant,
+                "user: The deploy failed.\nassistant: I will rerun it.",
+            ),
+            entry(2, Role::Assistant, "user: The rerun worked."),
+        ];
+        let recap = Extractive.summarise_recaps(&recaps, 512);
+        assert!(!recap.text.contains("assistant: user:"), "{}", recap.text);
+        assert!(
+            recap
+                .text
+                .lines()
+                .all(|l| l.starts_with("user: ") || l.starts_with("assistant: ")),
+            "{}",
+            recap.text
+        );
     }
 }

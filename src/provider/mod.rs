@@ -203,7 +203,7 @@ impl Provider {
                             tokens: estimate_tokens(p),
                         })
                         .collect();
-                    e.summarise(&entries, max_output_tokens)
+                    e.summarise_recaps(&entries, max_output_tokens)
                 }
             }),
             Provider::OpenAi(p) => p.summarise(&input, max_output_tokens).await,
