@@ -156,6 +156,15 @@ mod tests {
             redact("abcdef is a key", &["abcdef"]),
             "[REDACTED] is a key"
         );
+        // A bearer token ends at white space or at the quote around it.
+        assert_eq!(
+            redact(r#"{"auth":"Bearer abc123","next":1}"#, &[]),
+            r#"{"auth":"Bearer [REDACTED]","next":1}"#
+        );
+        assert_eq!(
+            redact("headers={'Authorization': 'Bearer abc123', 'x': 1}", &[]),
+            "headers={'Authorization': 'Bearer [REDACTED]', 'x': 1}"
+        );
         // Already redacted text stays as it is.
         assert_eq!(redact("Bearer [REDACTED]", &[]), "Bearer [REDACTED]");
     }
