@@ -164,11 +164,73 @@ impl Default for MemoryConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// What an acknowledged write survives.
+    /// What an acknowledged write survives (SQLite; PostgreSQL follows the
+    /// server's own `synchronous_commit`).
     pub durability: DurabilityConfig,
+    /// Which database holds the data.
+    pub backend: BackendKind,
+    /// PostgreSQL: the connection URL (`postgres://user@host:5432/db`).
+    /// A password here is in the file: prefer `url_env`.
+    pub url: String,
+    /// PostgreSQL: the NAME of an environment variable holding the URL, so
+    /// that a password stays out of files.
+    pub url_env: String,
+}
+
+/// The URL is never shown: it may carry a password.
+impl std::fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("durability", &self.durability)
+            .field("backend", &self.backend)
+            .field(
+                "url",
+                &if self.url.is_empty() {
+                    ""
+                } else {
+                    "(set, not shown)"
+                },
+            )
+            .field("url_env", &self.url_env)
+            .finish()
+    }
+}
+
+impl StorageConfig {
+    /// The PostgreSQL URL: `url`, or the value of the variable `url_env`
+    /// names, read through `var`. The error never repeats a value.
+    pub fn postgres_url(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<String, ConfigError> {
+        if !self.url.is_empty() {
+            return Ok(self.url.clone());
+        }
+        match var(&self.url_env) {
+            Some(url) if !url.trim().is_empty() => Ok(url.trim().to_owned()),
+            _ => Err(ConfigError::Invalid {
+                key: "storage.url_env".to_owned(),
+                message: format!(
+                    "names the variable {}, which is not set (or empty): set it to the PostgreSQL URL",
+                    self.url_env
+                ),
+            }),
+        }
+    }
+}
+
+/// The database behind the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A file in `data_dir`: the embedded default, for one process.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database that any number of replicas share.
+    Postgres,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -503,6 +565,51 @@ impl Config {
                 "listen",
                 "a non-loopback address with no [[auth.tenants]] would let anyone on the network read every session; configure tenants, or pass --insecure-open",
             );
+        }
+        match self.storage.backend {
+            BackendKind::Sqlite => {
+                if !self.storage.url.is_empty() || !self.storage.url_env.is_empty() {
+                    return invalid(
+                        "storage.backend",
+                        "storage.url and storage.url_env are for backend = \"postgres\"; with \"sqlite\" the database is in data_dir",
+                    );
+                }
+            }
+            BackendKind::Postgres => {
+                match (self.storage.url.is_empty(), self.storage.url_env.is_empty()) {
+                    (true, true) => {
+                        return invalid(
+                            "storage.backend",
+                            "\"postgres\" needs storage.url or storage.url_env (the NAME of a variable holding the URL)",
+                        );
+                    }
+                    (false, false) => {
+                        return invalid(
+                            "storage.url",
+                            "give storage.url or storage.url_env, not both",
+                        );
+                    }
+                    (false, true) => {
+                        if !(self.storage.url.starts_with("postgres://")
+                            || self.storage.url.starts_with("postgresql://"))
+                        {
+                            // Not repeated: it may hold a password.
+                            return invalid(
+                                "storage.url",
+                                "must be a postgres:// or postgresql:// URL (the value given is not shown)",
+                            );
+                        }
+                    }
+                    (true, false) => {
+                        if !is_variable_name(&self.storage.url_env) {
+                            return invalid(
+                                "storage.url_env",
+                                "must be the NAME of an environment variable holding the URL, not the URL itself (the value given is not shown)",
+                            );
+                        }
+                    }
+                }
+            }
         }
         if self.provider.kind == ProviderKind::Openai {
             if !(self.provider.base_url.starts_with("http://")
