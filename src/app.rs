@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use std::path::PathBuf;
-
 use crate::breaker::{Breaker, MAX_PROBE_SPACING};
-use crate::config::{Config, DurabilityConfig, ProviderKind};
+use crate::config::{BackendKind, Config, ConfigError, DurabilityConfig, ProviderKind};
 use crate::events::Hub;
 use crate::metrics::Metrics;
 use crate::model::{Millis, ProviderIdentity};
@@ -26,6 +24,8 @@ pub enum BuildError {
     Store(#[from] StoreError),
     #[error("cannot set up the provider")]
     Provider(#[from] ProviderSetupError),
+    #[error("cannot find the database")]
+    Storage(#[source] ConfigError),
     #[error(transparent)]
     ProviderChanged(Box<ProviderChanged>),
 }
@@ -34,8 +34,7 @@ pub enum BuildError {
 /// ran with: its recaps would come from a different model, for good.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "this run is configured to summarise with {configured}, but the database at {} was last {} with {recorded}: recaps written now would come from another provider and stay that way. If the server's configuration is elsewhere, pass it with --config; if the change is intended, pass --allow-provider-change",
-    database.display(),
+    "this run is configured to summarise with {configured}, but the database at {database} was last {} with {recorded}: recaps written now would come from another provider and stay that way. If the server's configuration is elsewhere, pass it with --config; if the change is intended, pass --allow-provider-change",
     if recorded_by == "serve" { "served" } else { "backfilled" }
 )]
 pub struct ProviderChanged {
@@ -43,7 +42,8 @@ pub struct ProviderChanged {
     pub recorded: ProviderIdentity,
     /// The kind of run that recorded it: `serve` or `backfill`.
     pub recorded_by: String,
-    pub database: PathBuf,
+    /// The database's file, or its server and name (never a password).
+    pub database: String,
 }
 
 /// The role whose provider every run is checked against: the server's.
@@ -109,7 +109,16 @@ impl App {
             DurabilityConfig::Process => Durability::Process,
             DurabilityConfig::Power => Durability::Power,
         };
-        let store = Store::open_as(&config.data_dir, durability, mode).await?;
+        let store = match config.storage.backend {
+            BackendKind::Sqlite => Store::open_as(&config.data_dir, durability, mode).await?,
+            BackendKind::Postgres => {
+                let url = config
+                    .storage
+                    .postgres_url(|var| std::env::var(var).ok())
+                    .map_err(BuildError::Storage)?;
+                Store::open_postgres(&url, mode).await?
+            }
+        };
         App::with_store(config, api_key, role, store)
     }
 
@@ -132,7 +141,7 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
         let wake = Arc::new(Notify::new());
-        let events = Arc::new(Hub::default());
+        let events = Hub::relayed(&store, owner.clone());
         let summariser = Summariser::new(
             store.clone(),
             provider,
@@ -190,12 +199,11 @@ impl App {
         if let Some((recorded_by, recorded)) = &changed
             && !allow_change
         {
-            let path = Store::database_path(&self.config.data_dir);
             return Err(BuildError::ProviderChanged(Box::new(ProviderChanged {
                 configured: self.provider_identity.clone(),
                 recorded: recorded.clone(),
                 recorded_by: recorded_by.clone(),
-                database: std::path::absolute(&path).unwrap_or(path),
+                database: self.store.location(&self.config.data_dir),
             })));
         }
         self.store

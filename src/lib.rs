@@ -34,8 +34,13 @@
 //!   over the memory tree (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
 //!   idle closing and the session listing, `segments.rs` reads, `claims.rs`
-//!   claims, `runs.rs` the provider each kind of run last used), and one
-//!   suite for every backend (`tests.rs`).
+//!   claims, `runs.rs` the provider each kind of run last used), the
+//!   PostgreSQL backend for replicas (`postgres/`: the same files by
+//!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
+//!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and
+//!   one suite for every backend (`tests.rs`).
+//! - `events`: the WatchSession hub, in-process, relayed to the other
+//!   replicas through the store's notes when it has them.
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
 //!   client and the built-in extractive one; every prompt and its version
 //!   in `prompts.rs`.
@@ -62,9 +67,11 @@
 //!
 //! # Invariants (and how to check each)
 //!
-//! - Only `store/sqlite/` sees SQL and rusqlite:
+//! - Only `store/sqlite/` sees SQL and rusqlite, and only `store/postgres/`
+//!   sees tokio-postgres and its pool:
 //!   `grep -rl 'rusqlite::\|use rusqlite' src` lists `src/store/sqlite/`
-//!   files only.
+//!   files only, `grep -rl 'tokio_postgres\|deadpool' src` lists
+//!   `src/store/postgres/` files only.
 //! - Only the provider sees reqwest: `grep -rl 'reqwest::' src` lists
 //!   `src/provider/` files only.
 //! - tonic is seen by the gRPC edge and the client only:
@@ -86,7 +93,7 @@
 //!   cancels one (`pass/mod.rs`, `run_or_join_until`).
 //! - No two modules import each other. The layers, bottom up: `text`,
 //!   `throttle` and `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
-//!   and `metrics`; `pass`; `reconciler` and `service`; `app`; `backfill`,
+//!   and `metrics`; `events`; `pass`; `reconciler` and `service`; `app`; `backfill`,
 //!   `wire`, `grpc` and `client`; `server` and `cli`. A module's non-test
 //!   `crate::` paths name only modules in its own layer or below.
 

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::breaker::Breaker;
 use crate::config::{Config, ReconcilerConfig};
-use crate::events::{Event, EventKind, Hub};
+use crate::events::{EventKind, Hub};
 use crate::failure::cause_chain;
 use crate::metrics::Metrics;
 use crate::model::{Millis, SegmentId};
@@ -151,20 +151,15 @@ impl Reconciler {
 
     /// Tells the watchers of `session` that the segment `id` closed.
     async fn tell_closed(&self, session: &SessionRef, id: SegmentId) {
-        if !self.events.is_watched(&session.tenant.0, &session.session) {
-            return;
-        }
-        if let Ok(segment) = self.store.segment(&session.tenant, id).await {
-            self.events.publish(
-                &session.tenant.0,
+        self.events
+            .tell(
+                &self.store,
+                &session.tenant,
                 &session.session,
-                Event {
-                    kind: EventKind::Closed,
-                    segment: Some(segment),
-                    at: Millis::now(),
-                },
-            );
-        }
+                EventKind::Closed,
+                Some(id),
+            )
+            .await;
     }
 
     /// Erases the sessions nobody has appended to for `session_ttl`, in
@@ -186,15 +181,15 @@ impl Reconciler {
                     for (session, erased) in &expired {
                         sessions += 1;
                         entries += erased.entries;
-                        self.events.publish(
-                            &session.tenant.0,
-                            &session.session,
-                            Event {
-                                kind: EventKind::Deleted,
-                                segment: None,
-                                at: Millis::now(),
-                            },
-                        );
+                        self.events
+                            .tell(
+                                &self.store,
+                                &session.tenant,
+                                &session.session,
+                                EventKind::Deleted,
+                                None,
+                            )
+                            .await;
                     }
                     self.metrics.sessions_expired(expired.len() as u64);
                     if expired.len() < EXPIRE_BATCH as usize {

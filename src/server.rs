@@ -185,7 +185,7 @@ pub async fn run_with_key(
     let addr = listener
         .local_addr()
         .map_or_else(|e| format!("unknown ({e})"), |a| a.to_string());
-    info!(listen = %addr, data_dir = %config.data_dir.display(), "archivist is serving");
+    info!(listen = %addr, storage = %store.location(&config.data_dir), "archivist is serving");
     let incoming = Incoming::new(
         listener,
         config.limits.max_connections as usize,

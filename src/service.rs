@@ -103,23 +103,16 @@ impl Service {
 
     /// Tells the session's watchers that the segments `ids` closed.
     async fn closed(&self, tenant: &Tenant, session: &SessionName, ids: &[SegmentId]) {
-        if !self.events.is_watched(&tenant.0, session.as_str()) {
-            return;
-        }
         for id in ids {
-            // The event carries the segment as it is now; one that cannot be
-            // read (erased meanwhile) has nothing to tell.
-            if let Ok(segment) = self.store.segment(tenant, *id).await {
-                self.events.publish(
-                    &tenant.0,
+            self.events
+                .tell(
+                    &self.store,
+                    tenant,
                     session.as_str(),
-                    Event {
-                        kind: EventKind::Closed,
-                        segment: Some(segment),
-                        at: Millis::now(),
-                    },
-                );
-            }
+                    EventKind::Closed,
+                    Some(*id),
+                )
+                .await;
         }
     }
 
@@ -131,15 +124,15 @@ impl Service {
         session: &SessionName,
     ) -> Result<Erased, ServiceError> {
         let erased = self.store.delete_session(tenant, session).await?;
-        self.events.publish(
-            &tenant.0,
-            session.as_str(),
-            Event {
-                kind: EventKind::Deleted,
-                segment: None,
-                at: Millis::now(),
-            },
-        );
+        self.events
+            .tell(
+                &self.store,
+                tenant,
+                session.as_str(),
+                EventKind::Deleted,
+                None,
+            )
+            .await;
         Ok(erased)
     }
 

@@ -377,6 +377,74 @@ ceiling = "15s"
     }
 
     #[test]
+    fn postgres_storage_needs_one_url_and_never_shows_it() {
+        let secret = "postgres://app:s3cret-pw@db.internal:5432/archivist";
+        let c = load(
+            &Overrides::default(),
+            env(&[
+                ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                ("ARCHIVIST_STORAGE_URL", secret),
+            ]),
+        )
+        .expect("a URL is enough");
+        assert_eq!(c.storage.backend, super::super::BackendKind::Postgres);
+        assert_eq!(c.storage.postgres_url(|_| None).expect("url"), secret);
+        assert!(!format!("{c:?}").contains("s3cret"), "the URL is not shown");
+
+        let c = load(
+            &Overrides::default(),
+            env(&[
+                ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                ("ARCHIVIST_STORAGE_URL_ENV", "ARCHIVIST_DB_URL_FOR_TEST"),
+            ]),
+        )
+        .expect("a variable's name is enough");
+        assert_eq!(
+            c.storage
+                .postgres_url(|v| (v == "ARCHIVIST_DB_URL_FOR_TEST").then(|| secret.to_owned()))
+                .expect("read from the variable"),
+            secret
+        );
+        let unset = c.storage.postgres_url(|_| None).expect_err("unset");
+        assert!(unset.to_string().contains("storage.url_env"), "{unset}");
+
+        for (vars, key) in [
+            (
+                vec![("ARCHIVIST_STORAGE_BACKEND", "postgres")],
+                "storage.backend",
+            ),
+            (
+                vec![
+                    ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                    ("ARCHIVIST_STORAGE_URL", secret),
+                    ("ARCHIVIST_STORAGE_URL_ENV", "DB_URL"),
+                ],
+                "storage.url",
+            ),
+            (
+                vec![
+                    ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                    ("ARCHIVIST_STORAGE_URL_ENV", secret),
+                ],
+                "storage.url_env",
+            ),
+            (
+                vec![
+                    ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                    ("ARCHIVIST_STORAGE_URL", "mysql://app:s3cret-pw@db/x"),
+                ],
+                "storage.url",
+            ),
+            (vec![("ARCHIVIST_STORAGE_URL", secret)], "storage.backend"),
+        ] {
+            let e = load(&Overrides::default(), env(&vars)).expect_err(key);
+            let text = crate::failure::cause_chain(&e).join(": ");
+            assert!(text.contains(key), "{text}");
+            assert!(!text.contains("s3cret"), "the value is repeated: {text}");
+        }
+    }
+
+    #[test]
     fn bad_environment_is_refused_by_name() {
         let e = load(
             &Overrides::default(),

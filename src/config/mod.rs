@@ -165,11 +165,73 @@ impl Default for MemoryConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
-    /// What an acknowledged write survives.
+    /// What an acknowledged write survives (SQLite; PostgreSQL follows the
+    /// server's own `synchronous_commit`).
     pub durability: DurabilityConfig,
+    /// Which database holds the data.
+    pub backend: BackendKind,
+    /// PostgreSQL: the connection URL (`postgres://user@host:5432/db`).
+    /// A password here is in the file: prefer `url_env`.
+    pub url: String,
+    /// PostgreSQL: the NAME of an environment variable holding the URL, so
+    /// that a password stays out of files.
+    pub url_env: String,
+}
+
+/// The URL is never shown: it may carry a password.
+impl std::fmt::Debug for StorageConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageConfig")
+            .field("durability", &self.durability)
+            .field("backend", &self.backend)
+            .field(
+                "url",
+                &if self.url.is_empty() {
+                    ""
+                } else {
+                    "(set, not shown)"
+                },
+            )
+            .field("url_env", &self.url_env)
+            .finish()
+    }
+}
+
+impl StorageConfig {
+    /// The PostgreSQL URL: `url`, or the value of the variable `url_env`
+    /// names, read through `var`. The error never repeats a value.
+    pub fn postgres_url(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<String, ConfigError> {
+        if !self.url.is_empty() {
+            return Ok(self.url.clone());
+        }
+        match var(&self.url_env) {
+            Some(url) if !url.trim().is_empty() => Ok(url.trim().to_owned()),
+            _ => Err(ConfigError::Invalid {
+                key: "storage.url_env".to_owned(),
+                message: format!(
+                    "names the variable {}, which is not set (or empty): set it to the PostgreSQL URL",
+                    self.url_env
+                ),
+            }),
+        }
+    }
+}
+
+/// The database behind the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A file in `data_dir`: the embedded default, for one process.
+    #[default]
+    Sqlite,
+    /// A PostgreSQL database that any number of replicas share.
+    Postgres,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Checking a configuration for what its types alone cannot say; every
 //! error names the key.
 
-use super::{Config, ConfigError, ProviderKind, is_variable_name};
+use super::{BackendKind, Config, ConfigError, ProviderKind, is_variable_name};
 
 impl Config {
     /// Checks what types alone cannot; the error names the key.
@@ -106,6 +106,51 @@ impl Config {
                 "listen",
                 "a non-loopback address with no [[auth.tenants]] would let anyone on the network read every session; configure tenants, or pass --insecure-open",
             );
+        }
+        match self.storage.backend {
+            BackendKind::Sqlite => {
+                if !self.storage.url.is_empty() || !self.storage.url_env.is_empty() {
+                    return invalid(
+                        "storage.backend",
+                        "storage.url and storage.url_env are for backend = \"postgres\"; with \"sqlite\" the database is in data_dir",
+                    );
+                }
+            }
+            BackendKind::Postgres => {
+                match (self.storage.url.is_empty(), self.storage.url_env.is_empty()) {
+                    (true, true) => {
+                        return invalid(
+                            "storage.backend",
+                            "\"postgres\" needs storage.url or storage.url_env (the NAME of a variable holding the URL)",
+                        );
+                    }
+                    (false, false) => {
+                        return invalid(
+                            "storage.url",
+                            "give storage.url or storage.url_env, not both",
+                        );
+                    }
+                    (false, true) => {
+                        if !(self.storage.url.starts_with("postgres://")
+                            || self.storage.url.starts_with("postgresql://"))
+                        {
+                            // Not repeated: it may hold a password.
+                            return invalid(
+                                "storage.url",
+                                "must be a postgres:// or postgresql:// URL (the value given is not shown)",
+                            );
+                        }
+                    }
+                    (true, false) => {
+                        if !is_variable_name(&self.storage.url_env) {
+                            return invalid(
+                                "storage.url_env",
+                                "must be the NAME of an environment variable holding the URL, not the URL itself (the value given is not shown)",
+                            );
+                        }
+                    }
+                }
+            }
         }
         if self.provider.kind == ProviderKind::Openai {
             if !(self.provider.base_url.starts_with("http://")

@@ -102,6 +102,9 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Closed => (Code::Unavailable, "SHUTTING_DOWN", Vec::new()),
         StoreError::CheckpointBusy => (Code::Unavailable, "ERASURE_PENDING", Vec::new()),
         StoreError::Full(_) => (Code::Unavailable, "STORAGE_FULL", Vec::new()),
+        StoreError::Unreachable(_) | StoreError::Connect { .. } => {
+            (Code::Unavailable, "STORAGE_UNAVAILABLE", Vec::new())
+        }
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,
@@ -180,6 +183,10 @@ fn store_status(err: &StoreError) -> Status {
         }
         (_, StoreError::Full(_)) => {
             details.set_retry_info(Some(STORAGE_FULL_RETRY));
+        }
+        (_, StoreError::Unreachable(_) | StoreError::Connect { .. }) => {
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            details.set_debug_info(clip_causes(causes), "");
         }
         _ => {
             details.set_debug_info(clip_causes(causes), "");

@@ -16,7 +16,7 @@ use super::retry::{Classified, Logged, PassEnd, run_pass};
 use super::schedule::after_failure;
 use super::{PassOutcome, Summariser, record};
 use crate::config::RetryConfig;
-use crate::events::{Event, EventKind};
+use crate::events::EventKind;
 use crate::failure::{Failure, FailureClass, cause_chain};
 use crate::metrics::Outcome;
 use crate::model::{Disposition, Entry, Millis, Role, SegmentId, Summary, estimate_tokens};
@@ -309,21 +309,15 @@ impl Summariser {
     /// Tells the watchers of the node's session how its pass ended, with the
     /// node as it is now.
     async fn tell(&self, input: &PassInput, kind: EventKind) {
-        let session = &input.segment.session;
-        if !self.events.is_watched(&input.tenant.0, session) {
-            return;
-        }
-        if let Ok((segment, _)) = self.store.segment_any(input.segment.id).await {
-            self.events.publish(
-                &input.tenant.0,
-                session,
-                Event {
-                    kind,
-                    segment: Some(segment),
-                    at: Millis::now(),
-                },
-            );
-        }
+        self.events
+            .tell(
+                &self.store,
+                &input.tenant,
+                &input.segment.session,
+                kind,
+                Some(input.segment.id),
+            )
+            .await;
     }
 
     /// Extends the claim before the next part of a chunked recap; false

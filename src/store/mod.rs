@@ -3,10 +3,13 @@
 //! callers see domain types and `StoreError`, which names no backend's types.
 //!
 //! - `sqlite/`: the embedded default (rusqlite, WAL, group commit).
+//! - `postgres/`: the database that several replicas share (tokio-postgres
+//!   and a pool, group commit, `SKIP LOCKED` claims, LISTEN/NOTIFY).
 //! - `context.rs`: the budget rule of GetContext, shared by every backend.
 //! - `tests.rs`: one suite of behaviour every backend must pass.
 
 mod context;
+mod postgres;
 mod sqlite;
 #[cfg(test)]
 mod tests;
@@ -90,6 +93,17 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store is shut down")]
     Closed,
+    /// The database server cannot be reached now (a lost connection, a
+    /// refused one, a pool that found none in time): a retry may work.
+    #[error("the database cannot be reached")]
+    Unreachable(#[source] BackendError),
+    #[error("cannot connect to the database at {target}")]
+    Connect {
+        /// Where, with any password left out.
+        target: String,
+        #[source]
+        source: BackendError,
+    },
     #[error(
         "the session is erased, but the database is too busy to empty its write-ahead log now; \
          the erased text leaves the files at the next checkpoint"
@@ -241,9 +255,12 @@ pub struct Store {
     backend: Backend,
 }
 
+pub(crate) use postgres::Notes;
+
 #[derive(Clone)]
 enum Backend {
     Sqlite(sqlite::Sqlite),
+    Postgres(postgres::Postgres),
     /// No database: every call fails with `Detached`. For a provider probe
     /// run where no database exists, which must not create one.
     Detached,
@@ -254,6 +271,7 @@ macro_rules! on_backend {
     ($store:expr, $b:ident => $call:expr) => {
         match &$store.backend {
             Backend::Sqlite($b) => $call,
+            Backend::Postgres($b) => $call,
             Backend::Detached => Err(StoreError::Detached),
         }
     };
@@ -283,6 +301,46 @@ impl Store {
         Ok(Store {
             backend: Backend::Sqlite(sqlite::Sqlite::open(data_dir, durability, mode).await?),
         })
+    }
+
+    /// Connects to the PostgreSQL database `url` names and, as `mode`
+    /// says, migrates it (under an advisory lock, so replicas starting
+    /// together take turns) or checks that it is current.
+    pub(crate) async fn open_postgres(url: &str, mode: OpenMode) -> Result<Store, StoreError> {
+        Ok(Store {
+            backend: Backend::Postgres(postgres::Postgres::open(url, mode).await?),
+        })
+    }
+
+    /// Connects to the PostgreSQL database `url` names, migrating it to
+    /// the current schema (for the benchmarks and tests).
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        Store::open_postgres(url, OpenMode::Create).await
+    }
+
+    /// Where the database is, for messages: a file's path, or a server
+    /// and database (never a password).
+    pub(crate) fn location(&self, data_dir: &Path) -> String {
+        match &self.backend {
+            Backend::Postgres(p) => p.target().to_owned(),
+            Backend::Sqlite(_) | Backend::Detached => {
+                let path = Store::database_path(data_dir);
+                std::path::absolute(&path)
+                    .unwrap_or(path)
+                    .display()
+                    .to_string()
+            }
+        }
+    }
+
+    /// Notes between the processes that share this database, when its
+    /// backend carries them (PostgreSQL's LISTEN/NOTIFY): the tasks that
+    /// publish and receive them start here.
+    pub(crate) fn notes(&self) -> Option<Notes> {
+        match &self.backend {
+            Backend::Postgres(p) => Some(p.notes()),
+            Backend::Sqlite(_) | Backend::Detached => None,
+        }
     }
 
     /// A store with no database behind it: every call fails with

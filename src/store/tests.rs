@@ -15,11 +15,21 @@ const POLICY: SegmentPolicy = SegmentPolicy {
 };
 
 /// A fresh, empty store on every backend, each with what keeps its
-/// database alive.
-async fn stores() -> Vec<(Box<dyn Any>, Store)> {
+/// database alive: SQLite in a temporary directory, and PostgreSQL in a
+/// database of its own (dropped after the test) when a server is reachable
+/// (`postgres::testing`: otherwise that half is skipped with a notice, or
+/// fails under `ARCHIVIST_REQUIRE_PG=1`).
+pub(super) async fn stores() -> Vec<(Box<dyn Any>, Store)> {
     let dir = tempfile::tempdir().expect("temp dir");
     let sqlite = Store::open(dir.path()).await.expect("open sqlite");
-    vec![(Box::new(dir), sqlite)]
+    let mut all: Vec<(Box<dyn Any>, Store)> = vec![(Box::new(dir), sqlite)];
+    if let Some(db) = postgres::testing::fresh_database().await {
+        let store = Store::open_postgres(&db.url, OpenMode::Create)
+            .await
+            .expect("open postgres");
+        all.push((Box::new(db), store));
+    }
+    all
 }
 
 pub(super) fn entries(texts: &[&str]) -> Vec<NewEntry> {

@@ -13,6 +13,7 @@ mod logs;
 mod operator;
 mod provider;
 mod reconciler;
+mod replicas;
 mod security;
 mod segments;
 mod tooling;

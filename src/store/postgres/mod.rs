@@ -1,0 +1,315 @@
+//! The PostgreSQL backend: one database that any number of replicas share.
+//!
+//! Connections come from a pool (deadpool-postgres over tokio-postgres);
+//! every statement is prepared once per connection and cached. The queries
+//! live beside what they serve, as in `sqlite/`: `sessions.rs` (the append
+//! writer and its group commit, closing, erasure, the session listing),
+//! `segments.rs` (reads, listings, the backlog, requeues, the due scan),
+//! `claims.rs` (claims and what is written under them), `runs.rs` (the
+//! provider each kind of run last used), `notes.rs` (events between
+//! replicas, LISTEN/NOTIFY); `rows.rs` decodes rows and `schema.rs`
+//! migrates.
+//!
+//! Locks, always taken in this order so that no two transactions wait on
+//! each other in a cycle: a tenant's `tenant_usage` row (appends and
+//! erasures, in tenant order), then session rows (in tenant and name
+//! order), then segment rows. Claims take one segment row with
+//! `FOR UPDATE SKIP LOCKED`, so a replica never waits on another's claim.
+//! Whatever still deadlocks (PostgreSQL breaks the cycle by failing one
+//! side) is retried where retrying is safe.
+//!
+//! Durability: a commit is acknowledged by the server after its WAL record
+//! is flushed, as the server's `synchronous_commit` says (on by default):
+//! an acknowledged append survives this process, the database server's
+//! crash and, with the default, power loss. `storage.durability` is
+//! SQLite's setting and changes nothing here.
+
+mod claims;
+mod notes;
+mod rows;
+mod runs;
+mod schema;
+mod segments;
+mod sessions;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio::sync::mpsc;
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use super::{OpenMode, StoreError};
+
+pub(crate) use notes::Notes;
+
+/// Connections one process keeps open at most.
+const POOL_SIZE: usize = 16;
+/// How long a caller waits for a free connection before the store says
+/// the database cannot be reached.
+const POOL_WAIT: Duration = Duration::from_secs(10);
+/// How long a new connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Appends waiting for a writer before callers are refused with `Busy`.
+const QUEUE_DEPTH: usize = 4096;
+/// Writer tasks, each committing one batch of appends at a time on a
+/// connection of its own: while one waits for its commit to be flushed,
+/// another builds the next batch.
+const WRITERS: usize = 2;
+/// How often a transaction that lost a deadlock (or a race on a key) is
+/// run again before its error is returned.
+const TRIES: usize = 3;
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> StoreError {
+        if e.code() == Some(&SqlState::DISK_FULL) {
+            StoreError::Full(Box::new(e))
+        } else if is_connection_loss(&e) {
+            StoreError::Unreachable(Box::new(e))
+        } else {
+            StoreError::Query(Box::new(e))
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> StoreError {
+        StoreError::Unreachable(Box::new(e))
+    }
+}
+
+/// The connection is gone or the server is going away: the same work may
+/// succeed on another connection later.
+fn is_connection_loss(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW
+                || code.code().starts_with("08")
+        }
+        // No server error: an I/O error under the connection.
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}
+
+/// A transaction lost to another (a deadlock broken by the server, a
+/// serialization failure, a key inserted meanwhile): running it again is
+/// safe and will most likely succeed.
+fn is_lost_race(e: &StoreError) -> bool {
+    let StoreError::Query(source) = e else {
+        return false;
+    };
+    source
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::code)
+        .is_some_and(|c| {
+            *c == SqlState::T_R_DEADLOCK_DETECTED
+                || *c == SqlState::T_R_SERIALIZATION_FAILURE
+                || *c == SqlState::UNIQUE_VIOLATION
+                || *c == SqlState::FOREIGN_KEY_VIOLATION
+        })
+}
+
+/// Where a URL points, without its password: `postgres://user@host:port/db`.
+pub(super) fn describe(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            };
+            match config.get_ports().get(i).or(config.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    format!(
+        "postgres://{}@{}/{}",
+        config.get_user().unwrap_or(""),
+        hosts.join(","),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// A handle on the PostgreSQL database; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Postgres {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    /// Where the database is, without a password, for messages.
+    target: String,
+    /// None when opened read-only: every write fails with `ReadOnly`.
+    appends: Option<mpsc::Sender<sessions::AppendJob>>,
+    /// A write failed for want of room since the last health probe.
+    full_seen: AtomicBool,
+}
+
+impl Postgres {
+    /// Connects to the database `url` names and, as `mode` says, migrates
+    /// it to the current schema (creating it in an empty database, or
+    /// requiring one already there) or only checks that it is current.
+    /// Does not create the database itself: the operator does.
+    pub(super) async fn open(url: &str, mode: OpenMode) -> Result<Postgres, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Connect {
+            target: "(a storage URL that does not parse; not shown, it may hold a password)"
+                .to_owned(),
+            source: Box::new(e),
+        })?;
+        let target = describe(&config);
+        let mut connect_config = config.clone();
+        connect_config.connect_timeout(CONNECT_TIMEOUT);
+        if connect_config.get_application_name().is_none() {
+            connect_config.application_name("archivist");
+        }
+        let manager = Manager::from_config(
+            connect_config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| StoreError::Connect {
+                target: target.clone(),
+                source: Box::new(e),
+            })?;
+        let connect_err = |e: deadpool_postgres::PoolError| StoreError::Connect {
+            target: target.clone(),
+            source: Box::new(e),
+        };
+        {
+            let mut client = pool.get().await.map_err(connect_err)?;
+            match mode {
+                OpenMode::Create => schema::migrate(&mut client).await?,
+                OpenMode::Existing => {
+                    if !schema::exists(&client).await? {
+                        return Err(StoreError::NoDatabase {
+                            path: target.clone().into(),
+                        });
+                    }
+                    schema::migrate(&mut client).await?;
+                }
+                OpenMode::ReadOnly => {
+                    if !schema::exists(&client).await? {
+                        return Err(StoreError::NoDatabase {
+                            path: target.clone().into(),
+                        });
+                    }
+                    schema::check_current(&client).await?;
+                }
+            }
+        }
+        let appends = if mode == OpenMode::ReadOnly {
+            None
+        } else {
+            let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+            let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            for _ in 0..WRITERS {
+                tokio::spawn(sessions::writer(pool.clone(), rx.clone()));
+            }
+            Some(tx)
+        };
+        Ok(Postgres {
+            inner: Arc::new(Inner {
+                pool,
+                config: connect_config,
+                target,
+                appends,
+                full_seen: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Where the database is, without a password.
+    pub(super) fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// A pooled connection.
+    async fn client(&self) -> Result<Object, StoreError> {
+        Ok(self.inner.pool.get().await?)
+    }
+
+    /// Refuses a write on a store opened read-only.
+    fn writable(&self) -> Result<(), StoreError> {
+        match self.inner.appends {
+            Some(_) => Ok(()),
+            None => Err(StoreError::ReadOnly),
+        }
+    }
+
+    /// Passes a write's result on, remembering a full disk for the probe.
+    fn noting_full<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Full(_)) = &result {
+            self.inner.full_seen.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Whether a write failed for want of room since the last call.
+    fn take_full_seen(&self) -> bool {
+        self.inner.full_seen.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Runs `body` in a transaction on `client`: BEGIN is sent with the body's
+/// first statement, COMMIT when it succeeds, ROLLBACK when it fails.
+async fn transact<T>(
+    client: &Object,
+    body: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let (begun, result) = tokio::join!(client.batch_execute("BEGIN"), body);
+    if let Err(e) = begun {
+        // Whatever the body did ran outside a transaction only if BEGIN
+        // failed, and then the connection is broken and so did the body.
+        let _ = client.batch_execute("ROLLBACK").await;
+        return Err(e.into());
+    }
+    match result {
+        Ok(value) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+/// A value of a BIGINT column as an unsigned count or id.
+fn unsigned<T: TryFrom<i64>>(value: i64, what: &str) -> Result<T, StoreError> {
+    T::try_from(value).map_err(|_| StoreError::Corrupt(format!("{what} {value}")))
+}
+
+/// An unsigned id or count as a BIGINT value; past i64::MAX (which no row
+/// has) it is -1, which matches nothing.
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(-1)
+}
+
+#[cfg(test)]
+pub(super) mod testing;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,254 @@
+//! The PostgreSQL schema: versioned migrations, applied at start-up in one
+//! transaction under an advisory lock, so that replicas starting together
+//! take turns and each after the first finds the work done.
+
+use deadpool_postgres::Object;
+
+use crate::store::StoreError;
+
+/// The advisory lock migrations hold (any fixed number; "archivist" in
+/// ASCII, cut to 63 bits).
+const MIGRATION_LOCK: i64 = 0x6172_6368_6976_6973;
+
+/// The table that records which migrations have been applied.
+const VERSION_TABLE: &str = "archivist_schema_version";
+
+pub(super) const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE sessions (
+    id              BIGSERIAL PRIMARY KEY,
+    -- Byte order, as SQLite compares: listings page by name the same way.
+    tenant          TEXT COLLATE "C" NOT NULL,
+    name            TEXT COLLATE "C" NOT NULL,
+    next_seq        BIGINT NOT NULL DEFAULT 1,
+    next_ordinal    BIGINT NOT NULL DEFAULT 1,
+    open_segment_id BIGINT,
+    created_at      BIGINT NOT NULL,
+    last_append_at  BIGINT,
+    UNIQUE (tenant, name)
+);
+
+-- The reconciler closes OPEN segments idle for segment.max_idle through
+-- the first; retention erases sessions through the second.
+CREATE INDEX sessions_open_by_last_append
+    ON sessions (last_append_at) WHERE open_segment_id IS NOT NULL;
+CREATE INDEX sessions_by_last_append ON sessions (last_append_at);
+
+CREATE TABLE entries (
+    session_id      BIGINT NOT NULL REFERENCES sessions (id),
+    seq             BIGINT NOT NULL,
+    client_entry_id TEXT,
+    role            BIGINT NOT NULL,
+    content         TEXT   NOT NULL,
+    tokens          BIGINT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+
+CREATE UNIQUE INDEX entries_by_client_id
+    ON entries (session_id, client_entry_id) WHERE client_entry_id IS NOT NULL;
+
+-- Every node of the memory tree. Ids come from a sequence and never come
+-- back after an erasure: a claim names its segment by id.
+CREATE TABLE segments (
+    id                   BIGSERIAL PRIMARY KEY,
+    session_id           BIGINT NOT NULL REFERENCES sessions (id),
+    level                BIGINT NOT NULL DEFAULT 1,
+    ordinal              BIGINT NOT NULL,
+    parent_id            BIGINT,
+    state                BIGINT NOT NULL,
+    first_seq            BIGINT NOT NULL,
+    last_seq             BIGINT NOT NULL,
+    entry_count          BIGINT NOT NULL,
+    token_estimate       BIGINT NOT NULL,
+    attempts             BIGINT NOT NULL DEFAULT 0,
+    passes               BIGINT NOT NULL DEFAULT 0,
+    next_attempt_at      BIGINT,
+    closed_at            BIGINT,
+    last_failure         TEXT,
+    failure_class        TEXT,
+    provider_fingerprint TEXT,
+    claim_owner          TEXT,
+    claim_token          BIGINT NOT NULL DEFAULT 0,
+    claim_expires_at     BIGINT,
+    created_at           BIGINT NOT NULL,
+    UNIQUE (session_id, level, ordinal)
+);
+
+-- The due scan reads only PENDING rows through this index, so its cost
+-- follows the backlog, not the number of segments ever stored.
+CREATE INDEX segments_by_state_due ON segments (state, next_attempt_at);
+CREATE INDEX segments_by_parent ON segments (parent_id) WHERE parent_id IS NOT NULL;
+CREATE INDEX segments_roots ON segments (session_id, first_seq) WHERE parent_id IS NULL;
+
+CREATE TABLE summaries (
+    segment_id     BIGINT PRIMARY KEY REFERENCES segments (id),
+    text           TEXT   NOT NULL,
+    provider       TEXT   NOT NULL,
+    model          TEXT   NOT NULL,
+    prompt_version TEXT   NOT NULL,
+    input_tokens   BIGINT NOT NULL,
+    output_tokens  BIGINT NOT NULL,
+    created_at     BIGINT NOT NULL
+);
+
+-- Bytes of entry content each tenant stores, kept in step by every append,
+-- so the per-tenant cap is checked without summing the entries. An append
+-- locks its tenant's row first, so the cap holds across replicas.
+CREATE TABLE tenant_usage (
+    tenant       TEXT   PRIMARY KEY,
+    stored_bytes BIGINT NOT NULL
+);
+
+-- Segments per tenant and state, so that GetBacklog and every metrics
+-- scrape cost the same with a million summarised segments as with none.
+-- Triggers append +1 / -1 rows to segment_count_deltas (an insert takes
+-- no lock another transaction waits for: no hot row shared by every
+-- replica's writes); the deltas are folded into segment_counts now and
+-- then, and a read adds the two.
+CREATE TABLE segment_counts (
+    tenant TEXT   NOT NULL,
+    state  BIGINT NOT NULL,
+    n      BIGINT NOT NULL,
+    PRIMARY KEY (tenant, state)
+);
+
+CREATE TABLE segment_count_deltas (
+    id     BIGSERIAL PRIMARY KEY,
+    tenant TEXT   NOT NULL,
+    state  BIGINT NOT NULL,
+    d      BIGINT NOT NULL
+);
+
+CREATE FUNCTION archivist_count_segments() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    t TEXT;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        SELECT tenant INTO t FROM sessions WHERE id = NEW.session_id;
+        INSERT INTO segment_count_deltas (tenant, state, d) VALUES (t, NEW.state, 1);
+    ELSIF TG_OP = 'UPDATE' THEN
+        SELECT tenant INTO t FROM sessions WHERE id = NEW.session_id;
+        INSERT INTO segment_count_deltas (tenant, state, d)
+            VALUES (t, OLD.state, -1), (t, NEW.state, 1);
+    ELSE
+        SELECT tenant INTO t FROM sessions WHERE id = OLD.session_id;
+        INSERT INTO segment_count_deltas (tenant, state, d) VALUES (t, OLD.state, -1);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER segments_counted_on_insert AFTER INSERT ON segments
+    FOR EACH ROW EXECUTE FUNCTION archivist_count_segments();
+CREATE TRIGGER segments_counted_on_state AFTER UPDATE OF state ON segments
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION archivist_count_segments();
+CREATE TRIGGER segments_counted_on_delete AFTER DELETE ON segments
+    FOR EACH ROW EXECUTE FUNCTION archivist_count_segments();
+
+-- The provider each kind of run (serve, backfill) last summarised with:
+-- kind, base URL (credentials removed) and model, never the key.
+CREATE TABLE provider_runs (
+    role        TEXT   PRIMARY KEY,
+    kind        TEXT   NOT NULL,
+    base_url    TEXT   NOT NULL,
+    model       TEXT   NOT NULL,
+    recorded_at BIGINT NOT NULL
+);
+
+-- One row the health probe writes and reads back.
+CREATE TABLE health_probe (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at BIGINT  NOT NULL
+);
+"#];
+
+fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |e| StoreError::Migration {
+        version,
+        source: Box::new(e),
+    }
+}
+
+/// Whether the database holds archivist's schema (at any version).
+pub(super) async fn exists(client: &Object) -> Result<bool, StoreError> {
+    let row = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&VERSION_TABLE])
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+/// The version the database is at; 0 for none.
+async fn version(client: &Object) -> Result<i64, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0)::BIGINT FROM {VERSION_TABLE}"),
+            &[],
+        )
+        .await?;
+    row.try_get(0)
+}
+
+/// Applies the migrations this build has and the database lacks, in one
+/// transaction holding an advisory lock: replicas starting together take
+/// turns, and each after the first finds nothing left to do.
+pub(super) async fn migrate(client: &mut Object) -> Result<(), StoreError> {
+    let known = MIGRATIONS.len();
+    let err = migration_error(known);
+    let tx = client.transaction().await.map_err(&err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(&err)?;
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (\
+         version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
+    ))
+    .await
+    .map_err(&err)?;
+    let row = tx
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0)::BIGINT FROM {VERSION_TABLE}"),
+            &[],
+        )
+        .await
+        .map_err(&err)?;
+    let current: i64 = row.try_get(0).map_err(&err)?;
+    if current > known as i64 {
+        return Err(StoreError::TooNew {
+            found: current,
+            known,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        let version = i + 1;
+        let err = migration_error(version);
+        tx.batch_execute(sql).await.map_err(&err)?;
+        tx.execute(
+            &format!("INSERT INTO {VERSION_TABLE} (version, applied_at) VALUES ($1, $2)"),
+            &[&(version as i32), &crate::model::Millis::now().0],
+        )
+        .await
+        .map_err(&err)?;
+    }
+    tx.commit().await.map_err(&err)
+}
+
+/// Checks, without changing anything, that the schema is the one this
+/// build knows.
+pub(super) async fn check_current(client: &Object) -> Result<(), StoreError> {
+    let known = MIGRATIONS.len();
+    let current = version(client).await.map_err(migration_error(known))?;
+    if current > known as i64 {
+        return Err(StoreError::TooNew {
+            found: current,
+            known,
+        });
+    }
+    if current < known as i64 {
+        return Err(StoreError::NeedsMigration {
+            found: current,
+            known,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! What only the PostgreSQL backend promises: several processes on one
+//! database (here, several stores, each with its own pool and writers, as
+//! replicas have) append to one session with gapless seqs, honour one
+//! another's idempotency keys and claims, make each roll-up once, and
+//! migrate a new database together; its kept counts equal a recount.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::testing::fresh_database;
+use crate::model::{NewEntry, Role, SegmentPolicy, SegmentState, Summary, Tenant};
+use crate::store::tests::{entries, session};
+use crate::store::{OpenMode, Store, StoreError};
+
+const BIG: SegmentPolicy = SegmentPolicy {
+    max_entries: 1_000_000,
+    max_tokens: 1_000_000_000,
+};
+const LEASE: Duration = Duration::from_secs(60);
+
+fn summary() -> Summary {
+    Summary {
+        text: "recap".to_owned(),
+        provider: "test".to_owned(),
+        model: "m".to_owned(),
+        prompt_version: "v".to_owned(),
+        input_tokens: 1,
+        output_tokens: 1,
+        created_at: crate::model::Millis::now(),
+    }
+}
+
+/// `n` stores on one fresh database, as `n` replicas would have.
+async fn replicas(n: usize) -> Option<(super::testing::TestDatabase, Vec<Store>)> {
+    let db = fresh_database().await?;
+    let mut stores = Vec::new();
+    for _ in 0..n {
+        stores.push(Store::connect(&db.url).await.expect("open"));
+    }
+    Some((db, stores))
+}
+
+#[tokio::test]
+async fn the_server_answers() {
+    // Under ARCHIVIST_REQUIRE_PG=1 (CI) an unreachable server fails here.
+    if let Some(db) = fresh_database().await {
+        Store::connect(&db.url).await.expect("connect and migrate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_migrating_a_new_database_together_take_turns() {
+    let Some(db) = fresh_database().await else {
+        return;
+    };
+    let mut opening = Vec::new();
+    for _ in 0..4 {
+        let url = db.url.clone();
+        opening.push(tokio::spawn(async move { Store::connect(&url).await }));
+    }
+    for o in opening {
+        o.await.expect("joined").expect("each replica opens");
+    }
+}
+
+#[tokio::test]
+async fn an_existing_or_read_only_open_needs_the_schema_and_never_writes() {
+    let Some(db) = fresh_database().await else {
+        return;
+    };
+    for mode in [OpenMode::Existing, OpenMode::ReadOnly] {
+        let opened = Store::open_postgres(&db.url, mode).await;
+        assert!(
+            matches!(opened, Err(StoreError::NoDatabase { .. })),
+            "{mode:?}"
+        );
+    }
+    let store = Store::connect(&db.url).await.expect("create");
+    let t = Tenant::default();
+    store
+        .append(&t, &session("s"), entries(&["x"]), BIG, 0)
+        .await
+        .expect("append");
+    let read_only = Store::open_postgres(&db.url, OpenMode::ReadOnly)
+        .await
+        .expect("read-only");
+    assert_eq!(
+        read_only
+            .flushed(&t, &session("s"), usize::MAX)
+            .await
+            .expect("read")
+            .0
+            .len(),
+        1
+    );
+    assert!(matches!(
+        read_only
+            .append(&t, &session("s"), entries(&["y"]), BIG, 0)
+            .await,
+        Err(StoreError::ReadOnly)
+    ));
+    let existing = Store::open_postgres(&db.url, OpenMode::Existing)
+        .await
+        .expect("existing");
+    assert!(existing.has_session(&t, &session("s")).await.expect("has"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_to_one_session_from_replicas_get_gapless_seqs() {
+    let Some((_db, stores)) = replicas(3).await else {
+        return;
+    };
+    let small = SegmentPolicy {
+        max_entries: 7,
+        max_tokens: 1_000_000,
+    };
+    let mut tasks = Vec::new();
+    for (r, store) in stores.iter().enumerate() {
+        for w in 0..4 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                for i in 0..25 {
+                    let texts = [
+                        format!("r{r} w{w} call {i} a"),
+                        format!("r{r} w{w} call {i} b"),
+                    ];
+                    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                    let out = store
+                        .append(
+                            &Tenant::default(),
+                            &session("shared"),
+                            entries(&refs),
+                            small,
+                            0,
+                        )
+                        .await
+                        .expect("append");
+                    seqs.extend(out.entries.iter().map(|e| e.seq));
+                    // A call's entries are consecutive.
+                    assert_eq!(out.entries[1].seq, out.entries[0].seq + 1);
+                }
+                seqs
+            }));
+        }
+    }
+    let mut all = BTreeSet::new();
+    let mut n = 0;
+    for t in tasks {
+        for seq in t.await.expect("joined") {
+            assert!(all.insert(seq), "seq {seq} given twice");
+            n += 1;
+        }
+    }
+    assert_eq!(all, (1..=n as u64).collect(), "gapless");
+    // The segments tile the seqs too: each closed at 7 entries.
+    let t = Tenant::default();
+    let (segments, _) = stores[0]
+        .flushed(&t, &session("shared"), usize::MAX)
+        .await
+        .expect("segments");
+    let mut next = 1;
+    for s in &segments {
+        assert_eq!(s.first_seq, next);
+        assert_eq!(s.entry_count as u64, s.last_seq - s.first_seq + 1);
+        next = s.last_seq + 1;
+    }
+    assert_eq!(next, n as u64 + 1);
+    let b = stores[1].backlog(Some(&t)).await.expect("backlog");
+    assert_eq!(b.pending + b.open, segments.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_idempotency_key_sent_through_two_replicas_at_once_is_stored_once() {
+    let Some((_db, stores)) = replicas(2).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let s = session("s");
+    for i in 0..20 {
+        let keyed = vec![NewEntry {
+            client_entry_id: Some(format!("k{i}")),
+            role: Role::User,
+            content: format!("entry {i}"),
+        }];
+        let (a, b) = tokio::join!(
+            stores[0].append(&t, &s, keyed.clone(), BIG, 0),
+            stores[1].append(&t, &s, keyed, BIG, 0)
+        );
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        assert_eq!(a.entries[0].seq, b.entries[0].seq, "one seq for one key");
+        assert_eq!(
+            u8::from(a.entries[0].duplicate) + u8::from(b.entries[0].duplicate),
+            1,
+            "stored once"
+        );
+        assert_eq!(a.entries[0].seq, i + 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_is_claimed_by_one_replica_at_a_time() {
+    let Some((_db, stores)) = replicas(3).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+    };
+    let texts: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let out = stores[0]
+        .append(&t, &session("s"), entries(&refs), one, 0)
+        .await
+        .expect("append");
+    // Every replica tries every segment at once: each is claimed once.
+    let mut tasks = Vec::new();
+    for (r, store) in stores.iter().enumerate() {
+        let store = store.clone();
+        let ids = out.closed_segment_ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for id in ids {
+                if let Some((claim, _)) = store
+                    .claim(id, &format!("replica-{r}"), LEASE)
+                    .await
+                    .expect("claim")
+                {
+                    won.push(claim);
+                }
+            }
+            won
+        }));
+    }
+    let mut claimed = BTreeSet::new();
+    let mut claims = Vec::new();
+    for task in tasks {
+        for claim in task.await.expect("joined") {
+            assert!(claimed.insert(claim.segment_id), "claimed twice");
+            claims.push(claim);
+        }
+    }
+    assert_eq!(claimed.len(), 30);
+    for claim in &claims {
+        assert!(
+            stores[2]
+                .complete(claim, summary(), 1, 0)
+                .await
+                .expect("complete")
+                .held
+        );
+    }
+    let b = stores[1].backlog(Some(&t)).await.expect("backlog");
+    assert_eq!((b.pending, b.summarised), (0, 30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn siblings_completed_on_two_replicas_at_once_make_their_roll_up_once() {
+    let Some((_db, stores)) = replicas(2).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+    };
+    for round in 0..10 {
+        let name = format!("s{round}");
+        let out = stores[0]
+            .append(&t, &session(&name), entries(&["a", "b"]), one, 0)
+            .await
+            .expect("append");
+        let ids = out.closed_segment_ids;
+        let (a, _) = stores[0]
+            .claim(ids[0], "a", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let (b, _) = stores[1]
+            .claim(ids[1], "b", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        let (ra, rb) = tokio::join!(
+            stores[0].complete(&a, summary(), 1, 2),
+            stores[1].complete(&b, summary(), 1, 2)
+        );
+        let made: Vec<_> = [ra.expect("a"), rb.expect("b")]
+            .into_iter()
+            .filter_map(|c| c.rollup)
+            .collect();
+        assert_eq!(made.len(), 1, "round {round}: one roll-up, made once");
+        let rollup = stores[1].segment(&t, made[0]).await.expect("roll-up");
+        assert_eq!((rollup.level, rollup.state), (2, SegmentState::Pending));
+        assert_eq!(rollup.child_ids, ids);
+    }
+}
