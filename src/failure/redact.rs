@@ -156,6 +156,9 @@ mod tests {
             redact("abcdef is a key", &["abcdef"]),
             "[REDACTED] is a key"
         );
+        // Credentials in a URL at the very start of the text.
+        assert_eq!(redact("ws://u:pw@h/x", &[]), "ws://[REDACTED]@h/x");
+        assert_eq!(redact("a://b", &[]), "a://b");
         // A bearer token ends at white space or at the quote around it.
         assert_eq!(
             redact(r#"{"auth":"Bearer abc123","next":1}"#, &[]),

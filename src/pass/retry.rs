@@ -597,4 +597,32 @@ mod tests {
             }
         }
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_that_time_out_are_retried_up_to_max_attempts() {
+        let c = RetryConfig {
+            max_attempts: 3,
+            attempt_timeout: Duration::from_secs(1),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(100),
+            jitter: 0.0,
+            pass_ceiling: Duration::from_secs(30),
+            ..config()
+        };
+        let calls = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let report = run_pass(&c, &CancellationToken::new(), Logged::No, |_, _| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<(), Fake>>().await
+            }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(report.attempts, 3);
+        assert_eq!(class_of(report.result), FailureClass::Timeout);
+        // Three timeouts and two waits, well inside the ceiling.
+        assert_eq!(start.elapsed(), Duration::from_millis(3_200));
+    }
 }
