@@ -625,4 +625,56 @@ mod tests {
         // Three timeouts and two waits, well inside the ceiling.
         assert_eq!(start.elapsed(), Duration::from_millis(3_200));
     }
+
+    /// What a pass under `logged` writes to the log, failing `n` times
+    /// with a retryable class and then giving up.
+    async fn log_of(logged: Logged, timeout_first: bool) -> String {
+        #[derive(Clone, Default)]
+        struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("lock").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let c = RetryConfig {
+            max_attempts: 3,
+            attempt_timeout: Duration::from_secs(1),
+            ..config()
+        };
+        run_pass(&c, &CancellationToken::new(), logged, |n, _| async move {
+            if timeout_first && n == 1 {
+                std::future::pending::<()>().await;
+            }
+            Err::<(), _>(fail(FailureClass::Unavailable))
+        })
+        .await;
+        let bytes = capture.0.lock().expect("lock").clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_logged_pass_warns_of_each_retry_and_of_giving_up_and_a_quiet_one_does_not() {
+        for timeout_first in [false, true] {
+            let loud = log_of(Logged::Yes, timeout_first).await;
+            assert_eq!(
+                loud.matches("retrying").count(),
+                2,
+                "{timeout_first}: {loud}"
+            );
+            assert_eq!(loud.matches("gave up").count(), 1, "{loud}");
+            let quiet = log_of(Logged::No, timeout_first).await;
+            assert!(quiet.is_empty(), "{quiet}");
+        }
+    }
 }
