@@ -9,6 +9,11 @@
 //! append is durable across kill -9 (the tests check that), so the figures
 //! are for the durable path.
 //!
+//! The same rounds then run against a server on PostgreSQL
+//! (`storage.backend = "postgres"`, a fresh database on
+//! `ARCHIVIST_BENCH_PG_URL`, by default the local server), and each figure
+//! is given as a fraction of SQLite's from the same run.
+//!
 //! The tonic client here shares the machine's two cores with the server, so
 //! it measures the pair. Where `h2load` is on the PATH (Debian's
 //! nghttp2-client), the same load is also sent by h2load with a pre-encoded
@@ -20,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use archivist::pb;
 use prost::Message;
+
+mod common;
 
 const CLIENTS: usize = 8;
 
@@ -36,7 +43,7 @@ impl Drop for Server {
     }
 }
 
-async fn start_server() -> Server {
+async fn start_server(env: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -54,6 +61,7 @@ async fn start_server() -> Server {
         .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000")
         .env("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000")
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -215,26 +223,62 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let server = start_server().await;
+        let server = start_server(&[]).await;
         println!("AppendEntries, {CLIENTS} concurrent clients, {seconds} s a round:");
+        let mut sqlite = Vec::new();
         for batch in [1, 10, 100] {
             let (calls, entries) = throughput(&server, batch, seconds).await;
+            sqlite.push(calls);
             println!(
                 "  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s"
             );
         }
 
+        let mut sqlite_h2load = Vec::new();
         for (batch, calls) in [(1, 100_000), (10, 50_000), (100, 5_000)] {
             match h2load(&server, batch, calls).await {
-                Some(rate) => println!(
-                    "  h2load, batch {batch:>3}: {rate:>9.0} calls/s  {:>9.0} entries/s ({calls} calls, all stored)",
-                    rate * batch as f64
-                ),
+                Some(rate) => {
+                    sqlite_h2load.push(rate);
+                    println!(
+                        "  h2load, batch {batch:>3}: {rate:>9.0} calls/s  {:>9.0} entries/s ({calls} calls, all stored)",
+                        rate * batch as f64
+                    )
+                }
                 None => {
                     println!("  (h2load not found: apt-get install nghttp2-client for its figures)");
                     break;
                 }
             }
+        }
+
+        for durability in ["process", "power"] {
+        println!("The same on PostgreSQL (storage.backend = \"postgres\", durability = \"{durability}\"), and the fraction of SQLite's (durability = \"process\"):");
+        if let Some(db) = common::pg_database("append").await {
+            let pg = start_server(&[
+                ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                ("ARCHIVIST_STORAGE_URL", db.url.as_str()),
+                ("ARCHIVIST_STORAGE_DURABILITY", durability),
+            ])
+            .await;
+            for (i, batch) in [1, 10, 100].into_iter().enumerate() {
+                let (calls, entries) = throughput(&pg, batch, seconds).await;
+                println!(
+                    "  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s  {:>5.1} % of SQLite",
+                    100.0 * calls / sqlite[i]
+                );
+            }
+            for (i, (batch, calls)) in [(1, 20_000), (10, 10_000), (100, 2_000)].into_iter().enumerate() {
+                let Some(base) = sqlite_h2load.get(i) else { break };
+                if let Some(rate) = h2load(&pg, batch, calls).await {
+                    println!(
+                        "  h2load, batch {batch:>3}: {rate:>9.0} calls/s  {:>9.0} entries/s ({calls} calls, all stored)  {:>5.1} % of SQLite",
+                        rate * batch as f64,
+                        100.0 * rate / base
+                    );
+                }
+            }
+            drop(pg);
+        }
         }
 
         let mut client = archivist::client::connect(&server.address)

@@ -116,7 +116,7 @@ impl App {
                     .storage
                     .postgres_url(|var| std::env::var(var).ok())
                     .map_err(BuildError::Storage)?;
-                Store::open_postgres(&url, mode).await?
+                Store::open_postgres(&url, mode, durability).await?
             }
         };
         App::with_store(config, api_key, role, store)
@@ -141,7 +141,7 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
         let wake = Arc::new(Notify::new());
-        let events = Hub::relayed(&store, owner.clone());
+        let events = Hub::relayed(&store, owner.clone(), wake.clone());
         let summariser = Summariser::new(
             store.clone(),
             provider,

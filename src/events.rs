@@ -88,6 +88,10 @@ struct Relay {
     _stop: DropGuard,
 }
 
+/// What another process's note asks of this one besides telling watchers:
+/// a segment it closed is work for this process's reconciler too.
+pub(crate) type Wake = Arc<tokio::sync::Notify>;
+
 /// An event as it travels between processes: small (PostgreSQL takes at
 /// most 8000 bytes), and without any text of the session.
 #[derive(Serialize, Deserialize)]
@@ -107,7 +111,7 @@ impl Hub {
     /// A hub that also tells, and hears, the other processes sharing
     /// `store`'s database, when the store carries notes between them;
     /// `origin` names this process.
-    pub(crate) fn relayed(store: &Store, origin: String) -> Arc<Hub> {
+    pub(crate) fn relayed(store: &Store, origin: String, wake: Wake) -> Arc<Hub> {
         let Some(notes) = store.notes() else {
             return Arc::new(Hub::default());
         };
@@ -125,6 +129,7 @@ impl Hub {
             store.clone(),
             notes.received,
             stop,
+            wake,
         ));
         hub
     }
@@ -230,6 +235,7 @@ async fn hear(
     store: Store,
     mut received: mpsc::Receiver<String>,
     stop: CancellationToken,
+    wake: Wake,
 ) {
     loop {
         let payload = tokio::select! {
@@ -250,6 +256,11 @@ async fn hear(
         };
         if hub.relay.as_ref().is_some_and(|r| r.origin == note.origin) {
             continue;
+        }
+        // Another replica closed a segment: this one's reconciler scans
+        // now rather than at its next tick, so every replica drains.
+        if kind == EventKind::Closed {
+            wake.notify_one();
         }
         hub.tell_here(
             &store,

@@ -101,10 +101,12 @@ fn fake_provider(delay: Duration) {
             COMPLETION.len()
         );
         let response: Arc<[u8]> = response.into_bytes().into();
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
         loop {
             let Ok((mut socket, _)) = listener.accept().await else { return };
             let _ = socket.set_nodelay(true);
             let response = response.clone();
+            let sent = sent.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::with_capacity(16 * 1024);
                 let mut chunk = vec![0u8; 16 * 1024];
@@ -126,6 +128,19 @@ fn fake_provider(delay: Duration) {
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     };
+                    if buf.starts_with(b"GET /count") {
+                        buf.drain(..needed);
+                        let body = sent.load(std::sync::atomic::Ordering::SeqCst).to_string();
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     buf.drain(..needed);
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
@@ -137,4 +152,97 @@ fn fake_provider(delay: Duration) {
             });
         }
     });
+}
+
+/// How many completions the fake provider at `base` has been sent so far.
+pub async fn provider_requests(base: &str) -> u64 {
+    let addr = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    socket
+        .write_all(b"GET /count HTTP/1.1\r\nhost: fake\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .expect("ask");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        let n = socket.read(&mut chunk).await.expect("read");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if body.len() >= len {
+                return body[..len].parse().expect("a count");
+            }
+        }
+        assert!(n > 0, "the fake provider closed the connection");
+    }
+}
+
+/// PostgreSQL for the benchmarks: `ARCHIVIST_BENCH_PG_URL`, by default the
+/// local server as `postgres`. A fresh database per call, dropped with the
+/// returned guard; None (with a notice) when the server does not answer.
+pub struct PgDatabase {
+    pub url: String,
+    admin: String,
+    name: String,
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok((client, conn)) =
+                    tokio_postgres::connect(&admin, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub async fn pg_database(tag: &str) -> Option<PgDatabase> {
+    let admin = std::env::var("ARCHIVIST_BENCH_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let client = match tokio_postgres::connect(&admin, tokio_postgres::NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(conn);
+            client
+        }
+        Err(e) => {
+            println!(
+                "  (PostgreSQL not reachable ({e}): set ARCHIVIST_BENCH_PG_URL for these figures)"
+            );
+            return None;
+        }
+    };
+    let name = format!("archivist_bench_{tag}_{}", std::process::id());
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await
+        .expect("drop an old database");
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    let base = admin.split('?').next().unwrap_or(&admin);
+    let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+    Some(PgDatabase {
+        url: format!("{base}/{name}"),
+        admin,
+        name,
+    })
 }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, BuildError};
 use crate::backfill::{self, Options, Progress, Report};
-use crate::config::Overrides;
+use crate::config::{BackendKind, Overrides};
 use crate::failure::cause_chain;
 use crate::model::{Millis, SessionName};
 use crate::store::{OpenMode, StoreError};
@@ -134,6 +134,14 @@ async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
     let app = App::open(&config, api_key, "backfill", mode)
         .await
         .map_err(|e| match e {
+            BuildError::Store(StoreError::NoDatabase { path })
+                if config.storage.backend == BackendKind::Postgres =>
+            {
+                Failed::Error(format!(
+                    "the database at {} holds no archivist tables, so there is nothing to backfill (and nothing was created): point storage.url or storage.url_env, in --config FILE or the environment, at the servers' database",
+                    path.display()
+                ))
+            }
             BuildError::Store(StoreError::NoDatabase { path }) => Failed::Error(format!(
                 "there is no database at {}, so there is nothing to backfill (and nothing was created): point --data-dir, or data_dir in --config FILE, at the server's data directory",
                 path.display()

@@ -19,8 +19,17 @@ use crate::model::SegmentPolicy;
 /// The environment variable naming a configuration file.
 pub const CONFIG_ENV: &str = "ARCHIVIST_CONFIG";
 /// `ARCHIVIST_*` variables that are not configuration keys: the file's
-/// name, and the terminal client's server address and token.
-const NOT_KEYS: &[&str] = &[CONFIG_ENV, "ARCHIVIST_SERVER", "ARCHIVIST_TOKEN"];
+/// name, the terminal client's server address and token, and the
+/// PostgreSQL server the tests and benchmarks use (and whether the tests
+/// require it), which a server they start inherits.
+const NOT_KEYS: &[&str] = &[
+    CONFIG_ENV,
+    "ARCHIVIST_SERVER",
+    "ARCHIVIST_TOKEN",
+    "ARCHIVIST_TEST_PG_URL",
+    "ARCHIVIST_REQUIRE_PG",
+    "ARCHIVIST_BENCH_PG_URL",
+];
 const ENV_PREFIX: &str = "ARCHIVIST_";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -126,6 +126,11 @@ fn store_status(err: &StoreError) -> Status {
                 ("seq".to_owned(), seq.to_string()),
             ],
         ),
+        StoreError::Unstorable { index, .. } => (
+            Code::InvalidArgument,
+            "ENTRY_UNSTORABLE",
+            vec![("entry".to_owned(), format!("entries[{index}]"))],
+        ),
         StoreError::Open { .. }
         | StoreError::NoDatabase { .. }
         | StoreError::NeedsMigration { .. }
@@ -171,6 +176,9 @@ fn store_status(err: &StoreError) -> Status {
                     "already names entry {seq} of this session, which has other content; use a new id for a new entry"
                 ),
             );
+        }
+        (_, StoreError::Unstorable { index, reason }) => {
+            details.add_bad_request_violation(format!("entries[{index}].content"), *reason);
         }
         (_, StoreError::TenantFull { tenant, limit, .. }) => {
             details.add_quota_failure_violation(

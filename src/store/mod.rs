@@ -75,6 +75,12 @@ pub enum StoreError {
         /// The seq of the entry stored under that id.
         seq: u64,
     },
+    #[error("entries[{index}] cannot be stored: {reason}; nothing of this call was stored")]
+    Unstorable {
+        /// The entry's position in the call.
+        index: usize,
+        reason: &'static str,
+    },
     #[error("database query failed")]
     Query(#[source] BackendError),
     #[error("the write was not committed")]
@@ -306,16 +312,20 @@ impl Store {
     /// Connects to the PostgreSQL database `url` names and, as `mode`
     /// says, migrates it (under an advisory lock, so replicas starting
     /// together take turns) or checks that it is current.
-    pub(crate) async fn open_postgres(url: &str, mode: OpenMode) -> Result<Store, StoreError> {
+    pub(crate) async fn open_postgres(
+        url: &str,
+        mode: OpenMode,
+        durability: Durability,
+    ) -> Result<Store, StoreError> {
         Ok(Store {
-            backend: Backend::Postgres(postgres::Postgres::open(url, mode).await?),
+            backend: Backend::Postgres(postgres::Postgres::open(url, mode, durability).await?),
         })
     }
 
     /// Connects to the PostgreSQL database `url` names, migrating it to
     /// the current schema (for the benchmarks and tests).
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
-        Store::open_postgres(url, OpenMode::Create).await
+        Store::open_postgres(url, OpenMode::Create, Durability::default()).await
     }
 
     /// Where the database is, for messages: a file's path, or a server

@@ -24,7 +24,7 @@ pub(super) async fn stores() -> Vec<(Box<dyn Any>, Store)> {
     let sqlite = Store::open(dir.path()).await.expect("open sqlite");
     let mut all: Vec<(Box<dyn Any>, Store)> = vec![(Box::new(dir), sqlite)];
     if let Some(db) = postgres::testing::fresh_database().await {
-        let store = Store::open_postgres(&db.url, OpenMode::Create)
+        let store = Store::open_postgres(&db.url, OpenMode::Create, Durability::Process)
             .await
             .expect("open postgres");
         all.push((Box::new(db), store));
@@ -738,5 +738,59 @@ async fn erasure_removes_everything_of_one_session_and_expiry_takes_the_old() {
                 .expect("expire")
                 .is_empty()
         );
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_cap_refuses_the_call_that_would_pass_it_and_erasure_gives_room_back() {
+    for (_db, store) in stores().await {
+        let t = Tenant("capped".to_owned());
+        // The session's name and two entries of ten bytes, each with the
+        // 64 bytes counted for its row: exactly the cap.
+        let cap = 1 + 64 + 2 * (10 + 64);
+        let ten = ["0123456789", "abcdefghij"];
+        store
+            .append(&t, &session("s"), entries(&ten), POLICY, cap)
+            .await
+            .expect("fits exactly");
+        for name in ["s", "t"] {
+            let refused = store
+                .append(&t, &session(name), entries(&["x"]), POLICY, cap)
+                .await;
+            assert!(
+                matches!(refused, Err(StoreError::TenantFull { limit, .. }) if limit == cap),
+                "{refused:?}"
+            );
+        }
+        assert!(!store.has_session(&t, &session("t")).await.expect("has"));
+        // Another tenant has room of its own.
+        store
+            .append(
+                &Tenant::default(),
+                &session("s"),
+                entries(&ten),
+                POLICY,
+                cap,
+            )
+            .await
+            .expect("another tenant");
+        store
+            .delete_session(&t, &session("s"))
+            .await
+            .expect("erase");
+        // A call past the cap stores nothing of itself, not even its session.
+        let three = ["0123456789", "abcdefghij", "klmnopqrst"];
+        assert!(matches!(
+            store
+                .append(&t, &session("u"), entries(&three), POLICY, cap)
+                .await,
+            Err(StoreError::TenantFull { .. })
+        ));
+        assert!(!store.has_session(&t, &session("u")).await.expect("has"));
+        let again = store
+            .append(&t, &session("s"), entries(&ten), POLICY, cap)
+            .await
+            .expect("room again after the erasure");
+        assert_eq!(again.entries[0].seq, 1);
     }
 }

@@ -12,7 +12,7 @@ use tokio_postgres::types::ToSql;
 
 use super::rows::{self, SEGMENT_COLUMN_COUNT, SEGMENT_COLUMNS, SEGMENT_FROM};
 use super::segments::entries_between;
-use super::{Postgres, signed, transact, unsigned};
+use super::{DB_NOW, Postgres, signed, transact, unsigned};
 use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary, Tenant};
 use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
@@ -41,6 +41,11 @@ async fn update_held(
     Ok(client.execute(&stmt, &all).await? == 1)
 }
 
+/// A lease in milliseconds.
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
 impl Postgres {
     pub(crate) async fn claim(
         &self,
@@ -54,26 +59,24 @@ impl Postgres {
         };
         let client = self.client().await?;
         let body = async {
-            let now = Millis::now();
             let stmt = client
-                .prepare_cached(
+                .prepare_cached(&format!(
                     "UPDATE segments SET claim_owner = $1, claim_token = claim_token + 1, \
-                     claim_expires_at = $2 WHERE id = ( \
+                     claim_expires_at = {DB_NOW} + $2 WHERE id = ( \
                      SELECT id FROM segments WHERE id = $3 AND state = $4 \
-                     AND (claim_expires_at IS NULL OR claim_expires_at <= $5) \
+                     AND (claim_expires_at IS NULL OR claim_expires_at <= {DB_NOW}) \
                      FOR UPDATE SKIP LOCKED) \
-                     RETURNING claim_token",
-                )
+                     RETURNING claim_token"
+                ))
                 .await?;
             let row = client
                 .query_opt(
                     &stmt,
                     &[
                         &owner,
-                        &now.saturating_add(lease).0,
+                        &lease_ms(lease),
                         &signed_id,
                         &SegmentState::Pending.code(),
-                        &now.0,
                     ],
                 )
                 .await?;
@@ -129,7 +132,10 @@ impl Postgres {
                     &stmt,
                     &[
                         &signed(claim.segment_id),
-                        &summary.text,
+                        // PostgreSQL's text cannot hold U+0000: a provider
+                        // that sends one gets it replaced, not a recap that
+                        // can never be written.
+                        &summary.text.replace('\0', "\u{FFFD}"),
                         &summary.provider,
                         &summary.model,
                         &summary.prompt_version,
@@ -252,8 +258,8 @@ impl Postgres {
     pub(crate) async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
         self.writable()?;
         let client = self.client().await?;
-        let until = Millis::now().saturating_add(lease).0;
-        let result = update_held(&client, claim, "claim_expires_at = $5", &[&until]).await;
+        let set = format!("claim_expires_at = {DB_NOW} + $5");
+        let result = update_held(&client, claim, &set, &[&lease_ms(lease)]).await;
         self.noting_full(result)
     }
 }

@@ -18,11 +18,16 @@
 //! Whatever still deadlocks (PostgreSQL breaks the cycle by failing one
 //! side) is retried where retrying is safe.
 //!
-//! Durability: a commit is acknowledged by the server after its WAL record
-//! is flushed, as the server's `synchronous_commit` says (on by default):
-//! an acknowledged append survives this process, the database server's
-//! crash and, with the default, power loss. `storage.durability` is
-//! SQLite's setting and changes nothing here.
+//! Durability follows `storage.durability`, as with SQLite. `process` (the
+//! default) runs archivist's sessions with `synchronous_commit = off`: a
+//! commit is acknowledged once it is in the server's WAL buffers, so an
+//! acknowledged write survives any archivist process dying (a replica
+//! killed, a deploy), but a crash of the database server itself can lose
+//! the last moments of acknowledged writes (at most three
+//! `wal_writer_delay`s, 600 ms by default; never a partial transaction).
+//! `power` leaves the server's own `synchronous_commit` (on by default,
+//! or stronger with synchronous standbys): every commit waits for its WAL
+//! flush, and the append writers share each flush among a batch.
 
 mod claims;
 mod notes;
@@ -42,7 +47,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use super::{OpenMode, StoreError};
+use super::{Durability, OpenMode, StoreError};
 
 pub(crate) use notes::Notes;
 
@@ -165,7 +170,11 @@ impl Postgres {
     /// it to the current schema (creating it in an empty database, or
     /// requiring one already there) or only checks that it is current.
     /// Does not create the database itself: the operator does.
-    pub(super) async fn open(url: &str, mode: OpenMode) -> Result<Postgres, StoreError> {
+    pub(super) async fn open(
+        url: &str,
+        mode: OpenMode,
+        durability: Durability,
+    ) -> Result<Postgres, StoreError> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Connect {
             target: "(a storage URL that does not parse; not shown, it may hold a password)"
                 .to_owned(),
@@ -176,6 +185,13 @@ impl Postgres {
         connect_config.connect_timeout(CONNECT_TIMEOUT);
         if connect_config.get_application_name().is_none() {
             connect_config.application_name("archivist");
+        }
+        if durability == Durability::Process {
+            let options = match connect_config.get_options() {
+                Some(given) => format!("{given} -c synchronous_commit=off"),
+                None => "-c synchronous_commit=off".to_owned(),
+            };
+            connect_config.options(options);
         }
         let manager = Manager::from_config(
             connect_config.clone(),
@@ -297,6 +313,11 @@ async fn transact<T>(
         }
     }
 }
+
+/// The database server's clock, in milliseconds since the epoch: leases
+/// are set and read by it, so that replicas on machines whose clocks
+/// disagree still agree on when a claim runs out.
+const DB_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// A value of a BIGINT column as an unsigned count or id.
 fn unsigned<T: TryFrom<i64>>(value: i64, what: &str) -> Result<T, StoreError> {

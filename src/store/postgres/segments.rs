@@ -6,7 +6,7 @@ use deadpool_postgres::Object;
 use tokio_postgres::types::ToSql;
 
 use super::rows::{self, ENTRY_COLUMNS, SEGMENT_COLUMN_COUNT, SEGMENT_COLUMNS, SEGMENT_FROM};
-use super::{Postgres, signed, transact, unsigned};
+use super::{DB_NOW, Postgres, signed, transact, unsigned};
 use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
@@ -225,14 +225,11 @@ impl Postgres {
         };
         let client = self.client().await?;
         let sql = format!(
-            "SELECT {SEGMENT_COLUMNS}, coalesce(s.claim_expires_at > $2, false) \
+            "SELECT {SEGMENT_COLUMNS}, coalesce(s.claim_expires_at > {DB_NOW}, false) \
              FROM {SEGMENT_FROM} WHERE s.id = $1"
         );
         let stmt = client.prepare_cached(&sql).await?;
-        match client
-            .query_opt(&stmt, &[&signed_id, &Millis::now().0])
-            .await?
-        {
+        match client.query_opt(&stmt, &[&signed_id]).await? {
             Some(row) => Ok((rows::segment(&row)?, row.try_get(SEGMENT_COLUMN_COUNT)?)),
             None => Err(StoreError::SegmentNotFound(id)),
         }
@@ -491,7 +488,7 @@ impl Postgres {
         filter: BackfillFilter,
     ) -> Result<Vec<(Segment, bool)>, StoreError> {
         let client = self.client().await?;
-        let mut values: Vec<Param> = vec![Box::new(Millis::now().0)];
+        let mut values: Vec<Param> = Vec::new();
         let mut clause = String::from("TRUE");
         if let Some(session) = &filter.session {
             values.push(Box::new(session.as_str().to_owned()));
@@ -514,7 +511,7 @@ impl Postgres {
             ));
         }
         let sql = format!(
-            "SELECT {SEGMENT_COLUMNS}, coalesce(s.claim_expires_at > $1, false) \
+            "SELECT {SEGMENT_COLUMNS}, coalesce(s.claim_expires_at > {DB_NOW}, false) \
              FROM {SEGMENT_FROM} WHERE {clause} ORDER BY s.id"
         );
         client
@@ -582,11 +579,11 @@ impl Postgres {
     ) -> Result<Vec<SegmentId>, StoreError> {
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT id FROM segments WHERE state = $1 AND next_attempt_at <= $2 \
-                 AND (claim_expires_at IS NULL OR claim_expires_at <= $2) \
-                 ORDER BY next_attempt_at LIMIT $3",
-            )
+                 AND (claim_expires_at IS NULL OR claim_expires_at <= {DB_NOW}) \
+                 ORDER BY next_attempt_at LIMIT $3"
+            ))
             .await?;
         client
             .query(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::testing::fresh_database;
 use crate::model::{NewEntry, Role, SegmentPolicy, SegmentState, Summary, Tenant};
 use crate::store::tests::{entries, session};
-use crate::store::{OpenMode, Store, StoreError};
+use crate::store::{Durability, OpenMode, Store, StoreError};
 
 const BIG: SegmentPolicy = SegmentPolicy {
     max_entries: 1_000_000,
@@ -69,7 +69,7 @@ async fn an_existing_or_read_only_open_needs_the_schema_and_never_writes() {
         return;
     };
     for mode in [OpenMode::Existing, OpenMode::ReadOnly] {
-        let opened = Store::open_postgres(&db.url, mode).await;
+        let opened = Store::open_postgres(&db.url, mode, Durability::Process).await;
         assert!(
             matches!(opened, Err(StoreError::NoDatabase { .. })),
             "{mode:?}"
@@ -81,7 +81,7 @@ async fn an_existing_or_read_only_open_needs_the_schema_and_never_writes() {
         .append(&t, &session("s"), entries(&["x"]), BIG, 0)
         .await
         .expect("append");
-    let read_only = Store::open_postgres(&db.url, OpenMode::ReadOnly)
+    let read_only = Store::open_postgres(&db.url, OpenMode::ReadOnly, Durability::Process)
         .await
         .expect("read-only");
     assert_eq!(
@@ -99,7 +99,7 @@ async fn an_existing_or_read_only_open_needs_the_schema_and_never_writes() {
             .await,
         Err(StoreError::ReadOnly)
     ));
-    let existing = Store::open_postgres(&db.url, OpenMode::Existing)
+    let existing = Store::open_postgres(&db.url, OpenMode::Existing, Durability::Process)
         .await
         .expect("existing");
     assert!(existing.has_session(&t, &session("s")).await.expect("has"));
@@ -295,4 +295,32 @@ async fn siblings_completed_on_two_replicas_at_once_make_their_roll_up_once() {
         assert_eq!((rollup.level, rollup.state), (2, SegmentState::Pending));
         assert_eq!(rollup.child_ids, ids);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_character_refuses_its_call_only() {
+    let Some((_db, stores)) = replicas(1).await else {
+        return;
+    };
+    let store = &stores[0];
+    let t = Tenant::default();
+    // Calls queued together commit in one batch: the refused one is left
+    // out, the others are stored.
+    let (s, o) = (session("s"), session("o"));
+    let (good, bad, other) = tokio::join!(
+        store.append(&t, &s, entries(&["fine"]), BIG, 0),
+        store.append(&t, &s, entries(&["ok", "not\0ok"]), BIG, 0),
+        store.append(&t, &o, entries(&["fine too"]), BIG, 0),
+    );
+    assert!(
+        matches!(bad, Err(StoreError::Unstorable { index: 1, .. })),
+        "{bad:?}"
+    );
+    assert_eq!(good.expect("good").entries[0].seq, 1);
+    assert_eq!(other.expect("other").entries[0].seq, 1);
+    let next = store
+        .append(&t, &s, entries(&["next"]), BIG, 0)
+        .await
+        .expect("append");
+    assert_eq!(next.entries[0].seq, 2, "the refused call took no seq");
 }
