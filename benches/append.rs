@@ -2,19 +2,38 @@
 //! binary in its own process (so the figures are the server's, not shared
 //! with the load generator's runtime).
 //!
-//! Run: `cargo bench --bench append` (add `-- --seconds 10` for longer
-//! rounds). Reports entries/s and calls/s for batches of 1, 10 and 100 with
-//! 8 concurrent clients, and the latency of a single-entry append into a
-//! session holding 100,000 entries versus a new one. Every acknowledged
-//! append is durable across kill -9 (the tests check that), so the figures
-//! are for the durable path.
+//! Run: `cargo bench --bench append`. Options after `--`:
 //!
-//! The tonic client here shares the machine's two cores with the server, so
-//! it measures the pair. Where `h2load` is on the PATH (Debian's
-//! nghttp2-client), the same load is also sent by h2load with a pre-encoded
-//! request, a far cheaper load generator, and the bench checks afterwards
-//! that every entry it sent is stored.
+//! - `--round-seconds F`: the length of each h2load round (default 2);
+//! - `--before PATH`: also start the `archivist` binary at PATH (an older
+//!   build, say) and run every h2load round against both servers, side by
+//!   side, alternating which goes first;
+//! - `--ratios-only`: the h2load rounds only;
+//! - `--seconds N`: the length of each tonic-client round (default 5).
+//!
+//! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
+//! bench says how to install it and skips this part when it is missing).
+//! Against one server, in one run, h2load sends grpc.health.v1 Check (the
+//! same transport, listener and call-recording layer, doing no work: the
+//! baseline) and AppendEntries of 1 and 10 entries, over 8 connections with
+//! 1 and then 4 calls in flight on each (8×1, 8×4); each figure is printed
+//! with its ratio to the health checks at the same load (measured before
+//! and after the appends; the mean), and the p50 and p99 latency h2load saw.
+//! The machine is shared and noisy: ratios from one run are what count.
+//! Segments are large enough that no recap runs. After each round the bench
+//! counts what the session stored (an HTTP 200 says nothing of
+//! grpc-status), so every call in these figures was stored.
+//!
+//! **Tonic client** (unless `--ratios-only`): entries/s and calls/s for
+//! batches of 1, 10 and 100 with 8 concurrent clients, and the latency of a
+//! single-entry append into a session holding 100,000 entries versus a new
+//! one. This client shares the machine's two cores with the server, so it
+//! measures the pair.
+//!
+//! Every acknowledged append is durable across kill -9 (the tests check
+//! that), so the figures are for the durable path.
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,13 +55,13 @@ impl Drop for Server {
     }
 }
 
-async fn start_server() -> Server {
+async fn start_server(binary: &Path) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_archivist"))
+    let child = Command::new(binary)
         .args([
             "serve",
             "--listen",
@@ -149,65 +168,273 @@ fn summary(lat: &[Duration]) -> String {
     )
 }
 
-/// Sends `calls` AppendEntries of `batch` entries (no idempotency keys, so
-/// each is stored) with h2load over 8 connections, then checks the server
-/// stored all of them. Returns calls/s, or None when h2load is missing.
-async fn h2load(server: &Server, batch: usize, calls: u64) -> Option<f64> {
-    let session = format!("h2load-{batch}");
-    let mut req = request(&session, batch, 0);
-    for e in &mut req.entries {
-        e.client_entry_id.clear();
-    }
-    let body = req.encode_to_vec();
+// ---- h2load: ratios to the transport ---------------------------------------
+
+/// Connections h2load opens.
+const CONNECTIONS: usize = 8;
+/// Calls of each warm-up round (which also sizes the round after it).
+const WARM_UP_CALLS: u64 = 1500;
+/// grpc.health.v1 Check with an empty HealthCheckRequest (the whole
+/// server), as one gRPC frame: uncompressed, length 0.
+const HEALTH_FRAME: [u8; 5] = [0; 5];
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
+const APPEND_PATH: &str = "/archivist.v1.Archivist/AppendEntries";
+
+/// One h2load round: calls/s and the latency percentiles h2load saw.
+#[derive(Clone, Copy)]
+struct Round {
+    rate: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// `message` as one gRPC frame.
+fn frame(message: &impl Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
     frame.extend_from_slice(&body);
-    let file = tempfile::NamedTempFile::new().expect("frame file");
-    std::fs::write(file.path(), &frame).expect("write frame");
+    frame
+}
+
+/// Whether h2load can be run.
+fn have_h2load() -> bool {
+    Command::new("h2load")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Sends `calls` requests of `body` to `path` with h2load, `CONNECTIONS`
+/// connections with `streams` calls in flight on each; panics unless every
+/// one had an HTTP 2xx answer.
+fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) -> Round {
+    let data = tempfile::NamedTempFile::new().expect("frame file");
+    std::fs::write(data.path(), body).expect("write frame");
+    let log = tempfile::NamedTempFile::new().expect("log file");
     let out = Command::new("h2load")
-        .args(["-n", &calls.to_string(), "-c", "8", "-m", "1", "--data"])
-        .arg(file.path())
+        .args(["-n", &calls.to_string()])
+        .args(["-c", &CONNECTIONS.to_string()])
+        .args(["-m", &streams.to_string()])
+        .args(["-t", "1", "--data"])
+        .arg(data.path())
+        .arg("--log-file")
+        .arg(log.path())
         .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .arg(format!(
-            "{}/archivist.v1.Archivist/AppendEntries",
-            server.address
-        ))
+        .arg(format!("{address}{path}"))
         .output()
-        .ok()?;
+        .expect("run h2load");
     let text = String::from_utf8_lossy(&out.stdout);
     let rate = text
         .lines()
         .find(|l| l.starts_with("finished in"))
         .and_then(|l| l.split(", ").nth(1))
-        .and_then(|r| r.trim_end_matches(" req/s").parse::<f64>().ok())?;
-    // HTTP 200 says nothing of grpc-status: count what was stored.
-    let mut client = archivist::client::connect(&server.address).await.ok()?;
+        .and_then(|r| r.trim_end_matches(" req/s").parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("h2load said:\n{text}"));
+    let ok = text
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert_eq!(ok, Some(calls), "h2load: every call answered 2xx:\n{text}");
+    // Per request: start (µs since the epoch), HTTP status, µs to the end
+    // of its answer.
+    let mut took: Vec<f64> = std::fs::read_to_string(log.path())
+        .expect("h2load log")
+        .lines()
+        .filter_map(|l| l.split('\t').nth(2)?.trim().parse().ok())
+        .collect();
+    assert!(!took.is_empty(), "h2load logged no requests");
+    took.sort_by(f64::total_cmp);
+    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+    Round {
+        rate,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+    }
+}
+
+/// What a round sends, and where.
+#[derive(Clone, Copy)]
+enum Call {
+    Health,
+    Append(usize),
+}
+
+impl Call {
+    fn label(self) -> String {
+        match self {
+            Call::Health => "health Check (baseline)".to_owned(),
+            Call::Append(1) => "AppendEntries, 1 entry".to_owned(),
+            Call::Append(n) => format!("AppendEntries, {n} entries"),
+        }
+    }
+}
+
+/// The entries stored in `session`.
+async fn stored(server: &Server, session: &str) -> u64 {
+    let mut client = archivist::client::connect(&server.address)
+        .await
+        .expect("connect");
     let segments = client
         .list_segments(pb::ListSegmentsRequest {
-            session_id: session,
+            session_id: session.to_owned(),
             states: Vec::new(),
             page_size: 1000,
             page_token: String::new(),
             levels: Vec::new(),
         })
         .await
-        .ok()?
+        .expect("list segments")
         .into_inner()
         .segments;
-    let stored: u64 = segments.iter().map(|s| u64::from(s.entry_count)).sum();
-    assert_eq!(stored, calls * batch as u64, "h2load: every entry stored");
-    Some(rate)
+    segments.iter().map(|s| u64::from(s.entry_count)).sum()
+}
+
+/// A warm-up round, then a measured one of about `seconds` (sized by the
+/// warm-up's rate); for appends, checks the session stored every entry
+/// sent (no idempotency keys, so each call stores its entries).
+async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag: &str) -> Round {
+    let (path, body, session) = match call {
+        Call::Health => (HEALTH_PATH, HEALTH_FRAME.to_vec(), None),
+        Call::Append(batch) => {
+            let session = format!("ratio-{tag}-{streams}-{batch}");
+            let mut req = request(&session, batch, 0);
+            for e in &mut req.entries {
+                e.client_entry_id.clear();
+            }
+            (APPEND_PATH, frame(&req), Some((session, batch)))
+        }
+    };
+    let warm = h2load(&server.address, path, &body, WARM_UP_CALLS, streams);
+    let calls = ((warm.rate * seconds) as u64).max(WARM_UP_CALLS);
+    let round = h2load(&server.address, path, &body, calls, streams);
+    if let Some((session, batch)) = session {
+        let sent = (WARM_UP_CALLS + calls) * batch as u64;
+        assert_eq!(
+            stored(server, &session).await,
+            sent,
+            "{session}: every entry sent is stored"
+        );
+    }
+    round
+}
+
+/// The figures of one server: for each load and call, its round.
+type Figures = Vec<(usize, Call, Round)>;
+
+/// Runs every round against each server (`servers` are named); at each
+/// step the servers take turns going first.
+async fn ratio_rounds(servers: &[(&str, &Server)], seconds: f64) -> Vec<Figures> {
+    let mut figures: Vec<Figures> = vec![Vec::new(); servers.len()];
+    let mut step = 0usize;
+    for streams in [1, 4] {
+        let calls = [
+            Call::Health,
+            Call::Append(1),
+            Call::Append(10),
+            Call::Health,
+        ];
+        for (i, call) in calls.into_iter().enumerate() {
+            let mut order: Vec<usize> = (0..servers.len()).collect();
+            order.rotate_left(step % servers.len());
+            step += 1;
+            for s in order {
+                let (name, server) = servers[s];
+                let round = measure(server, call, streams, seconds, &format!("{name}{i}")).await;
+                figures[s].push((streams, call, round));
+            }
+        }
+    }
+    figures
+}
+
+/// Prints one server's figures, each with its ratio to the mean of the two
+/// health rounds at the same load.
+fn print_figures(name: &str, figures: &Figures) {
+    for streams in [1, 4] {
+        let rows: Vec<&(usize, Call, Round)> =
+            figures.iter().filter(|(s, _, _)| *s == streams).collect();
+        let health: Vec<f64> = rows
+            .iter()
+            .filter(|(_, c, _)| matches!(c, Call::Health))
+            .map(|(_, _, r)| r.rate)
+            .collect();
+        let baseline = health.iter().sum::<f64>() / health.len() as f64;
+        for (_, call, r) in rows {
+            println!(
+                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
+                call.label(),
+                r.rate,
+                100.0 * r.rate / baseline,
+                r.p50_us,
+                r.p99_us,
+            );
+        }
+    }
+}
+
+async fn ratios(before: Option<&Path>, seconds: f64) {
+    println!(
+        "Ratios to the transport: h2load, {CONNECTIONS} connections, calls in flight per connection as shown, ~{seconds} s rounds after a warm-up;"
+    );
+    println!(
+        "each rate as a percentage of grpc.health.v1 Check on the same server at the same load (mean of a round before and after the appends)."
+    );
+    if !have_h2load() {
+        println!(
+            "  (h2load not found, so these are skipped: `apt-get install nghttp2-client` provides it)"
+        );
+        return;
+    }
+    let this = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
+    let old = match before {
+        Some(path) => Some(start_server(path).await),
+        None => None,
+    };
+    let mut servers = vec![("this", &this)];
+    if let Some(old) = &old {
+        servers.insert(0, ("before", old));
+    }
+    let figures = ratio_rounds(&servers, seconds).await;
+    println!(
+        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
+        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
+    );
+    for ((name, _), figures) in servers.iter().zip(&figures) {
+        print_figures(name, figures);
+    }
+    if let Some(path) = before {
+        println!("  (before: {})", path.display());
+    }
 }
 
 fn main() {
     let mut seconds = 5;
+    let mut round_seconds = 2.0;
+    let mut before: Option<PathBuf> = None;
+    let mut ratios_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--seconds" {
-            seconds = args
-                .next()
-                .and_then(|s| s.parse().ok())
-                .expect("--seconds N");
+        match a.as_str() {
+            "--seconds" => {
+                seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--seconds N");
+            }
+            "--round-seconds" => {
+                round_seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--round-seconds F");
+            }
+            "--before" => before = Some(args.next().expect("--before PATH").into()),
+            "--ratios-only" => ratios_only = true,
+            // cargo bench passes --bench.
+            _ => {}
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -215,26 +442,16 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let server = start_server().await;
-        println!("AppendEntries, {CLIENTS} concurrent clients, {seconds} s a round:");
-        for batch in [1, 10, 100] {
-            let (calls, entries) = throughput(&server, batch, seconds).await;
-            println!(
-                "  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s"
-            );
+        ratios(before.as_deref(), round_seconds).await;
+        if ratios_only {
+            return;
         }
 
-        for (batch, calls) in [(1, 100_000), (10, 50_000), (100, 5_000)] {
-            match h2load(&server, batch, calls).await {
-                Some(rate) => println!(
-                    "  h2load, batch {batch:>3}: {rate:>9.0} calls/s  {:>9.0} entries/s ({calls} calls, all stored)",
-                    rate * batch as f64
-                ),
-                None => {
-                    println!("  (h2load not found: apt-get install nghttp2-client for its figures)");
-                    break;
-                }
-            }
+        let server = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
+        println!("AppendEntries, tonic client, {CLIENTS} concurrent clients, {seconds} s a round:");
+        for batch in [1, 10, 100] {
+            let (calls, entries) = throughput(&server, batch, seconds).await;
+            println!("  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s");
         }
 
         let mut client = archivist::client::connect(&server.address)
