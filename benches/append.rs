@@ -4,7 +4,8 @@
 //!
 //! Run: `cargo bench --bench append`. Options after `--`:
 //!
-//! - `--round-seconds F`: the length of each h2load round (default 2);
+//! - `--round-seconds F`: the length of each h2load round (default 1);
+//! - `--repeat N`: rounds per figure (default 3; the median counts);
 //! - `--before PATH`: also start the `archivist` binary at PATH (an older
 //!   build, say) and run every h2load round against both servers, side by
 //!   side, alternating which goes first;
@@ -16,10 +17,12 @@
 //! Against one server, in one run, h2load sends grpc.health.v1 Check (the
 //! same transport, listener and call-recording layer, doing no work: the
 //! baseline) and AppendEntries of 1 and 10 entries, over 8 connections with
-//! 1 and then 4 calls in flight on each (8×1, 8×4); each figure is printed
-//! with its ratio to the health checks at the same load (measured before
-//! and after the appends; the mean), and the p50 and p99 latency h2load saw.
-//! The machine is shared and noisy: ratios from one run are what count.
+//! 1 and then 4 calls in flight on each (8×1, 8×4), in short rounds taken
+//! in turn (health, 1 entry, 10 entries, health, ...); each figure is the
+//! median of its rounds, printed with its ratio to the health checks' at
+//! the same load, and the p50 and p99 latency h2load saw over all of its
+//! calls. The machine is shared and noisy: ratios from one run are what
+//! count, and the interleaving spreads a burst of noise over every figure.
 //! Segments are large enough that no recap runs. After each round the bench
 //! counts what the session stored (an HTTP 200 says nothing of
 //! grpc-status), so every call in these figures was stored.
@@ -173,19 +176,17 @@ fn summary(lat: &[Duration]) -> String {
 /// Connections h2load opens.
 const CONNECTIONS: usize = 8;
 /// Calls of each warm-up round (which also sizes the round after it).
-const WARM_UP_CALLS: u64 = 1500;
+const WARM_UP_CALLS: u64 = 1000;
 /// grpc.health.v1 Check with an empty HealthCheckRequest (the whole
 /// server), as one gRPC frame: uncompressed, length 0.
 const HEALTH_FRAME: [u8; 5] = [0; 5];
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
 const APPEND_PATH: &str = "/archivist.v1.Archivist/AppendEntries";
 
-/// One h2load round: calls/s and the latency percentiles h2load saw.
-#[derive(Clone, Copy)]
+/// One h2load round: calls/s and how long each call took (µs).
 struct Round {
     rate: f64,
-    p50_us: f64,
-    p99_us: f64,
+    took_us: Vec<f64>,
 }
 
 /// `message` as one gRPC frame.
@@ -241,29 +242,25 @@ fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) ->
     assert_eq!(ok, Some(calls), "h2load: every call answered 2xx:\n{text}");
     // Per request: start (µs since the epoch), HTTP status, µs to the end
     // of its answer.
-    let mut took: Vec<f64> = std::fs::read_to_string(log.path())
+    let took_us: Vec<f64> = std::fs::read_to_string(log.path())
         .expect("h2load log")
         .lines()
         .filter_map(|l| l.split('\t').nth(2)?.trim().parse().ok())
         .collect();
-    assert!(!took.is_empty(), "h2load logged no requests");
-    took.sort_by(f64::total_cmp);
-    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
-    Round {
-        rate,
-        p50_us: at(0.5),
-        p99_us: at(0.99),
-    }
+    assert!(!took_us.is_empty(), "h2load logged no requests");
+    Round { rate, took_us }
 }
 
-/// What a round sends, and where.
-#[derive(Clone, Copy)]
+/// What a round sends.
+#[derive(Clone, Copy, PartialEq)]
 enum Call {
     Health,
     Append(usize),
 }
 
 impl Call {
+    const ALL: [Call; 3] = [Call::Health, Call::Append(1), Call::Append(10)];
+
     fn label(self) -> String {
         match self {
             Call::Health => "health Check (baseline)".to_owned(),
@@ -294,13 +291,14 @@ async fn stored(server: &Server, session: &str) -> u64 {
 }
 
 /// A warm-up round, then a measured one of about `seconds` (sized by the
-/// warm-up's rate); for appends, checks the session stored every entry
-/// sent (no idempotency keys, so each call stores its entries).
+/// warm-up's rate); for appends, into a session of their own (`tag`), and
+/// checks that it stored every entry sent (no idempotency keys, so each
+/// call stores its entries).
 async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag: &str) -> Round {
     let (path, body, session) = match call {
         Call::Health => (HEALTH_PATH, HEALTH_FRAME.to_vec(), None),
         Call::Append(batch) => {
-            let session = format!("ratio-{tag}-{streams}-{batch}");
+            let session = format!("ratio-{tag}");
             let mut req = request(&session, batch, 0);
             for e in &mut req.entries {
                 e.client_entry_id.clear();
@@ -322,66 +320,84 @@ async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag:
     round
 }
 
-/// The figures of one server: for each load and call, its round.
+/// Each server's rounds: (calls in flight per connection, call, round).
 type Figures = Vec<(usize, Call, Round)>;
 
-/// Runs every round against each server (`servers` are named); at each
-/// step the servers take turns going first.
-async fn ratio_rounds(servers: &[(&str, &Server)], seconds: f64) -> Vec<Figures> {
-    let mut figures: Vec<Figures> = vec![Vec::new(); servers.len()];
+/// Runs every round `repeat` times against each server, interleaved: at
+/// each load, health, 1 entry, 10 entries, health, ...; at each step the
+/// servers take turns going first.
+async fn ratio_rounds(servers: &[(&str, &Server)], seconds: f64, repeat: usize) -> Vec<Figures> {
+    let mut figures: Vec<Figures> = servers.iter().map(|_| Vec::new()).collect();
     let mut step = 0usize;
     for streams in [1, 4] {
-        let calls = [
-            Call::Health,
-            Call::Append(1),
-            Call::Append(10),
-            Call::Health,
-        ];
-        for (i, call) in calls.into_iter().enumerate() {
-            let mut order: Vec<usize> = (0..servers.len()).collect();
-            order.rotate_left(step % servers.len());
-            step += 1;
-            for s in order {
-                let (name, server) = servers[s];
-                let round = measure(server, call, streams, seconds, &format!("{name}{i}")).await;
-                figures[s].push((streams, call, round));
+        for rep in 0..repeat {
+            for call in Call::ALL {
+                let mut order: Vec<usize> = (0..servers.len()).collect();
+                order.rotate_left(step % servers.len());
+                step += 1;
+                for s in order {
+                    let (name, server) = servers[s];
+                    let tag = format!("{name}-{streams}-{rep}-{step}");
+                    let round = measure(server, call, streams, seconds, &tag).await;
+                    figures[s].push((streams, call, round));
+                }
             }
         }
     }
     figures
 }
 
-/// Prints one server's figures, each with its ratio to the mean of the two
-/// health rounds at the same load.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// Prints one server's figures: for each load and call, the median rate of
+/// its rounds and that as a percentage of the health checks' median at the
+/// same load; p50 and p99 over every call of its rounds.
 fn print_figures(name: &str, figures: &Figures) {
     for streams in [1, 4] {
-        let rows: Vec<&(usize, Call, Round)> =
-            figures.iter().filter(|(s, _, _)| *s == streams).collect();
-        let health: Vec<f64> = rows
-            .iter()
-            .filter(|(_, c, _)| matches!(c, Call::Health))
-            .map(|(_, _, r)| r.rate)
-            .collect();
-        let baseline = health.iter().sum::<f64>() / health.len() as f64;
-        for (_, call, r) in rows {
+        let rate = |call: Call| {
+            median(
+                figures
+                    .iter()
+                    .filter(|(s, c, _)| *s == streams && *c == call)
+                    .map(|(_, _, r)| r.rate)
+                    .collect(),
+            )
+        };
+        let baseline = rate(Call::Health);
+        for call in Call::ALL {
+            let mut took: Vec<f64> = figures
+                .iter()
+                .filter(|(s, c, _)| *s == streams && *c == call)
+                .flat_map(|(_, _, r)| r.took_us.iter().copied())
+                .collect();
+            took.sort_by(f64::total_cmp);
+            let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+            let r = rate(call);
             println!(
-                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
+                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
                 call.label(),
-                r.rate,
-                100.0 * r.rate / baseline,
-                r.p50_us,
-                r.p99_us,
+                100.0 * r / baseline,
+                at(0.5),
+                at(0.99),
             );
         }
     }
 }
 
-async fn ratios(before: Option<&Path>, seconds: f64) {
+async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
     println!(
-        "Ratios to the transport: h2load, {CONNECTIONS} connections, calls in flight per connection as shown, ~{seconds} s rounds after a warm-up;"
+        "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
     println!(
-        "each rate as a percentage of grpc.health.v1 Check on the same server at the same load (mean of a round before and after the appends)."
+        "calls/s: the median round; ratio: that over the median of grpc.health.v1 Check on the same server at the same load; p50/p99 over every call of the rounds."
     );
     if !have_h2load() {
         println!(
@@ -398,7 +414,7 @@ async fn ratios(before: Option<&Path>, seconds: f64) {
     if let Some(old) = &old {
         servers.insert(0, ("before", old));
     }
-    let figures = ratio_rounds(&servers, seconds).await;
+    let figures = ratio_rounds(&servers, seconds, repeat).await;
     println!(
         "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
         "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
@@ -413,7 +429,8 @@ async fn ratios(before: Option<&Path>, seconds: f64) {
 
 fn main() {
     let mut seconds = 5;
-    let mut round_seconds = 2.0;
+    let mut round_seconds = 1.0;
+    let mut repeat = 3;
     let mut before: Option<PathBuf> = None;
     let mut ratios_only = false;
     let mut args = std::env::args().skip(1);
@@ -431,6 +448,13 @@ fn main() {
                     .and_then(|s| s.parse().ok())
                     .expect("--round-seconds F");
             }
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .filter(|n| *n > 0)
+                    .expect("--repeat N");
+            }
             "--before" => before = Some(args.next().expect("--before PATH").into()),
             "--ratios-only" => ratios_only = true,
             // cargo bench passes --bench.
@@ -442,7 +466,7 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        ratios(before.as_deref(), round_seconds).await;
+        ratios(before.as_deref(), round_seconds, repeat).await;
         if ratios_only {
             return;
         }
