@@ -14,8 +14,11 @@
 //! survives the process being killed (kill -9); only an operating-system
 //! crash or power loss can lose the last commits. `Durability::Power`
 //! (`storage.durability = "power"`) prevents that with an fsync per commit,
-//! shared by every write of a group commit.
+//! shared by every write of a group commit. Checkpoints (copying the WAL
+//! into the database file) run on a thread of their own
+//! (`checkpoint.rs`), not in the writer's commits.
 
+mod checkpoint;
 mod claims;
 mod rows;
 mod runs;
@@ -168,6 +171,7 @@ impl Sqlite {
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         schema::migrate(&mut writer)?;
+        checkpoint::start(&path, durability, &mut writer)?;
         let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
         std::thread::Builder::new()
             .name("archivist-store-writer".to_owned())

@@ -304,23 +304,60 @@ fn append_tx(
     max_tenant_bytes: u64,
 ) -> Result<AppendOutcome, StoreError> {
     let now = Millis::now();
-    let existing = session_row(conn, tenant, name)?;
-    let mut added_bytes = 0u64;
-    if max_tenant_bytes > 0 {
-        // A tenant already at its cap is refused before any write.
-        let stored: u64 = conn
-            .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
-            .query_row([tenant], |r| r.get(0))
-            .optional()?
-            .unwrap_or(0);
-        if stored >= max_tenant_bytes {
-            return Err(StoreError::TenantFull {
-                tenant: tenant.to_owned(),
-                wanted: stored,
-                limit: max_tenant_bytes,
-            });
+    // What the append starts from, in one statement when the session
+    // exists: its row, its open segment's counts and the tenant's stored
+    // bytes. (Scalar subqueries rather than a join: SQLite re-plans a join
+    // with bound parameters each time the statement is reused.)
+    let found = conn
+        .prepare_cached(
+            "SELECT x.id, x.next_seq, x.next_ordinal, x.open_segment_id, \
+             (SELECT entry_count FROM segments WHERE id = x.open_segment_id), \
+             (SELECT token_estimate FROM segments WHERE id = x.open_segment_id), \
+             (SELECT last_seq FROM segments WHERE id = x.open_segment_id), \
+             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1) \
+             FROM sessions x WHERE x.tenant = ?1 AND x.name = ?2",
+        )?
+        .query_row(params![tenant, name], |r| {
+            let session = SessionRow {
+                id: r.get(0)?,
+                next_seq: r.get(1)?,
+                next_ordinal: r.get(2)?,
+                open_segment_id: r.get(3)?,
+            };
+            let open = match (session.open_segment_id, r.get(4)?) {
+                (Some(id), Some(entries)) => Some(OpenSegment {
+                    id,
+                    entries,
+                    tokens: r.get(5)?,
+                    last_seq: r.get(6)?,
+                    touched: false,
+                }),
+                _ => None,
+            };
+            let stored: Option<u64> = r.get(7)?;
+            Ok((session, open, stored))
+        })
+        .optional()?;
+    let (existing, mut open, stored) = match found {
+        Some((session, open, stored)) => (Some(session), open, stored),
+        None => {
+            let stored = conn
+                .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
+                .query_row([tenant], |r| r.get(0))
+                .optional()?;
+            (None, None, stored)
         }
+    };
+    let stored: u64 = stored.unwrap_or(0);
+    if max_tenant_bytes > 0 && stored >= max_tenant_bytes {
+        // A tenant already at its cap is refused before any write.
+        return Err(StoreError::TenantFull {
+            tenant: tenant.to_owned(),
+            wanted: stored,
+            limit: max_tenant_bytes,
+        });
     }
+    let mut added_bytes = 0u64;
     let (session_id, mut next_seq, mut next_ordinal, open_id) = match existing {
         Some(row) => (row.id, row.next_seq, row.next_ordinal, row.open_segment_id),
         None => {
@@ -334,35 +371,19 @@ fn append_tx(
             (id, 1, 1, None)
         }
     };
-    let mut open = match open_id {
-        Some(id) => Some(
-            conn.prepare_cached(
-                "SELECT entry_count, token_estimate, last_seq FROM segments WHERE id = ?1",
-            )?
-            .query_row([id], |r| {
-                Ok(OpenSegment {
-                    id,
-                    entries: r.get(0)?,
-                    tokens: r.get(1)?,
-                    last_seq: r.get(2)?,
-                    touched: false,
-                })
-            })?,
-        ),
-        None => None,
-    };
+    if open_id.is_some() && open.is_none() {
+        // The session names an open segment that is not there.
+        return Err(rusqlite::Error::QueryReturnedNoRows.into());
+    }
 
-    let mut find_dup = conn.prepare_cached(
-        "SELECT seq, role, content FROM entries WHERE session_id = ?1 AND client_entry_id = ?2",
-    )?;
     let mut insert_entry = conn.prepare_cached(
         "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    let mut insert_segment = conn.prepare_cached(
-        "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, entry_count, \
-         token_estimate, created_at) VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
-    )?;
+    // Prepared when first needed: most appends carry no idempotency keys
+    // and go to a segment already open.
+    let mut find_dup = None;
+    let mut insert_segment = None;
     let mut outcome = AppendOutcome {
         entries: Vec::with_capacity(entries.len()),
         open_segment_id: None,
@@ -371,6 +392,13 @@ fn append_tx(
     let mut stored_any = false;
     for (index, entry) in entries.into_iter().enumerate() {
         if let Some(cid) = &entry.client_entry_id {
+            let find_dup = match &mut find_dup {
+                Some(statement) => statement,
+                None => find_dup.insert(conn.prepare_cached(
+                    "SELECT seq, role, content FROM entries \
+                     WHERE session_id = ?1 AND client_entry_id = ?2",
+                )?),
+            };
             let seen = find_dup
                 .query_row(params![session_id, cid], |r| {
                     Ok((
@@ -420,6 +448,14 @@ fn append_tx(
         let seg = match &mut open {
             Some(seg) => seg,
             None => {
+                let insert_segment = match &mut insert_segment {
+                    Some(statement) => statement,
+                    None => insert_segment.insert(conn.prepare_cached(
+                        "INSERT INTO segments (session_id, ordinal, state, first_seq, last_seq, \
+                         entry_count, token_estimate, created_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?4, 0, 0, ?5) RETURNING id",
+                    )?),
+                };
                 let id = insert_segment.query_row(
                     params![
                         session_id,
@@ -475,21 +511,22 @@ fn append_tx(
         now.0
     ])?;
     if added_bytes > 0 {
-        let stored: u64 = conn
-            .prepare_cached(
-                "INSERT INTO tenant_usage (tenant, stored_bytes) VALUES (?1, ?2) \
-                 ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + ?2 \
-                 RETURNING stored_bytes",
-            )?
-            .query_row(params![tenant, added_bytes], |r| r.get(0))?;
-        if max_tenant_bytes > 0 && stored > max_tenant_bytes {
+        // Nothing else writes the tenant's row in this transaction since it
+        // was read above: the writer runs one job at a time.
+        let wanted = stored.saturating_add(added_bytes);
+        if max_tenant_bytes > 0 && wanted > max_tenant_bytes {
             // The job's savepoint rolls every write of this append back.
             return Err(StoreError::TenantFull {
                 tenant: tenant.to_owned(),
-                wanted: stored,
+                wanted,
                 limit: max_tenant_bytes,
             });
         }
+        conn.prepare_cached(
+            "INSERT INTO tenant_usage (tenant, stored_bytes) VALUES (?1, ?2) \
+             ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + ?2",
+        )?
+        .execute(params![tenant, added_bytes])?;
     }
     Ok(outcome)
 }

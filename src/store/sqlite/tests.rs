@@ -1,7 +1,7 @@
 //! What only the SQLite backend promises: its writer's group commit never
 //! lets an acknowledged write be lost or an unacknowledged one be stored,
-//! it commits with the durability asked for, and its trigger-kept counts
-//! equal a recount.
+//! it commits with the durability asked for, its trigger-kept counts
+//! equal a recount, and its log is checkpointed beside the writer.
 
 use super::*;
 use crate::model::{SegmentPolicy, Tenant};
@@ -271,4 +271,30 @@ async fn a_full_disk_is_told_apart_and_the_probe_reports_it() {
     assert_eq!(count_entries(&store, "s").await, 1);
     assert!(matches!(store.probe().await, Err(StoreError::Full(_))));
     store.probe().await.expect("nothing refused since");
+}
+
+#[tokio::test]
+async fn the_log_is_checkpointed_into_the_database_file() {
+    // SQLite's own automatic checkpoint is replaced (`checkpoint.rs`): the
+    // log must still be copied into the database file, by the checkpoint
+    // thread, and stay bounded.
+    let (dir, store) = open().await;
+    let db = Sqlite::database_path(dir.path());
+    let wal = dir.path().join(format!("{DATABASE_FILE}-wal"));
+    let text = "x".repeat(2000);
+    // Each append stores an entry and closes a segment: several pages of
+    // log each, thousands in all.
+    for _ in 0..600 {
+        assert!(append(&store, "s", &[&text]).await);
+    }
+    let copied = 600 * 2000;
+    let mut waited = 0;
+    while std::fs::metadata(&db).expect("database file").len() < copied {
+        assert!(waited < 100, "the log was not checkpointed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += 1;
+    }
+    let log = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    assert!(log < 11_000 * 4200, "the log grew to {log} bytes");
+    assert_eq!(count_entries(&store, "s").await, 600);
 }

@@ -1,0 +1,498 @@
+//! AppendEntries over real gRPC on loopback, against the real `archivist`
+//! binary in its own process (so the figures are the server's, not shared
+//! with the load generator's runtime).
+//!
+//! Run: `cargo bench --bench ratios` (the ratios to the transport that
+//! issue 17 asks for; `cargo bench --bench append` has the SQLite and
+//! PostgreSQL append rates). Options after `--`:
+//!
+//! - `--round-seconds F`: the length of each h2load round (default 1);
+//! - `--repeat N`: rounds per figure (default 3; the median counts);
+//! - `--before PATH`: also start the `archivist` binary at PATH (an older
+//!   build, say) and run every h2load round against both servers, side by
+//!   side, alternating which goes first;
+//! - `--ratios-only`: the h2load rounds only;
+//! - `--seconds N`: the length of each tonic-client round (default 5).
+//!
+//! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
+//! bench says how to install it and skips this part when it is missing).
+//! Against one server, in one run, h2load sends grpc.health.v1 Check (the
+//! same transport, listener and call-recording layer, doing no work: the
+//! baseline) and AppendEntries of 1 and 10 entries, over 8 connections with
+//! 1 and then 4 calls in flight on each (8×1, 8×4), in short rounds taken
+//! in turn (health, 1 entry, 10 entries, health, ...); each figure is the
+//! median of its rounds, printed with its ratio to the health checks' at
+//! the same load, and the p50 and p99 latency h2load saw over all of its
+//! calls. The machine is shared and noisy: ratios from one run are what
+//! count, and the interleaving spreads a burst of noise over every figure.
+//! Segments are large enough that no recap runs. After each round the bench
+//! counts what the session stored (an HTTP 200 says nothing of
+//! grpc-status), so every call in these figures was stored.
+//!
+//! **Tonic client** (unless `--ratios-only`): entries/s and calls/s for
+//! batches of 1, 10 and 100 with 8 concurrent clients, and the latency of a
+//! single-entry append into a session holding 100,000 entries versus a new
+//! one. This client shares the machine's two cores with the server, so it
+//! measures the pair.
+//!
+//! Every acknowledged append is durable across kill -9 (the tests check
+//! that), so the figures are for the durable path.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use archivist::pb;
+use prost::Message;
+
+const CLIENTS: usize = 8;
+
+struct Server {
+    child: Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_server(binary: &Path) -> Server {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new(binary)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        // Big segments: this measures appends, not recaps.
+        .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000")
+        .env("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn archivist");
+    // Owned at once, so that every way out of here kills and reaps it.
+    let server = Server {
+        child,
+        address: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    for _ in 0..200 {
+        if archivist::client::connect(&server.address).await.is_ok() {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("archivist did not start");
+}
+
+fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
+    pb::AppendEntriesRequest {
+        session_id: session.to_owned(),
+        entries: (0..batch)
+            .map(|i| pb::NewEntry {
+                client_entry_id: format!("c{n}-{i}"),
+                role: pb::Role::User.into(),
+                content: format!(
+                    "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
+                ),
+            })
+            .collect(),
+    }
+}
+
+/// Calls per second and entries per second for `batch`-entry calls from
+/// `CLIENTS` clients, each on its own connection and session.
+async fn throughput(server: &Server, batch: usize, seconds: u64) -> (f64, f64) {
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(
+            archivist::client::connect(&server.address)
+                .await
+                .expect("connect"),
+        );
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for (c, mut client) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let session = format!("bench-{batch}-{c}");
+            let mut calls = 0u64;
+            while Instant::now() < end {
+                client
+                    .append_entries(request(&session, batch, calls))
+                    .await
+                    .expect("append");
+                calls += 1;
+            }
+            calls
+        }));
+    }
+    let mut calls = 0;
+    for t in tasks {
+        calls += t.await.expect("client task");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (calls as f64 / secs, (calls as usize * batch) as f64 / secs)
+}
+
+async fn latencies(client: &mut archivist::client::Client, session: &str, n: u64) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let t = Instant::now();
+        client
+            .append_entries(request(session, 1, 10_000_000 + i))
+            .await
+            .expect("append");
+        out.push(t.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn summary(lat: &[Duration]) -> String {
+    let mean = lat.iter().sum::<Duration>() / lat.len() as u32;
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    format!(
+        "mean {:>6.1} µs  p50 {:>6.1} µs  p99 {:>6.1} µs",
+        mean.as_secs_f64() * 1e6,
+        p(0.5).as_secs_f64() * 1e6,
+        p(0.99).as_secs_f64() * 1e6
+    )
+}
+
+// ---- h2load: ratios to the transport ---------------------------------------
+
+/// Connections h2load opens.
+const CONNECTIONS: usize = 8;
+/// Calls of each warm-up round (which also sizes the round after it).
+const WARM_UP_CALLS: u64 = 1000;
+/// grpc.health.v1 Check with an empty HealthCheckRequest (the whole
+/// server), as one gRPC frame: uncompressed, length 0.
+const HEALTH_FRAME: [u8; 5] = [0; 5];
+const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
+const APPEND_PATH: &str = "/archivist.v1.Archivist/AppendEntries";
+
+/// One h2load round: calls/s and how long each call took (µs).
+struct Round {
+    rate: f64,
+    took_us: Vec<f64>,
+}
+
+/// `message` as one gRPC frame.
+fn frame(message: &impl Message) -> Vec<u8> {
+    let body = message.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Whether h2load can be run.
+fn have_h2load() -> bool {
+    Command::new("h2load")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Sends `calls` requests of `body` to `path` with h2load, `CONNECTIONS`
+/// connections with `streams` calls in flight on each; panics unless every
+/// one had an HTTP 2xx answer.
+fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) -> Round {
+    let data = tempfile::NamedTempFile::new().expect("frame file");
+    std::fs::write(data.path(), body).expect("write frame");
+    let log = tempfile::NamedTempFile::new().expect("log file");
+    let out = Command::new("h2load")
+        .args(["-n", &calls.to_string()])
+        .args(["-c", &CONNECTIONS.to_string()])
+        .args(["-m", &streams.to_string()])
+        .args(["-t", "1", "--data"])
+        .arg(data.path())
+        .arg("--log-file")
+        .arg(log.path())
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!("{address}{path}"))
+        .output()
+        .expect("run h2load");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = text
+        .lines()
+        .find(|l| l.starts_with("finished in"))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|r| r.trim_end_matches(" req/s").parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("h2load said:\n{text}"));
+    let ok = text
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert_eq!(ok, Some(calls), "h2load: every call answered 2xx:\n{text}");
+    // Per request: start (µs since the epoch), HTTP status, µs to the end
+    // of its answer.
+    let took_us: Vec<f64> = std::fs::read_to_string(log.path())
+        .expect("h2load log")
+        .lines()
+        .filter_map(|l| l.split('\t').nth(2)?.trim().parse().ok())
+        .collect();
+    assert!(!took_us.is_empty(), "h2load logged no requests");
+    Round { rate, took_us }
+}
+
+/// What a round sends.
+#[derive(Clone, Copy, PartialEq)]
+enum Call {
+    Health,
+    Append(usize),
+}
+
+impl Call {
+    const ALL: [Call; 3] = [Call::Health, Call::Append(1), Call::Append(10)];
+
+    fn label(self) -> String {
+        match self {
+            Call::Health => "health Check (baseline)".to_owned(),
+            Call::Append(1) => "AppendEntries, 1 entry".to_owned(),
+            Call::Append(n) => format!("AppendEntries, {n} entries"),
+        }
+    }
+}
+
+/// The entries stored in `session`.
+async fn stored(server: &Server, session: &str) -> u64 {
+    let mut client = archivist::client::connect(&server.address)
+        .await
+        .expect("connect");
+    let segments = client
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: session.to_owned(),
+            states: Vec::new(),
+            page_size: 1000,
+            page_token: String::new(),
+            levels: Vec::new(),
+        })
+        .await
+        .expect("list segments")
+        .into_inner()
+        .segments;
+    segments.iter().map(|s| u64::from(s.entry_count)).sum()
+}
+
+/// A warm-up round, then a measured one of about `seconds` (sized by the
+/// warm-up's rate); for appends, into a session of their own (`tag`), and
+/// checks that it stored every entry sent (no idempotency keys, so each
+/// call stores its entries).
+async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag: &str) -> Round {
+    let (path, body, session) = match call {
+        Call::Health => (HEALTH_PATH, HEALTH_FRAME.to_vec(), None),
+        Call::Append(batch) => {
+            let session = format!("ratio-{tag}");
+            let mut req = request(&session, batch, 0);
+            for e in &mut req.entries {
+                e.client_entry_id.clear();
+            }
+            (APPEND_PATH, frame(&req), Some((session, batch)))
+        }
+    };
+    let warm = h2load(&server.address, path, &body, WARM_UP_CALLS, streams);
+    let calls = ((warm.rate * seconds) as u64).max(WARM_UP_CALLS);
+    let round = h2load(&server.address, path, &body, calls, streams);
+    if let Some((session, batch)) = session {
+        let sent = (WARM_UP_CALLS + calls) * batch as u64;
+        assert_eq!(
+            stored(server, &session).await,
+            sent,
+            "{session}: every entry sent is stored"
+        );
+    }
+    round
+}
+
+/// Each server's rounds: (calls in flight per connection, call, round).
+type Figures = Vec<(usize, Call, Round)>;
+
+/// Runs every round `repeat` times against each server, interleaved: at
+/// each load, health, 1 entry, 10 entries, health, ...; at each step the
+/// servers take turns going first.
+async fn ratio_rounds(servers: &[(&str, &Server)], seconds: f64, repeat: usize) -> Vec<Figures> {
+    let mut figures: Vec<Figures> = servers.iter().map(|_| Vec::new()).collect();
+    let mut step = 0usize;
+    for streams in [1, 4] {
+        for rep in 0..repeat {
+            for call in Call::ALL {
+                let mut order: Vec<usize> = (0..servers.len()).collect();
+                order.rotate_left(step % servers.len());
+                step += 1;
+                for s in order {
+                    let (name, server) = servers[s];
+                    let tag = format!("{name}-{streams}-{rep}-{step}");
+                    let round = measure(server, call, streams, seconds, &tag).await;
+                    figures[s].push((streams, call, round));
+                }
+            }
+        }
+    }
+    figures
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// Prints one server's figures: for each load and call, the median rate of
+/// its rounds and that as a percentage of the health checks' median at the
+/// same load; p50 and p99 over every call of its rounds.
+fn print_figures(name: &str, figures: &Figures) {
+    for streams in [1, 4] {
+        let rate = |call: Call| {
+            median(
+                figures
+                    .iter()
+                    .filter(|(s, c, _)| *s == streams && *c == call)
+                    .map(|(_, _, r)| r.rate)
+                    .collect(),
+            )
+        };
+        let baseline = rate(Call::Health);
+        for call in Call::ALL {
+            let mut took: Vec<f64> = figures
+                .iter()
+                .filter(|(s, c, _)| *s == streams && *c == call)
+                .flat_map(|(_, _, r)| r.took_us.iter().copied())
+                .collect();
+            took.sort_by(f64::total_cmp);
+            let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+            let r = rate(call);
+            println!(
+                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
+                call.label(),
+                100.0 * r / baseline,
+                at(0.5),
+                at(0.99),
+            );
+        }
+    }
+}
+
+async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
+    println!(
+        "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
+    );
+    println!(
+        "calls/s: the median round; ratio: that over the median of grpc.health.v1 Check on the same server at the same load; p50/p99 over every call of the rounds."
+    );
+    if !have_h2load() {
+        println!(
+            "  (h2load not found, so these are skipped: `apt-get install nghttp2-client` provides it)"
+        );
+        return;
+    }
+    let this = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
+    let old = match before {
+        Some(path) => Some(start_server(path).await),
+        None => None,
+    };
+    let mut servers = vec![("this", &this)];
+    if let Some(old) = &old {
+        servers.insert(0, ("before", old));
+    }
+    let figures = ratio_rounds(&servers, seconds, repeat).await;
+    println!(
+        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
+        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
+    );
+    for ((name, _), figures) in servers.iter().zip(&figures) {
+        print_figures(name, figures);
+    }
+    if let Some(path) = before {
+        println!("  (before: {})", path.display());
+    }
+}
+
+fn main() {
+    let mut seconds = 5;
+    let mut round_seconds = 1.0;
+    let mut repeat = 3;
+    let mut before: Option<PathBuf> = None;
+    let mut ratios_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--seconds" => {
+                seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--seconds N");
+            }
+            "--round-seconds" => {
+                round_seconds = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .expect("--round-seconds F");
+            }
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .filter(|n| *n > 0)
+                    .expect("--repeat N");
+            }
+            "--before" => before = Some(args.next().expect("--before PATH").into()),
+            "--ratios-only" => ratios_only = true,
+            // cargo bench passes --bench.
+            _ => {}
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        ratios(before.as_deref(), round_seconds, repeat).await;
+        if ratios_only {
+            return;
+        }
+
+        let server = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
+        println!("AppendEntries, tonic client, {CLIENTS} concurrent clients, {seconds} s a round:");
+        for batch in [1, 10, 100] {
+            let (calls, entries) = throughput(&server, batch, seconds).await;
+            println!("  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s");
+        }
+
+        let mut client = archivist::client::connect(&server.address)
+            .await
+            .expect("connect");
+        for n in 0..100 {
+            client
+                .append_entries(request("long", 1000, n))
+                .await
+                .expect("fill");
+        }
+        let long = latencies(&mut client, "long", 2000).await;
+        let fresh = latencies(&mut client, "fresh", 2000).await;
+        println!("Single-entry append latency, one client, 2000 calls:");
+        println!("  session with 100,000 entries: {}", summary(&long));
+        println!("  new session:                  {}", summary(&fresh));
+    });
+}
