@@ -620,8 +620,9 @@ async fn stalled_calls(
             let mut partial = vec![0u8];
             partial.extend_from_slice(&1000u32.to_be_bytes());
             partial.extend_from_slice(b"\x0a\x01s\x12\x10");
-            send.send_data(bytes::Bytes::from(partial), false)
-                .expect("data");
+            // The server may have answered the stream already (refused it at
+            // once, under load): then its answer is what the caller reads.
+            let _ = send.send_data(bytes::Bytes::from(partial), false);
             calls.push((response, send));
         }
     }
