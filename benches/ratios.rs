@@ -11,8 +11,6 @@
 //! - `--before PATH`: also start the `archivist` binary at PATH (an older
 //!   build, say) and run every h2load round against both servers, side by
 //!   side, alternating which goes first;
-//! - `--ratios-only`: the h2load rounds only;
-//! - `--seconds N`: the length of each tonic-client round (default 5).
 //!
 //! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
 //! bench says how to install it and skips this part when it is missing).
@@ -29,23 +27,15 @@
 //! counts what the session stored (an HTTP 200 says nothing of
 //! grpc-status), so every call in these figures was stored.
 //!
-//! **Tonic client** (unless `--ratios-only`): entries/s and calls/s for
-//! batches of 1, 10 and 100 with 8 concurrent clients, and the latency of a
-//! single-entry append into a session holding 100,000 entries versus a new
-//! one. This client shares the machine's two cores with the server, so it
-//! measures the pair.
-//!
 //! Every acknowledged append is durable across kill -9 (the tests check
 //! that), so the figures are for the durable path.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use archivist::pb;
 use prost::Message;
-
-const CLIENTS: usize = 8;
 
 struct Server {
     child: Child,
@@ -110,67 +100,6 @@ fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
             })
             .collect(),
     }
-}
-
-/// Calls per second and entries per second for `batch`-entry calls from
-/// `CLIENTS` clients, each on its own connection and session.
-async fn throughput(server: &Server, batch: usize, seconds: u64) -> (f64, f64) {
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(
-            archivist::client::connect(&server.address)
-                .await
-                .expect("connect"),
-        );
-    }
-    let start = Instant::now();
-    let end = start + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    for (c, mut client) in clients.into_iter().enumerate() {
-        tasks.push(tokio::spawn(async move {
-            let session = format!("bench-{batch}-{c}");
-            let mut calls = 0u64;
-            while Instant::now() < end {
-                client
-                    .append_entries(request(&session, batch, calls))
-                    .await
-                    .expect("append");
-                calls += 1;
-            }
-            calls
-        }));
-    }
-    let mut calls = 0;
-    for t in tasks {
-        calls += t.await.expect("client task");
-    }
-    let secs = start.elapsed().as_secs_f64();
-    (calls as f64 / secs, (calls as usize * batch) as f64 / secs)
-}
-
-async fn latencies(client: &mut archivist::client::Client, session: &str, n: u64) -> Vec<Duration> {
-    let mut out = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let t = Instant::now();
-        client
-            .append_entries(request(session, 1, 10_000_000 + i))
-            .await
-            .expect("append");
-        out.push(t.elapsed());
-    }
-    out.sort();
-    out
-}
-
-fn summary(lat: &[Duration]) -> String {
-    let mean = lat.iter().sum::<Duration>() / lat.len() as u32;
-    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
-    format!(
-        "mean {:>6.1} µs  p50 {:>6.1} µs  p99 {:>6.1} µs",
-        mean.as_secs_f64() * 1e6,
-        p(0.5).as_secs_f64() * 1e6,
-        p(0.99).as_secs_f64() * 1e6
-    )
 }
 
 // ---- h2load: ratios to the transport ---------------------------------------
@@ -430,20 +359,12 @@ async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
 }
 
 fn main() {
-    let mut seconds = 5;
     let mut round_seconds = 1.0;
     let mut repeat = 3;
     let mut before: Option<PathBuf> = None;
-    let mut ratios_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--seconds" => {
-                seconds = args
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .expect("--seconds N");
-            }
             "--round-seconds" => {
                 round_seconds = args
                     .next()
@@ -458,7 +379,6 @@ fn main() {
                     .expect("--repeat N");
             }
             "--before" => before = Some(args.next().expect("--before PATH").into()),
-            "--ratios-only" => ratios_only = true,
             // cargo bench passes --bench.
             _ => {}
         }
@@ -469,30 +389,5 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         ratios(before.as_deref(), round_seconds, repeat).await;
-        if ratios_only {
-            return;
-        }
-
-        let server = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
-        println!("AppendEntries, tonic client, {CLIENTS} concurrent clients, {seconds} s a round:");
-        for batch in [1, 10, 100] {
-            let (calls, entries) = throughput(&server, batch, seconds).await;
-            println!("  batch {batch:>3}: {calls:>9.0} calls/s  {entries:>9.0} entries/s");
-        }
-
-        let mut client = archivist::client::connect(&server.address)
-            .await
-            .expect("connect");
-        for n in 0..100 {
-            client
-                .append_entries(request("long", 1000, n))
-                .await
-                .expect("fill");
-        }
-        let long = latencies(&mut client, "long", 2000).await;
-        let fresh = latencies(&mut client, "fresh", 2000).await;
-        println!("Single-entry append latency, one client, 2000 calls:");
-        println!("  session with 100,000 entries: {}", summary(&long));
-        println!("  new session:                  {}", summary(&fresh));
     });
 }
