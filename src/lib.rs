@@ -85,10 +85,12 @@
 //! - What follows a failed pass is decided in one place:
 //!   `grep -rn 'Disposition::' src` finds it built only in `pass/`.
 //! - An acknowledged append is committed before its answer is sent (the
-//!   writer answers after COMMIT: `store/sqlite/writer.rs`).
+//!   writer answers after COMMIT: `store/sqlite/writer.rs`,
+//!   `store/postgres/sessions.rs`'s `run_batch`).
 //! - A summary is written only by the holder of a live claim on its
 //!   segment, and only by a pass that succeeded: every write under a claim
-//!   matches `HELD` in `store/sqlite/claims.rs`.
+//!   matches `HELD` in `store/sqlite/claims.rs` (and in
+//!   `store/postgres/claims.rs`).
 //! - Passes run in their own tasks: a caller that stops waiting never
 //!   cancels one (`pass/mod.rs`, `run_or_join_until`).
 //! - No two modules import each other. The layers, bottom up: `text`,

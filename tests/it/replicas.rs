@@ -62,6 +62,10 @@ impl Drop for Database {
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// These tests start three servers each: one at a time, so that they do
+/// not starve the rest of the suite (and its timing tests) of the CPU.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A fresh database, or None (with a notice) when no server answers and
 /// none is required.
 async fn database() -> Option<Database> {
@@ -201,6 +205,7 @@ async fn summarised(process: &Process) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_drain_one_backlog_each_segment_summarised_exactly_once() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(db) = database().await else {
         return;
     };
@@ -256,6 +261,7 @@ async fn three_replicas_drain_one_backlog_each_segment_summarised_exactly_once()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_to_one_session_through_three_replicas_get_gapless_seqs() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(db) = database().await else {
         return;
     };
@@ -325,6 +331,7 @@ async fn appends_to_one_session_through_three_replicas_get_gapless_seqs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_of_a_replica_mid_drain_only_its_claims_are_sent_again() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(db) = database().await else {
         return;
     };
@@ -397,6 +404,7 @@ async fn after_kill_9_of_a_replica_mid_drain_only_its_claims_are_sent_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_on_one_replica_sees_what_another_does() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(db) = database().await else {
         return;
     };
@@ -496,6 +504,7 @@ async fn backfill(db: &Database, base: &str, args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_drains_a_postgresql_backlog() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let Some(db) = database().await else {
         return;
     };

@@ -61,9 +61,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Appends waiting for a writer before callers are refused with `Busy`.
 const QUEUE_DEPTH: usize = 4096;
 /// Writer tasks, each committing one batch of appends at a time on a
-/// connection of its own: while one waits for its commit to be flushed,
-/// another builds the next batch.
-const WRITERS: usize = 2;
+/// connection of its own. With `synchronous_commit = off` a commit waits
+/// for no disk, and one writer keeps the server busy with the largest
+/// batches (the server's CPU, per statement, is what a batch costs); when
+/// each commit waits for its WAL flush, a second writer builds and sends
+/// the next batch meanwhile.
+fn writers(durability: Durability) -> usize {
+    match durability {
+        Durability::Process => 1,
+        Durability::Power => 2,
+    }
+}
 /// How often a transaction that lost a deadlock (or a race on a key) is
 /// run again before its error is returned.
 const TRIES: usize = 3;
@@ -241,7 +249,7 @@ impl Postgres {
         } else {
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
-            for _ in 0..WRITERS {
+            for _ in 0..writers(durability) {
                 tokio::spawn(sessions::writer(pool.clone(), rx.clone()));
             }
             Some(tx)

@@ -324,3 +324,97 @@ async fn a_nul_character_refuses_its_call_only() {
         .expect("append");
     assert_eq!(next.entries[0].seq, 2, "the refused call took no seq");
 }
+
+/// Counts per state of every segment, by reading them all.
+async fn recount(store: &Store) -> [u64; 4] {
+    let all = store
+        .backfill_segments(crate::store::BackfillFilter {
+            states: SegmentState::ALL.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("segments");
+    let mut counts = [0u64; 4];
+    for (s, _) in all {
+        counts[s.state.code() as usize - 1] += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kept_counts_equal_a_recount_through_every_change_and_fold() {
+    let Some((_db, stores)) = replicas(2).await else {
+        return;
+    };
+    let one = SegmentPolicy {
+        max_entries: 2,
+        max_tokens: 1_000_000,
+    };
+    let texts: Vec<String> = (0..21).map(|i| format!("e{i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for tenant in ["a", "b"] {
+        stores[0]
+            .append(
+                &Tenant(tenant.to_owned()),
+                &session("s"),
+                entries(&refs),
+                one,
+                0,
+            )
+            .await
+            .expect("append");
+    }
+    let check = || async {
+        let b = stores[1].backlog(None).await.expect("backlog");
+        assert_eq!(
+            [b.open, b.pending, b.summarised, b.parked],
+            recount(&stores[0]).await
+        );
+    };
+    check().await;
+    let due = stores[0]
+        .due_segments(crate::model::Millis::now(), 100)
+        .await
+        .expect("due");
+    for (i, id) in due.iter().enumerate() {
+        let (claim, _) = stores[i % 2]
+            .claim(*id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        if i % 3 == 0 {
+            let parked = crate::store::EndedPass {
+                disposition: crate::model::Disposition::Park,
+                attempts: 1,
+                failure: None,
+                provider_fingerprint: "f".to_owned(),
+            };
+            assert!(stores[i % 2].end_pass(&claim, parked).await.expect("park"));
+        } else {
+            assert!(
+                stores[i % 2]
+                    .complete(&claim, summary(), 1, 2)
+                    .await
+                    .expect("complete")
+                    .held
+            );
+        }
+        if i % 5 == 0 {
+            // A probe folds the deltas in, as a replica's health check does.
+            stores[i % 2].probe().await.expect("probe");
+        }
+    }
+    check().await;
+    stores[0]
+        .delete_session(&Tenant("a".to_owned()), &session("s"))
+        .await
+        .expect("erase");
+    check().await;
+    stores[1].probe().await.expect("probe");
+    check().await;
+    let b = stores[0]
+        .backlog(Some(&Tenant("a".to_owned())))
+        .await
+        .expect("backlog");
+    assert_eq!([b.open, b.pending, b.summarised, b.parked], [0, 0, 0, 0]);
+}
