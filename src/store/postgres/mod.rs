@@ -18,6 +18,13 @@
 //! Whatever still deadlocks (PostgreSQL breaks the cycle by failing one
 //! side) is retried where retrying is safe.
 //!
+//! Statements are pipelined (sent together, answered in order). Where a
+//! transaction pipelines several, they are awaited with a `biased`
+//! `try_join!`, so that the error reported is the first statement's (a
+//! deadlock, say, which is retried), not a later one's "current
+//! transaction is aborted" (an unbiased join polls its futures in turn
+//! from a rotating start, and returns whichever error it sees first).
+//!
 //! Durability follows `storage.durability`, as with SQLite. `process` (the
 //! default) runs archivist's sessions with `synchronous_commit = off`: a
 //! commit is acknowledged once it is in the server's WAL buffers, so an

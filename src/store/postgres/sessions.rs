@@ -196,6 +196,7 @@ async fn commit_batch(
     }
     let body = async {
         let (insert_usage, lock_usage, lock_sessions, find_ids) = tokio::try_join!(
+            biased;
             client.prepare_cached(
                 "INSERT INTO tenant_usage (tenant, stored_bytes) \
                  SELECT t, 0 FROM unnest($1::text[]) AS t ORDER BY t \
@@ -231,6 +232,7 @@ async fn commit_batch(
         )?;
         // Locks in order: the tenants' usage rows, then the sessions'.
         let (_, usage_rows, session_rows, id_rows) = tokio::try_join!(
+            biased;
             async { client.execute(&insert_usage, &[&tenants]).await },
             async { client.query(&lock_usage, &[&tenants]).await },
             async {
@@ -477,6 +479,7 @@ async fn write_all(
     // reach the server in the order they are written: the sessions'
     // open_segment_id reads the segments inserted just before.
     let (insert_segments, update_open, insert_entries, update_sessions, update_usage) = tokio::try_join!(
+        biased;
         client.prepare_cached(
             "INSERT INTO segments (session_id, level, ordinal, state, first_seq, last_seq, \
              entry_count, token_estimate, next_attempt_at, closed_at, created_at) \
@@ -520,6 +523,7 @@ async fn write_all(
     // transaction, and the server then answers COMMIT by rolling back, so
     // the batch counts as committed only when every write succeeded too.
     let (inserted, _, _, _, _, ()) = tokio::try_join!(
+        biased;
         async {
             if n_session.is_empty() {
                 return Ok(Vec::new());
@@ -741,6 +745,7 @@ async fn erase_tx(
         .prepare_cached("DELETE FROM sessions WHERE id = $1")
         .await?;
     let (counted, _, segments, _, _) = tokio::try_join!(
+        biased;
         async { client.query_one(&count, &[&id, &overhead]).await },
         async { client.execute(&summaries, &[&id]).await },
         async { client.execute(&segments, &[&id]).await },
@@ -783,6 +788,7 @@ async fn lock_for_erasure(
         .await?;
     let cutoff = cutoff.map(|c| c.0);
     let (_, row) = tokio::try_join!(
+        biased;
         async { client.query_opt(&usage, &[&tenant]).await },
         async { client.query_opt(&session, &[&tenant, &name, &cutoff]).await }
     )?;
@@ -868,6 +874,7 @@ impl Postgres {
                 .prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = $1")
                 .await?;
             tokio::try_join!(
+                biased;
                 async { close_segment(&client, &[open], Millis::now()).await },
                 async { Ok(client.execute(&clear, &[&id]).await?) }
             )?;
@@ -956,9 +963,11 @@ impl Postgres {
             let clear = client
                 .prepare_cached("UPDATE sessions SET open_segment_id = NULL WHERE id = ANY($1)")
                 .await?;
-            tokio::try_join!(close_segment(&client, &segments, Millis::now()), async {
-                Ok(client.execute(&clear, &[&sessions]).await?)
-            })?;
+            tokio::try_join!(
+                biased;
+                close_segment(&client, &segments, Millis::now()),
+                async { Ok(client.execute(&clear, &[&sessions]).await?) }
+            )?;
             Ok(idle)
         };
         self.noting_full(transact(&client, body).await)
