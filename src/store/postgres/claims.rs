@@ -104,6 +104,17 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
+            // The group's rows first, in id order, as every transaction
+            // that changes several segments takes them (see the module
+            // doc of `postgres`): this one may adopt them all under a new
+            // roll-up.
+            let Some(group) = lock_group(&client, claim.segment_id, fanout).await? else {
+                // Erased meanwhile.
+                return Ok(Completed {
+                    held: false,
+                    rollup: None,
+                });
+            };
             let held = update_held(
                 &client,
                 claim,
@@ -145,10 +156,12 @@ impl Postgres {
                     ],
                 )
                 .await?;
-            Ok(Completed {
-                held: true,
-                rollup: roll_up(&client, claim.segment_id, fanout).await?,
-            })
+            let rollup = if fanout < 2 {
+                None
+            } else {
+                roll_up(&client, &group).await?
+            };
+            Ok(Completed { held: true, rollup })
         };
         self.noting_full(transact(&client, body).await)
     }
@@ -235,10 +248,15 @@ impl Postgres {
     pub(crate) async fn unpark_changed(&self, fingerprint: &str) -> Result<u64, StoreError> {
         self.writable()?;
         let client = self.client().await?;
+        // Locked in id order before they change (see the module doc of
+        // `postgres`); MATERIALIZED keeps the locking query whole.
         let stmt = client
             .prepare_cached(
-                "UPDATE segments SET state = $1, next_attempt_at = $2 \
-                 WHERE state = $3 AND provider_fingerprint IS DISTINCT FROM $4",
+                "WITH locked AS MATERIALIZED (SELECT id FROM segments \
+                 WHERE state = $3 AND provider_fingerprint IS DISTINCT FROM $4 \
+                 ORDER BY id FOR UPDATE) \
+                 UPDATE segments s SET state = $1, next_attempt_at = $2 \
+                 FROM locked WHERE s.id = locked.id",
             )
             .await?;
         let result = client
@@ -351,34 +369,87 @@ async fn carried(
     )
 }
 
-/// Creates the roll-up that `node` (just SUMMARISED) completes, if it does,
-/// in the transaction that completed it. Two siblings completing at once
-/// on two replicas would each see the other still PENDING, so the check
-/// runs under an advisory lock on the group: the second waits for the
-/// first to commit, then sees it.
-async fn roll_up(
+/// The nodes of one level of a session that one roll-up covers (or would):
+/// ordinals `first..=last` of `level`, the `group`-th such run (from 0).
+#[derive(Clone, Copy)]
+struct Group {
+    session_id: i64,
+    level: i64,
+    group: i64,
+    first: i64,
+    last: i64,
+}
+
+/// Locks the session of `node` (a key-share lock), then, in id order,
+/// every existing node of the group `node` belongs to (with `fanout` below
+/// 2, when no roll-ups are made, `node` alone), and returns the group;
+/// None when `node` is gone (its session was erased).
+///
+/// The key-share lock is the one inserting a roll-up takes anyway; taken
+/// first, it keeps the order of the module doc of `postgres` (session,
+/// then segments) and makes an erasure of the session, which locks the
+/// session's row outright, wait for this pass or this pass for it.
+///
+/// Locking the whole group is also what makes a roll-up once: two siblings
+/// completing at once (on two replicas) each lock the group before reading
+/// it, so the second waits for the first to commit, and its reads, each
+/// statement taking a fresh snapshot (READ COMMITTED), see the first's
+/// writes: the roll-up made and its children adopted.
+async fn lock_group(
     client: &Object,
     node: SegmentId,
     fanout: u32,
-) -> Result<Option<SegmentId>, StoreError> {
-    if fanout < 2 {
+) -> Result<Option<Group>, StoreError> {
+    let width = i64::from(fanout.max(1));
+    let session = client
+        .prepare_cached(
+            "SELECT 1 FROM sessions WHERE id = (SELECT session_id FROM segments WHERE id = $1) \
+             FOR KEY SHARE",
+        )
+        .await?;
+    // The node's own row is only read (its session, level and ordinal
+    // never change); the group's rows, itself among them, are locked in
+    // the order ORDER BY gives them, as the locking step runs above the
+    // sort.
+    let group = client
+        .prepare_cached(
+            "SELECT g.id, n.session_id, n.level, (n.ordinal - 1) / $2 FROM segments n \
+             JOIN segments g ON g.session_id = n.session_id AND g.level = n.level \
+             AND g.ordinal BETWEEN (n.ordinal - 1) / $2 * $2 + 1 AND (n.ordinal - 1) / $2 * $2 + $2 \
+             WHERE n.id = $1 ORDER BY g.id FOR UPDATE OF g",
+        )
+        .await?;
+    let id = signed(node);
+    // One round trip; the server runs them in this order.
+    let (_, rows) = tokio::try_join!(
+        biased;
+        async { client.query(&session, &[&id]).await },
+        async { client.query(&group, &[&id, &width]).await },
+    )?;
+    let Some(row) = rows.first() else {
         return Ok(None);
-    }
-    let stmt = client
-        .prepare_cached("SELECT session_id, level, ordinal FROM segments WHERE id = $1")
-        .await?;
-    let row = client.query_one(&stmt, &[&signed(node)]).await?;
-    let session_id: i64 = row.try_get(0)?;
-    let level: i64 = row.try_get(1)?;
-    let ordinal: i64 = row.try_get(2)?;
-    let fanout = i64::from(fanout);
-    let group = (ordinal - 1) / fanout;
-    let (first, last) = (group * fanout + 1, group * fanout + fanout);
-    let lock = client
-        .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .await?;
-    let key = format!("archivist roll-up {session_id}/{level}/{group}");
-    client.execute(&lock, &[&key]).await?;
+    };
+    let group: i64 = row.try_get(3)?;
+    Ok(Some(Group {
+        session_id: row.try_get(1)?,
+        level: row.try_get(2)?,
+        group,
+        first: group * width + 1,
+        last: group * width + width,
+    }))
+}
+
+/// Creates the roll-up of `group`, whose rows the caller has locked (see
+/// `lock_group`), if one of its nodes just SUMMARISED completes it, in the
+/// transaction that completed that node.
+async fn roll_up(client: &Object, group: &Group) -> Result<Option<SegmentId>, StoreError> {
+    let Group {
+        session_id,
+        level,
+        group,
+        first,
+        last,
+    } = *group;
     let check = client
         .prepare_cached(
             "SELECT count(*), count(*) FILTER (WHERE state = $5), \
@@ -400,6 +471,7 @@ async fn roll_up(
             ],
         )
         .await?;
+    let fanout = last - first + 1;
     let (count, summarised, parented): (i64, i64, i64) =
         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     if count != fanout || summarised != fanout || parented != 0 {

@@ -13,8 +13,27 @@
 //! Locks, always taken in this order so that no two transactions wait on
 //! each other in a cycle: a tenant's `tenant_usage` row (appends and
 //! erasures, in tenant order), then session rows (in tenant and name
-//! order), then segment rows. Claims take one segment row with
-//! `FOR UPDATE SKIP LOCKED`, so a replica never waits on another's claim.
+//! order), then segment rows, several always in ascending id: a
+//! transaction that changes several segments first locks them with
+//! `SELECT ... ORDER BY id FOR UPDATE`, and changes no other.
+//!
+//! - A completing pass takes a key-share lock on its session (the lock
+//!   that inserting a roll-up takes anyway), then every node of its
+//!   roll-up group; holding the group is also what makes each roll-up
+//!   once.
+//! - An erasure locks its session's row outright (FOR UPDATE, which no
+//!   key-share holder shares: it waits for the passes completing the
+//!   session's nodes and keeps new ones out), then every node of the
+//!   session; as no roll-up can be added meanwhile, those are all there
+//!   are when it deletes them.
+//! - A requeue, an unpark and the closing of idle segments lock the rows
+//!   they change, in id order, in the statement that changes them.
+//! - An append changes, of the segments already there, only the open one
+//!   of each session it holds locked, so its writes need no order among
+//!   themselves.
+//! - Claims take one segment row with `FOR UPDATE SKIP LOCKED`, so a
+//!   replica never waits on another's claim.
+//!
 //! Whatever still deadlocks (PostgreSQL breaks the cycle by failing one
 //! side) is retried where retrying is safe.
 //!

@@ -472,10 +472,16 @@ impl Postgres {
         let client = self.client().await?;
         let (clause, mut values) = filter_clause(&tenant.0, &filter);
         values.push(Box::new(Millis::now().0));
+        // Locked in id order before they change (see the module doc of
+        // `postgres`). Locking rechecks the filter on a row that changed
+        // while it waited, so a segment summarised meanwhile is left alone;
+        // MATERIALIZED keeps the locking query whole.
         let sql = format!(
-            "UPDATE segments SET state = {pending}, next_attempt_at = ${n} \
-             WHERE id IN (SELECT s.id FROM segments s JOIN sessions x ON x.id = s.session_id \
-             WHERE {clause})",
+            "WITH locked AS MATERIALIZED (SELECT s.id FROM segments s \
+             JOIN sessions x ON x.id = s.session_id WHERE {clause} \
+             ORDER BY s.id FOR UPDATE OF s) \
+             UPDATE segments s SET state = {pending}, next_attempt_at = ${n} \
+             FROM locked WHERE s.id = locked.id",
             pending = SegmentState::Pending.code(),
             n = values.len(),
         );
@@ -526,10 +532,14 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let ids: Vec<i64> = ids.into_iter().map(signed).collect();
+        // Locked in id order before they change (see the module doc of
+        // `postgres`); MATERIALIZED keeps the locking query whole.
         let stmt = client
             .prepare_cached(
-                "UPDATE segments SET state = $1, next_attempt_at = $2 \
-                 WHERE id = ANY($3) AND state = $4",
+                "WITH locked AS MATERIALIZED (SELECT id FROM segments \
+                 WHERE id = ANY($3) AND state = $4 ORDER BY id FOR UPDATE) \
+                 UPDATE segments s SET state = $1, next_attempt_at = $2 \
+                 FROM locked WHERE s.id = locked.id",
             )
             .await?;
         let result = client

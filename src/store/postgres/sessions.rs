@@ -715,6 +715,12 @@ fn plan_job<'a>(
 /// Erases the session `id` of `tenant`, whose usage row and session row
 /// the caller has locked: summaries, segments, entries and the session,
 /// and its bytes from the tenant's count.
+///
+/// The session's nodes are locked first, in id order, as a completing pass
+/// locks its roll-up group (see the module doc of `postgres`). With the
+/// session's row locked as `lock_for_erasure` locks it, no pass is
+/// completing one of them and none can add a roll-up, so the nodes locked
+/// are all the session has, and the deletes take no other lock on them.
 async fn erase_tx(
     client: &Object,
     id: i64,
@@ -722,6 +728,9 @@ async fn erase_tx(
     name: &str,
 ) -> Result<Erased, StoreError> {
     let overhead = ROW_OVERHEAD_BYTES as i64;
+    let lock = client
+        .prepare_cached("SELECT id FROM segments WHERE session_id = $1 ORDER BY id FOR UPDATE")
+        .await?;
     let count = client
         .prepare_cached(
             "SELECT count(*), coalesce(sum(octet_length(content) \
@@ -744,8 +753,10 @@ async fn erase_tx(
     let session = client
         .prepare_cached("DELETE FROM sessions WHERE id = $1")
         .await?;
-    let (counted, _, segments, _, _) = tokio::try_join!(
+    // One round trip; the server runs them in this order.
+    let (_, counted, _, segments, _, _) = tokio::try_join!(
         biased;
+        async { client.query(&lock, &[&id]).await },
         async { client.query_one(&count, &[&id, &overhead]).await },
         async { client.execute(&summaries, &[&id]).await },
         async { client.execute(&segments, &[&id]).await },
@@ -769,7 +780,11 @@ async fn erase_tx(
 }
 
 /// Locks the tenant's usage row, then the session's row (if it is still
-/// there and, with `cutoff`, still idle since then); its id.
+/// there and, with `cutoff`, still idle since then); its id. The session's
+/// row is locked outright (FOR UPDATE, as deleting it would): that waits
+/// for every pass completing one of its nodes (each holds a key-share lock
+/// on it) and keeps new ones out, so no roll-up can be added to the
+/// session while it is erased.
 async fn lock_for_erasure(
     client: &Object,
     tenant: &str,
@@ -783,7 +798,7 @@ async fn lock_for_erasure(
         .prepare_cached(
             "SELECT id FROM sessions WHERE tenant = $1 AND name = $2 \
              AND ($3::BIGINT IS NULL OR coalesce(last_append_at, created_at) <= $3) \
-             FOR NO KEY UPDATE",
+             FOR UPDATE",
         )
         .await?;
     let cutoff = cutoff.map(|c| c.0);
@@ -798,12 +813,16 @@ async fn lock_for_erasure(
     })
 }
 
-/// Closes the OPEN segment `id`, due now.
+/// Closes the OPEN segments `ids`, due now.
 async fn close_segment(client: &Object, ids: &[i64], now: Millis) -> Result<(), StoreError> {
+    // Locked in id order before they change (see the module doc of
+    // `postgres`); MATERIALIZED keeps the locking query whole.
     let stmt = client
         .prepare_cached(
-            "UPDATE segments SET state = $1, closed_at = $2, next_attempt_at = $2 \
-             WHERE id = ANY($3) AND state = $4",
+            "WITH locked AS MATERIALIZED (SELECT id FROM segments \
+             WHERE id = ANY($3) AND state = $4 ORDER BY id FOR UPDATE) \
+             UPDATE segments s SET state = $1, closed_at = $2, next_attempt_at = $2 \
+             FROM locked WHERE s.id = locked.id",
         )
         .await?;
     client
@@ -901,8 +920,8 @@ impl Postgres {
                 erase_tx(&client, id, &tenant.0, session.as_str()).await
             };
             match transact(&client, body).await {
-                // A roll-up committed meanwhile by a pass of this session:
-                // erase again, with it.
+                // A race lost all the same (the lock order should rule
+                // it out): erase again.
                 Err(e) if is_lost_race(&e) && tries < TRIES => continue,
                 other => return self.noting_full(other),
             }

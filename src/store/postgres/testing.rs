@@ -124,3 +124,37 @@ pub(crate) async fn fresh_database() -> Option<TestDatabase> {
         name,
     })
 }
+
+impl TestDatabase {
+    /// Deadlocks the server detected in this database, read once every
+    /// connection to it has closed: a backend hands in its counts when it
+    /// exits, so only then is the figure complete. Drop every store on the
+    /// database first.
+    pub(crate) async fn deadlocks(&self) -> i64 {
+        let (client, connection) = tokio_postgres::connect(&admin_url(), NoTls)
+            .await
+            .expect("connect to PostgreSQL");
+        tokio::spawn(connection);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // Each query outside a transaction reads the statistics afresh.
+            let row = client
+                .query_one(
+                    "SELECT numbackends, deadlocks FROM pg_stat_database WHERE datname = $1",
+                    &[&self.name],
+                )
+                .await
+                .expect("read the database's statistics");
+            let (backends, deadlocks): (i32, i64) = (row.get(0), row.get(1));
+            if backends == 0 {
+                return deadlocks;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{backends} connections to {} still open after 10 s",
+                self.name
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -418,3 +418,142 @@ async fn the_kept_counts_equal_a_recount_through_every_change_and_fold() {
         .expect("backlog");
     assert_eq!([b.open, b.pending, b.summarised, b.parked], [0, 0, 0, 0]);
 }
+
+/// Completes `claim` on `store` and then, while the session lasts, claims
+/// and completes each roll-up that completing makes: a pass's chain up the
+/// memory tree. Every roll-up made, in order.
+async fn complete_up_the_tree(store: Store, claim: crate::store::Claim) -> Vec<u64> {
+    let mut made = Vec::new();
+    let mut claim = claim;
+    loop {
+        let done = store
+            .complete(&claim, summary(), 1, 2)
+            .await
+            .unwrap_or_else(|e| panic!("complete {}: {e:?}", claim.segment_id));
+        let Some(rollup) = done.rollup else {
+            return made;
+        };
+        made.push(rollup);
+        match store.claim(rollup, "up", LEASE).await {
+            Ok(Some((next, _))) => claim = next,
+            // Erased meanwhile, or taken by another pass.
+            Ok(None) => return made,
+            Err(e) => panic!("claim roll-up {rollup}: {e:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_racing_passes_that_make_roll_ups_never_deadlocks() {
+    let Some((db, stores)) = replicas(2).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+    };
+    let texts: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    // A session nobody erases: it must come through whole.
+    stores[0]
+        .append(&t, &session("bystander"), entries(&refs), one, 0)
+        .await
+        .expect("append");
+    for round in 0..24u64 {
+        let name = format!("s{round}");
+        let out = stores[0]
+            .append(&t, &session(&name), entries(&refs), one, 0)
+            .await
+            .expect("append");
+        let mut claims = Vec::new();
+        for (i, id) in out.closed_segment_ids.iter().enumerate() {
+            let (claim, _) = stores[i % 2]
+                .claim(*id, "w", LEASE)
+                .await
+                .expect("claim")
+                .expect("free");
+            claims.push(claim);
+        }
+        // Every pass completes at once, on both replicas, while the
+        // session is erased (at a point that moves from round to round)
+        // and requeued.
+        let mut passes = Vec::new();
+        for (i, claim) in claims.into_iter().enumerate() {
+            passes.push(tokio::spawn(complete_up_the_tree(
+                stores[i % 2].clone(),
+                claim,
+            )));
+        }
+        let eraser = stores[(round % 2) as usize].clone();
+        let erased_name = name.clone();
+        let erasure = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(250 * (round % 6))).await;
+            eraser
+                .delete_session(&Tenant::default(), &session(&erased_name))
+                .await
+        });
+        let requeuer = stores[((round + 1) % 2) as usize].clone();
+        let requeued_name = name.clone();
+        let requeue = tokio::spawn(async move {
+            requeuer
+                .requeue(
+                    &Tenant::default(),
+                    crate::store::SegmentFilter {
+                        session: Some(session(&requeued_name)),
+                        states: vec![SegmentState::Pending],
+                        ..Default::default()
+                    },
+                )
+                .await
+        });
+        let mut made = Vec::new();
+        for pass in passes {
+            made.extend(pass.await.expect("joined"));
+        }
+        let erased = erasure
+            .await
+            .expect("joined")
+            .unwrap_or_else(|e| panic!("round {round}: erase: {e:?}"));
+        assert_eq!(erased.entries, 8, "round {round}");
+        assert!(erased.segments >= 8, "round {round}: {erased:?}");
+        requeue
+            .await
+            .expect("joined")
+            .unwrap_or_else(|e| panic!("round {round}: requeue: {e:?}"));
+        // Nothing of the session is left, roll-ups made during the race
+        // included.
+        assert!(
+            !stores[1]
+                .has_session(&t, &session(&name))
+                .await
+                .expect("has")
+        );
+        for id in made {
+            assert!(
+                matches!(
+                    stores[0].segment_any(id).await,
+                    Err(StoreError::SegmentNotFound(_))
+                ),
+                "round {round}: roll-up {id} outlived its session"
+            );
+        }
+    }
+    let left = stores[0]
+        .backfill_segments(crate::store::BackfillFilter {
+            states: SegmentState::ALL.to_vec(),
+            ..Default::default()
+        })
+        .await
+        .expect("segments");
+    assert_eq!(left.len(), 8, "only the bystander's segments are left");
+    assert!(left.iter().all(|(s, _)| s.session == "bystander"));
+    stores[1].probe().await.expect("probe");
+    let b = stores[0].backlog(None).await.expect("backlog");
+    assert_eq!(
+        [b.open, b.pending, b.summarised, b.parked],
+        recount(&stores[0]).await
+    );
+    drop(stores);
+    assert_eq!(db.deadlocks().await, 0, "the server broke a deadlock");
+}
