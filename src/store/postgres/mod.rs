@@ -44,6 +44,10 @@
 //! transaction is aborted" (an unbiased join polls its futures in turn
 //! from a rotating start, and returns whichever error it sees first).
 //!
+//! A connection is taken from the pool as a [`Conn`]: one dropped inside a
+//! transaction (its future cancelled between BEGIN and COMMIT) is closed,
+//! never handed to the next caller.
+//!
 //! Durability follows `storage.durability`, as with SQLite. `process` (the
 //! default) runs archivist's sessions with `synchronous_commit = off`: a
 //! commit is acknowledged once it is in the server's WAL buffers, so an
@@ -64,6 +68,7 @@ mod segments;
 mod sessions;
 
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -297,8 +302,8 @@ impl Postgres {
     }
 
     /// A pooled connection.
-    async fn client(&self) -> Result<Object, StoreError> {
-        Ok(self.inner.pool.get().await?)
+    async fn client(&self) -> Result<Conn, StoreError> {
+        Ok(Conn::new(self.inner.pool.get().await?))
     }
 
     /// Refuses a write on a store opened read-only.
@@ -323,12 +328,83 @@ impl Postgres {
     }
 }
 
+/// A pooled connection that knows whether it is inside a transaction.
+///
+/// deadpool returns a dropped connection to the pool after checking only
+/// that it is open (`RecyclingMethod::Fast`; the other methods run their
+/// query when the connection is next taken, too late, and none of them
+/// ends a transaction left open). A
+/// connection dropped between BEGIN and COMMIT, because the future using
+/// it was cancelled (a flush at its bound, a caller gone), would go back
+/// with its transaction open: holding its locks while it sits idle, and
+/// running the next caller's statements inside a transaction that is not
+/// theirs, whose COMMIT would then commit the stranger's half-done work.
+/// So such a connection is taken out of the pool and closed instead: the
+/// server rolls its transaction back and frees its locks once the
+/// statements already sent have run, and the pool opens a fresh one in
+/// its place.
+pub(super) struct Conn {
+    /// Always Some until dropped.
+    object: Option<Object>,
+    in_transaction: AtomicBool,
+}
+
+impl Conn {
+    fn new(object: Object) -> Conn {
+        Conn {
+            object: Some(object),
+            in_transaction: AtomicBool::new(false),
+        }
+    }
+
+    /// From here until `ended`, dropping this connection closes it.
+    fn begun(&self) {
+        self.in_transaction.store(true, Ordering::SeqCst);
+    }
+
+    /// The transaction is over (COMMIT or ROLLBACK answered): the
+    /// connection can go back to the pool.
+    fn ended(&self) {
+        self.in_transaction.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Deref for Conn {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        match &self.object {
+            Some(object) => object,
+            // Taken only in `drop`, after which nothing can deref.
+            None => unreachable!("a connection used after it was dropped"),
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if !self.in_transaction.load(Ordering::SeqCst) {
+            // Returned to the pool by the object's own drop.
+            return;
+        }
+        if let Some(object) = self.object.take() {
+            // Detached from the pool (which may then open another) and
+            // dropped: the client goes, and its connection task sends
+            // Terminate once the statements in flight are answered.
+            drop(Object::take(object));
+        }
+    }
+}
+
 /// Runs `body` in a transaction on `client`: BEGIN is sent with the body's
-/// first statement, COMMIT when it succeeds, ROLLBACK when it fails.
+/// first statement, COMMIT when it succeeds, ROLLBACK when it fails. If
+/// this is cancelled before COMMIT or ROLLBACK is answered, or either
+/// fails, the connection is closed when dropped (see [`Conn`]).
 async fn transact<T>(
-    client: &Object,
+    client: &Conn,
     body: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    client.begun();
     let (begun, result) = tokio::join!(client.batch_execute("BEGIN"), body);
     if let Err(e) = begun {
         // Whatever the body did ran outside a transaction only if BEGIN
@@ -339,10 +415,13 @@ async fn transact<T>(
     match result {
         Ok(value) => {
             client.batch_execute("COMMIT").await?;
+            client.ended();
             Ok(value)
         }
         Err(e) => {
-            let _ = client.batch_execute("ROLLBACK").await;
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                client.ended();
+            }
             Err(e)
         }
     }

@@ -340,6 +340,9 @@ impl Postgres {
         let session = session.as_str().to_owned();
         tokio::task::spawn_blocking(move || {
             let runtime = tokio::runtime::Handle::current();
+            // Until COMMIT is answered, dropping the connection (a panic
+            // in the walk) closes it (see `Conn`).
+            client.begun();
             runtime.block_on(
                 client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
             )?;
@@ -358,6 +361,9 @@ impl Postgres {
                 )
             })();
             let end = runtime.block_on(client.batch_execute("COMMIT"));
+            if end.is_ok() {
+                client.ended();
+            }
             let value = result?;
             end?;
             Ok(value)

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use deadpool_postgres::{Object, Pool};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::{Postgres, TRIES, is_lost_race, signed, transact, unsigned};
+use super::{Conn, Postgres, TRIES, is_lost_race, signed, transact, unsigned};
 use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
     SessionInfo, SessionName, Tenant, estimate_tokens,
@@ -78,7 +78,7 @@ async fn run_batch(pool: &Pool, mut batch: Vec<AppendJob>) {
     let outcome = loop {
         tries += 1;
         let result = match pool.get().await {
-            Ok(client) => commit_batch(&client, &batch).await,
+            Ok(client) => commit_batch(&Conn::new(client), &batch).await,
             Err(e) => Err(e.into()),
         };
         match result {
@@ -165,7 +165,7 @@ struct PlannedOutcome {
 /// is left out of the writes, so one call's error undoes only that call.
 /// The outer error says nothing was committed.
 async fn commit_batch(
-    client: &Object,
+    client: &Conn,
     batch: &[AppendJob],
 ) -> Result<Vec<Result<AppendOutcome, StoreError>>, StoreError> {
     let now = Millis::now();
@@ -389,7 +389,9 @@ async fn commit_batch(
     };
     // BEGIN goes with the first statements, COMMIT with the writes (see
     // `write_all`): a batch takes two round trips when it creates no
-    // session.
+    // session. Until COMMIT or ROLLBACK is answered, dropping the
+    // connection closes it (see `Conn`).
+    client.begun();
     let (begun, result) = tokio::join!(client.batch_execute("BEGIN"), body);
     if let Err(e) = begun {
         let _ = client.batch_execute("ROLLBACK").await;
@@ -398,7 +400,11 @@ async fn commit_batch(
     if result.is_err() {
         // Ends the transaction when the error came before the COMMIT was
         // sent; a notice, no more, when the server had already rolled back.
-        let _ = client.batch_execute("ROLLBACK").await;
+        if client.batch_execute("ROLLBACK").await.is_ok() {
+            client.ended();
+        }
+    } else {
+        client.ended();
     }
     result
 }

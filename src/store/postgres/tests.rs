@@ -557,3 +557,101 @@ async fn an_erasure_racing_passes_that_make_roll_ups_never_deadlocks() {
     drop(stores);
     assert_eq!(db.deadlocks().await, 0, "the server broke a deadlock");
 }
+
+/// How many connections to the database of `observer` (other than its
+/// own) are in `state`, or waiting for a lock when `state` is "lock".
+async fn backends(observer: &tokio_postgres::Client, state: &str) -> i64 {
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND (state = $1 OR ($1 = 'lock' AND wait_event_type = 'Lock'))",
+            &[&state],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
+    let Some((db, stores)) = replicas(1).await else {
+        return;
+    };
+    let store = stores[0].clone();
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+    };
+    store
+        .append(&t, &session("s"), entries(&["a", "b", "c"]), one, 0)
+        .await
+        .expect("append");
+    let connect = || async {
+        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    // Another transaction holds the session's segments, so an erasure
+    // stops inside its transaction, waiting for them.
+    let holder = connect().await;
+    let observer = connect().await;
+    holder
+        .batch_execute("BEGIN; SELECT id FROM segments FOR UPDATE")
+        .await
+        .expect("lock the segments");
+    let erasure = tokio::spawn({
+        let store = store.clone();
+        async move { store.delete_session(&t, &session("s")).await }
+    });
+    let waiting = tokio::time::timeout(Duration::from_secs(10), async {
+        while backends(&observer, "lock").await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waiting.is_ok(), "the erasure never waited for the lock");
+    // Cancelled mid-transaction: its connection must not go back to the
+    // pool with the transaction open.
+    erasure.abort();
+    assert!(erasure.await.is_err_and(|e| e.is_cancelled()));
+    holder.batch_execute("ROLLBACK").await.expect("unlock");
+
+    // Every pooled connection, used in turn, sees the session whole: none
+    // runs its statements inside the erasure's transaction (which would
+    // show the session gone, and commit its erasure with the next COMMIT),
+    // and none holds its locks (an append would wait for them forever).
+    let t = Tenant::default();
+    let checks = tokio::time::timeout(Duration::from_secs(10), async {
+        for i in 0..(2 * 16) {
+            assert!(
+                store.has_session(&t, &session("s")).await.expect("has"),
+                "check {i}: the session looks erased"
+            );
+        }
+        store
+            .append(&t, &session("s"), entries(&["d"]), one, 0)
+            .await
+            .expect("append after")
+    })
+    .await
+    .expect("the erasure's locks outlived its cancellation");
+    assert_eq!(checks.entries[0].seq, 4);
+    // The dropped connection's server process is gone: nothing is left
+    // idle inside a transaction.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while backends(&observer, "idle in transaction").await > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a connection stays idle in a transaction");
+    let (segments, _) = store
+        .flushed(&t, &session("s"), usize::MAX)
+        .await
+        .expect("segments");
+    assert_eq!(segments.len(), 4, "nothing of the erasure was committed");
+}
