@@ -16,7 +16,7 @@ use crate::pass::{Reports, Summariser, SummariserConfig};
 use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
 use crate::service::Service;
-use crate::store::{Durability, OpenMode, Store, StoreError};
+use crate::store::{Durability, Migrated, OpenMode, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -64,6 +64,35 @@ pub(crate) fn warn_if_no_key(config: &Config, api_key: Option<&str>) {
     );
 }
 
+/// How commits wait, as `storage.durability` says.
+fn durability(config: &Config) -> Durability {
+    match config.storage.durability {
+        DurabilityConfig::Process => Durability::Process,
+        DurabilityConfig::Power => Durability::Power,
+    }
+}
+
+/// The PostgreSQL URL `storage.url` or `storage.url_env` gives.
+fn postgres_url(config: &Config) -> Result<String, BuildError> {
+    config
+        .storage
+        .postgres_url(|var| std::env::var(var).ok())
+        .map_err(BuildError::Storage)
+}
+
+/// Migrates the database `config` names (creating a SQLite one as needed;
+/// a PostgreSQL one must exist) to the current schema, building nothing
+/// else: `archivist migrate`.
+pub(crate) async fn migrate(config: &Config) -> Result<Migrated, BuildError> {
+    let durability = durability(config);
+    Ok(match config.storage.backend {
+        BackendKind::Sqlite => Store::migrate_sqlite(&config.data_dir, durability).await?,
+        BackendKind::Postgres => {
+            Store::migrate_postgres(&postgres_url(config)?, durability).await?
+        }
+    })
+}
+
 /// The parts of a running archivist process.
 pub struct App {
     pub(crate) store: Store,
@@ -105,18 +134,11 @@ impl App {
         role: &str,
         mode: OpenMode,
     ) -> Result<App, BuildError> {
-        let durability = match config.storage.durability {
-            DurabilityConfig::Process => Durability::Process,
-            DurabilityConfig::Power => Durability::Power,
-        };
+        let durability = durability(config);
         let store = match config.storage.backend {
             BackendKind::Sqlite => Store::open_as(&config.data_dir, durability, mode).await?,
             BackendKind::Postgres => {
-                let url = config
-                    .storage
-                    .postgres_url(|var| std::env::var(var).ok())
-                    .map_err(BuildError::Storage)?;
-                Store::open_postgres(&url, mode, durability).await?
+                Store::open_postgres(&postgres_url(config)?, mode, durability).await?
             }
         };
         App::with_store(config, api_key, role, store)

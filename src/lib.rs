@@ -20,8 +20,8 @@
 //! - `server`: `archivist serve`: wiring, health, reflection, metrics
 //!   endpoint, the bounded shutdown.
 //! - `cli`: the binary's commands other than `serve`: `backfill`, `check`
-//!   (one probe of the provider through a real pass), and the terminal
-//!   client (`session.rs` its commands, `reads.rs` and `waits.rs` the
+//!   (one probe of the provider through a real pass), `migrate` (the
+//!   schema, as a deploy step), and the terminal client (`session.rs` its commands, `reads.rs` and `waits.rs` the
 //!   longer ones, `output.rs` what it prints, as text or JSON).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.

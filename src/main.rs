@@ -16,6 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::check::{self, CheckArgs};
+use archivist::cli::migrate::{self, MigrateArgs};
 use archivist::cli::session::{self, ClientFlags, SessionArgs};
 use archivist::cli::{EXIT_USAGE, load_config, parse_listen, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
@@ -77,6 +78,11 @@ enum Command {
     /// recap pass and say what came back, and what would fix a failure.
     /// Exits 0 when it answered, 1 when not.
     Check(CheckArgs),
+    /// Bring the configured database (SQLite or PostgreSQL) to the schema
+    /// this build knows, say so in one line and exit: for deploys that
+    /// migrate as a step of their own (serve still migrates at start-up).
+    /// Exits 0 when the database is current, 1 when it is not.
+    Migrate(MigrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,6 +131,10 @@ fn main() -> ExitCode {
             // The check prints its own findings; retries are not news here.
             init_logging(LogFormat::Text, "error");
             runtime.block_on(check::run(args))
+        }
+        Command::Migrate(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(migrate::run(args))
         }
         Command::Session(args) => {
             init_logging(LogFormat::Text, "warn");

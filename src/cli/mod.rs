@@ -1,9 +1,11 @@
-//! Command-line entry points other than `serve` (`backfill`, `check`, the
-//! terminal client in `session.rs`), and what they share with it:
-//! configuration loading, signals, the listen address and exit codes.
+//! Command-line entry points other than `serve` (`backfill`, `check`,
+//! `migrate`, the terminal client in `session.rs`), and what they share
+//! with it: configuration loading, signals, the listen address and exit
+//! codes.
 
 pub mod backfill;
 pub mod check;
+pub mod migrate;
 mod output;
 mod reads;
 pub mod session;

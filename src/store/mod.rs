@@ -55,7 +55,7 @@ pub enum StoreError {
     #[error("the database is at schema version {found}, newer than this build knows ({known})")]
     TooNew { found: i64, known: usize },
     #[error(
-        "the database is at schema version {found} and this build needs {known}: start the server (or a backfill that is not a dry run) once to migrate it"
+        "the database is at schema version {found} and this build needs {known}: run `archivist migrate` (or start the server, or a backfill that is not a dry run) once to migrate it"
     )]
     NeedsMigration { found: i64, known: usize },
     #[error("there is no database at {path}")]
@@ -161,6 +161,19 @@ pub(crate) enum OpenMode {
     /// Opens a database that must exist already, for reading only: nothing
     /// is created, migrated or written (a dry run, `archivist check`).
     ReadOnly,
+}
+
+/// What migrating a database did (`archivist migrate`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Migrated {
+    /// `sqlite` or `postgres`.
+    pub(crate) backend: &'static str,
+    /// The database's file, or its server and name (never a password).
+    pub(crate) location: String,
+    /// The schema version it was at: 0 for none (a new database).
+    pub(crate) from: i64,
+    /// The schema version it is at now: the one this build knows.
+    pub(crate) to: i64,
 }
 
 /// A held claim on a segment: the right to write its result, as long as the
@@ -319,6 +332,44 @@ impl Store {
     ) -> Result<Store, StoreError> {
         Ok(Store {
             backend: Backend::Postgres(postgres::Postgres::open(url, mode, durability).await?),
+        })
+    }
+
+    /// Opens (creating as needed) the SQLite database in `data_dir`,
+    /// migrates it to the current schema and closes it again.
+    pub(crate) async fn migrate_sqlite(
+        data_dir: &Path,
+        durability: Durability,
+    ) -> Result<Migrated, StoreError> {
+        let to = sqlite_schema_version().await?;
+        // Read first, changing nothing, to learn the version it is at.
+        let from = match Store::open_as(data_dir, durability, OpenMode::ReadOnly).await {
+            Ok(_) => to,
+            Err(StoreError::NeedsMigration { found, .. }) => found,
+            Err(StoreError::NoDatabase { .. }) => 0,
+            Err(e) => return Err(e),
+        };
+        let store = Store::open_as(data_dir, durability, OpenMode::Create).await?;
+        Ok(Migrated {
+            backend: "sqlite",
+            location: store.location(data_dir),
+            from,
+            to,
+        })
+    }
+
+    /// Connects to the PostgreSQL database `url` names (which must exist),
+    /// migrates it to the current schema and lets go.
+    pub(crate) async fn migrate_postgres(
+        url: &str,
+        durability: Durability,
+    ) -> Result<Migrated, StoreError> {
+        let (location, from, to) = postgres::Postgres::migrate(url, durability).await?;
+        Ok(Migrated {
+            backend: "postgres",
+            location,
+            from,
+            to: i64::try_from(to).unwrap_or(i64::MAX),
         })
     }
 
@@ -621,5 +672,42 @@ impl Store {
     /// Extends a held claim by `lease` from now; false when it was lost.
     pub(crate) async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
         on_backend!(self, b => b.renew(claim, lease).await)
+    }
+}
+
+/// The schema version this build's SQLite backend migrates to. The backend
+/// keeps that number to itself (`sqlite/schema.rs`), and says it only when
+/// a read-only open finds a database older than it knows; so a database
+/// that is an empty file (version 0, as SQLite reads one) is opened so in a
+/// directory of its own, which is then removed.
+async fn sqlite_schema_version() -> Result<i64, StoreError> {
+    let dir = std::env::temp_dir().join(format!(
+        "archivist-schema-{}-{}",
+        std::process::id(),
+        Millis::now().0
+    ));
+    let made = |source| StoreError::DataDir {
+        path: dir.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(made)?;
+    let empty = std::fs::File::create(Store::database_path(&dir)).map_err(made);
+    let opened = match empty {
+        Ok(_) => Store::open_as(&dir, Durability::Process, OpenMode::ReadOnly)
+            .await
+            .map(drop),
+        Err(e) => Err(e),
+    };
+    // Best effort: a leftover empty directory in the temporary one harms
+    // nothing.
+    let _ = std::fs::remove_dir_all(&dir);
+    match opened {
+        Err(StoreError::NeedsMigration { known, .. }) => {
+            Ok(i64::try_from(known).unwrap_or(i64::MAX))
+        }
+        Err(e) => Err(e),
+        Ok(()) => Err(StoreError::Corrupt(
+            "an empty SQLite database passed for one at the current schema".to_owned(),
+        )),
     }
 }

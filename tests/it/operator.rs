@@ -182,6 +182,78 @@ async fn a_backfill_never_creates_a_database_and_usage_errors_are_not_work_left(
     assert_eq!(ran.code, 0);
 }
 
+#[tokio::test]
+async fn migrate_creates_a_sqlite_schema_says_so_in_one_line_and_then_finds_it_current() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let data_str = data.to_str().expect("utf-8 path");
+    let first = archivist(&["migrate", "--data-dir", data_str], &[], None).await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let line = first.stdout.trim_end();
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+    assert!(line.starts_with("sqlite database at "), "{line}");
+    assert!(line.contains(data_str), "names the file: {line}");
+    let (from, to) = versions(line);
+    assert_eq!(from, 0, "a new database: {line}");
+    assert!(to > 0, "{line}");
+
+    // Again: nothing to do, the same version on both sides.
+    let again = archivist(&["migrate", "--data-dir", data_str], &[], None).await;
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(
+        versions(again.stdout.trim_end()),
+        (to, to),
+        "{}",
+        again.stdout
+    );
+    // A read-only run, which needs the current schema, finds it.
+    let dry = archivist(
+        &["backfill", "--data-dir", data_str, "--dry-run"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+}
+
+#[tokio::test]
+async fn migrate_without_its_database_fails_naming_where_but_never_the_password() {
+    let port = closed_port().rsplit(':').next().expect("port").to_owned();
+    let url = format!("postgres://archivist:hunter2-not-shown@127.0.0.1:{port}/archivist");
+    let ran = archivist(
+        &["migrate"],
+        &[
+            ("ARCHIVIST_STORAGE_BACKEND", Some("postgres")),
+            ("ARCHIVIST_STORAGE_URL_ENV", Some("DATABASE_URL")),
+            ("DATABASE_URL", Some(&url)),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stdout.is_empty(), "{}", ran.stdout);
+    let target = format!("postgres://archivist@127.0.0.1:{port}/archivist");
+    assert!(
+        ran.stderr
+            .contains(&format!("cannot connect to the database at {target}")),
+        "{}",
+        ran.stderr
+    );
+    assert!(!ran.stderr.contains("hunter2"), "{}", ran.stderr);
+}
+
+/// The schema versions a line of `archivist migrate` gives: "... schema
+/// version FROM -> TO (...)".
+pub(crate) fn versions(line: &str) -> (u64, u64) {
+    let parse = || {
+        let rest = line.split("schema version ").nth(1)?;
+        let (from, rest) = rest.split_once(" -> ")?;
+        let to = rest.split_whitespace().next()?;
+        Some((from.parse().ok()?, to.parse().ok()?))
+    };
+    parse().unwrap_or_else(|| panic!("no versions in {line:?}"))
+}
+
 /// A `serve` process whose standard error is kept, line by line.
 struct Serve {
     child: std::process::Child,

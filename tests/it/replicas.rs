@@ -547,3 +547,78 @@ async fn backfill_drains_a_postgresql_backlog() {
     let backlog = store.backlog(None).await.expect("backlog");
     assert_eq!((backlog.pending, backlog.summarised), (0, 12));
 }
+
+/// Runs `archivist migrate` against the database `url` names, through
+/// `DATABASE_URL` as the docs suggest; its exit code, stdout and stderr.
+async fn migrate(url: &str) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
+    command
+        .arg("migrate")
+        .env("ARCHIVIST_STORAGE_BACKEND", "postgres")
+        .env("ARCHIVIST_STORAGE_URL_ENV", "DATABASE_URL")
+        .env("DATABASE_URL", url)
+        .env("RUST_LOG", "warn");
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("join")
+        .expect("run migrate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn migrate_creates_the_postgresql_schema_once_and_never_prints_the_password() {
+    let Some(db) = database().await else {
+        return;
+    };
+    // A password in the URL (the test server trusts any; a URL naming
+    // another user is used as given), which no line may show.
+    let secret = "hunter2-not-shown";
+    let url = db
+        .url
+        .replacen("://postgres@", &format!("://postgres:{secret}@"), 1);
+    let config: tokio_postgres::Config = url.parse().expect("a URL");
+    let shown = format!(
+        "postgres://{}@",
+        config.get_user().expect("a user in the test URL")
+    );
+
+    let (code, out, err) = migrate(&url).await;
+    assert_eq!(code, 0, "{err}");
+    let line = out.trim_end();
+    assert_eq!(line.lines().count(), 1, "one line: {line}");
+    assert!(line.starts_with("postgres database at "), "{line}");
+    assert!(line.contains(&shown) && line.contains(&db.name), "{line}");
+    let (from, to) = crate::operator::versions(line);
+    assert_eq!((from, to > 0), (0, true), "{line}");
+
+    let (code, out, err) = migrate(&url).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(crate::operator::versions(out.trim_end()), (to, to), "{out}");
+    // The database says so too.
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let recorded: i32 = client
+        .query_one("SELECT max(version) FROM archivist_schema_version", &[])
+        .await
+        .expect("read the schema version")
+        .get(0);
+    assert_eq!(u64::try_from(recorded).ok(), Some(to));
+    drop(client);
+
+    // A database that does not exist: refused, naming it, exit 1.
+    let missing = url.replacen(&db.name, &format!("{}_missing", db.name), 1);
+    let (code, out, err) = migrate(&missing).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("cannot connect to the database at"), "{err}");
+    assert!(err.contains(&format!("{}_missing", db.name)), "{err}");
+    for text in [&out, &err] {
+        assert!(!text.contains(secret), "{text}");
+    }
+}

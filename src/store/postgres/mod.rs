@@ -204,23 +204,36 @@ struct Inner {
     full_seen: AtomicBool,
 }
 
-impl Postgres {
-    /// Connects to the database `url` names and, as `mode` says, migrates
-    /// it to the current schema (creating it in an empty database, or
-    /// requiring one already there) or only checks that it is current.
-    /// Does not create the database itself: the operator does.
-    pub(super) async fn open(
-        url: &str,
-        mode: OpenMode,
-        durability: Durability,
-    ) -> Result<Postgres, StoreError> {
+/// A connection to `target` (where the database is, without a password)
+/// could not be made.
+fn connect_error(
+    target: &str,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Connect {
+        target: target.to_owned(),
+        source: Box::new(source),
+    }
+}
+
+/// A pool for the database a URL names, before any connection is made.
+struct Connecting {
+    pool: Pool,
+    /// The URL's settings and archivist's own (timeouts, name, durability).
+    connect_config: tokio_postgres::Config,
+    /// Where the database is, without a password, for messages.
+    target: String,
+}
+
+impl Connecting {
+    fn new(url: &str, durability: Durability) -> Result<Connecting, StoreError> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Connect {
             target: "(a storage URL that does not parse; not shown, it may hold a password)"
                 .to_owned(),
             source: Box::new(e),
         })?;
         let target = describe(&config);
-        let mut connect_config = config.clone();
+        let mut connect_config = config;
         connect_config.connect_timeout(CONNECT_TIMEOUT);
         if connect_config.get_application_name().is_none() {
             connect_config.application_name("archivist");
@@ -245,18 +258,36 @@ impl Postgres {
             .wait_timeout(Some(POOL_WAIT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .build()
-            .map_err(|e| StoreError::Connect {
-                target: target.clone(),
-                source: Box::new(e),
-            })?;
-        let connect_err = |e: deadpool_postgres::PoolError| StoreError::Connect {
-            target: target.clone(),
-            source: Box::new(e),
-        };
+            .map_err(|e| connect_error(&target, e))?;
+        Ok(Connecting {
+            pool,
+            connect_config,
+            target,
+        })
+    }
+}
+
+impl Postgres {
+    /// Connects to the database `url` names and, as `mode` says, migrates
+    /// it to the current schema (creating it in an empty database, or
+    /// requiring one already there) or only checks that it is current.
+    /// Does not create the database itself: the operator does.
+    pub(super) async fn open(
+        url: &str,
+        mode: OpenMode,
+        durability: Durability,
+    ) -> Result<Postgres, StoreError> {
+        let Connecting {
+            pool,
+            connect_config,
+            target,
+        } = Connecting::new(url, durability)?;
         {
-            let mut client = pool.get().await.map_err(connect_err)?;
+            let mut client = pool.get().await.map_err(|e| connect_error(&target, e))?;
             match mode {
-                OpenMode::Create => schema::migrate(&mut client).await?,
+                OpenMode::Create => {
+                    schema::migrate(&mut client).await?;
+                }
                 OpenMode::Existing => {
                     if !schema::exists(&client).await? {
                         return Err(StoreError::NoDatabase {
@@ -294,6 +325,21 @@ impl Postgres {
                 full_seen: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Connects to the database `url` names, migrates it to the current
+    /// schema (creating archivist's tables in an empty database) and lets
+    /// go, starting nothing else: `archivist migrate`. Returns where the
+    /// database is (no password) and the schema versions it was at and is
+    /// at now.
+    pub(super) async fn migrate(
+        url: &str,
+        durability: Durability,
+    ) -> Result<(String, i64, usize), StoreError> {
+        let Connecting { pool, target, .. } = Connecting::new(url, durability)?;
+        let mut client = pool.get().await.map_err(|e| connect_error(&target, e))?;
+        let from = schema::migrate(&mut client).await?;
+        Ok((target, from, schema::known()))
     }
 
     /// Where the database is, without a password.

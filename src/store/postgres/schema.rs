@@ -189,10 +189,16 @@ async fn version(client: &Object) -> Result<i64, tokio_postgres::Error> {
     row.try_get(0)
 }
 
+/// The schema version this build migrates to.
+pub(super) fn known() -> usize {
+    MIGRATIONS.len()
+}
+
 /// Applies the migrations this build has and the database lacks, in one
 /// transaction holding an advisory lock: replicas starting together take
-/// turns, and each after the first finds nothing left to do.
-pub(super) async fn migrate(client: &mut Object) -> Result<(), StoreError> {
+/// turns, and each after the first finds nothing left to do. Returns the
+/// version the database was at (0 for none).
+pub(super) async fn migrate(client: &mut Object) -> Result<i64, StoreError> {
     let known = MIGRATIONS.len();
     let err = migration_error(known);
     let tx = client.transaction().await.map_err(&err)?;
@@ -230,7 +236,8 @@ pub(super) async fn migrate(client: &mut Object) -> Result<(), StoreError> {
         .await
         .map_err(&err)?;
     }
-    tx.commit().await.map_err(&err)
+    tx.commit().await.map_err(&err)?;
+    Ok(current)
 }
 
 /// Checks, without changing anything, that the schema is the one this
