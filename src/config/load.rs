@@ -395,13 +395,13 @@ ceiling = "15s"
             &Overrides::default(),
             env(&[
                 ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
-                ("ARCHIVIST_STORAGE_URL_ENV", "ARCHIVIST_DB_URL_FOR_TEST"),
+                ("ARCHIVIST_STORAGE_URL_ENV", "DB_URL_FOR_TEST"),
             ]),
         )
         .expect("a variable's name is enough");
         assert_eq!(
             c.storage
-                .postgres_url(|v| (v == "ARCHIVIST_DB_URL_FOR_TEST").then(|| secret.to_owned()))
+                .postgres_url(|v| (v == "DB_URL_FOR_TEST").then(|| secret.to_owned()))
                 .expect("read from the variable"),
             secret
         );
@@ -442,6 +442,36 @@ ceiling = "15s"
             assert!(text.contains(key), "{text}");
             assert!(!text.contains("s3cret"), "the value is repeated: {text}");
         }
+    }
+
+    #[test]
+    fn a_url_env_in_archivists_own_namespace_is_refused_by_name() {
+        // From the file as from the environment: ARCHIVIST_* variables are
+        // the settings' own, and one that names no key is refused at load,
+        // so the URL cannot be kept in one.
+        let (_f, from_file) =
+            file("[storage]\nbackend = \"postgres\"\nurl_env = \"ARCHIVIST_DATABASE_URL\"\n");
+        let refusals = [
+            load(&from_file, env(&[])),
+            load(
+                &Overrides::default(),
+                env(&[
+                    ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                    ("ARCHIVIST_STORAGE_URL_ENV", "ARCHIVIST_DATABASE_URL"),
+                ]),
+            ),
+        ];
+        for refused in refusals {
+            let e = refused.expect_err("refused");
+            let text = crate::failure::cause_chain(&e).join(": ");
+            assert!(text.contains("storage.url_env"), "{text}");
+            assert!(text.contains("ARCHIVIST_DATABASE_URL"), "{text}");
+            assert!(text.contains("such as DATABASE_URL"), "{text}");
+        }
+        // Outside the namespace, the same name is fine.
+        let (_f, o) = file("[storage]\nbackend = \"postgres\"\nurl_env = \"DATABASE_URL\"\n");
+        let c = load(&o, env(&[])).expect("DATABASE_URL is fine");
+        assert_eq!(c.storage.url_env, "DATABASE_URL");
     }
 
     #[test]

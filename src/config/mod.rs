@@ -186,7 +186,8 @@ pub struct StorageConfig {
     /// A password here is in the file: prefer `url_env`.
     pub url: String,
     /// PostgreSQL: the NAME of an environment variable holding the URL, so
-    /// that a password stays out of files.
+    /// that a password stays out of files (`DATABASE_URL`, say; not an
+    /// `ARCHIVIST_*` one, which are settings).
     pub url_env: String,
 }
 

@@ -1,7 +1,7 @@
 //! Checking a configuration for what its types alone cannot say; every
 //! error names the key.
 
-use super::{BackendKind, Config, ConfigError, ProviderKind, is_variable_name};
+use super::{BackendKind, Config, ConfigError, ENV_PREFIX, ProviderKind, is_variable_name};
 
 impl Config {
     /// Checks what types alone cannot; the error names the key.
@@ -146,6 +146,18 @@ impl Config {
                             return invalid(
                                 "storage.url_env",
                                 "must be the NAME of an environment variable holding the URL, not the URL itself (the value given is not shown)",
+                            );
+                        }
+                        // ARCHIVIST_* variables are the settings' own
+                        // namespace: one that names no key is refused at
+                        // load, so the URL cannot live in one.
+                        if self.storage.url_env.starts_with(ENV_PREFIX) {
+                            return invalid(
+                                "storage.url_env",
+                                &format!(
+                                    "names {}, but variables starting with {ENV_PREFIX} are archivist's own settings (one that names no key is refused), so the URL cannot be kept in one: put it in a variable outside that namespace, such as DATABASE_URL, and name that",
+                                    self.storage.url_env
+                                ),
                             );
                         }
                     }
