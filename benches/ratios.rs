@@ -8,9 +8,10 @@
 //!
 //! - `--round-seconds F`: the length of each h2load round (default 1);
 //! - `--repeat N`: rounds per figure (default 3; the median counts);
-//! - `--before PATH`: also start the `archivist` binary at PATH (an older
-//!   build, say) and run every h2load round against both servers, side by
-//!   side, alternating which goes first;
+//! - `--before PATH` (repeatable): also start the `archivist` binary at
+//!   PATH (an older build, say) and run every h2load round against every
+//!   server, side by side, taking turns at going first; the servers are
+//!   named `before-1`, `before-2`, ... in the order given, then `this`;
 //! - `--stages`: instead of the ratios, where a single-entry append's time
 //!   goes at 8×1 (below).
 //!
@@ -354,7 +355,18 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
     }
 }
 
-async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
+/// The servers to compare: each older build given, then this one.
+async fn start_servers(before: &[PathBuf]) -> Vec<(String, Server)> {
+    let mut servers = Vec::new();
+    for (i, path) in before.iter().enumerate() {
+        servers.push((format!("before-{}", i + 1), start_server(path).await));
+    }
+    let this = Path::new(env!("CARGO_BIN_EXE_archivist"));
+    servers.push(("this".to_owned(), start_server(this).await));
+    servers
+}
+
+async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
     println!(
         "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
@@ -367,15 +379,8 @@ async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
         );
         return;
     }
-    let this = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
-    let old = match before {
-        Some(path) => Some(start_server(path).await),
-        None => None,
-    };
-    let mut servers = vec![("this", &this)];
-    if let Some(old) = &old {
-        servers.insert(0, ("before", old));
-    }
+    let started = start_servers(before).await;
+    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let plan = Plan {
         loads: &[1, 4],
         calls: &Call::ALL,
@@ -390,8 +395,8 @@ async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
     for ((name, _), figures) in servers.iter().zip(&figures) {
         print_figures(name, figures, &plan);
     }
-    if let Some(path) = before {
-        println!("  (before: {})", path.display());
+    for (i, path) in before.iter().enumerate() {
+        println!("  (before-{}: {})", i + 1, path.display());
     }
 }
 
@@ -402,7 +407,7 @@ fn at(took: &[f64], q: f64) -> f64 {
 
 /// `--stages`: calls that stop at successive stages, at 8×1, then the
 /// store alone in this process.
-async fn stages(before: Option<&Path>, seconds: f64, repeat: usize) {
+async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
     println!(
         "Stages of a single-entry append at {CONNECTIONS}×1: h2load, {repeat} interleaved rounds of ~{seconds} s per figure; each stage's cost is the difference of p50s."
     );
@@ -412,15 +417,8 @@ async fn stages(before: Option<&Path>, seconds: f64, repeat: usize) {
         );
         return;
     }
-    let this = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
-    let old = match before {
-        Some(path) => Some(start_server(path).await),
-        None => None,
-    };
-    let mut servers = vec![("this", &this)];
-    if let Some(old) = &old {
-        servers.insert(0, ("before", old));
-    }
+    let started = start_servers(before).await;
+    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let plan = Plan {
         loads: &[1],
         calls: &[Call::Health, Call::Refused, Call::Append(1)],
@@ -451,8 +449,8 @@ async fn stages(before: Option<&Path>, seconds: f64, repeat: usize) {
             stored - refused
         );
     }
-    drop(old);
-    drop(this);
+    drop(servers);
+    drop(started);
     store_alone(seconds, repeat).await;
 }
 
@@ -519,7 +517,7 @@ async fn store_alone(seconds: f64, repeat: usize) {
 fn main() {
     let mut round_seconds = 1.0;
     let mut repeat = 3;
-    let mut before: Option<PathBuf> = None;
+    let mut before: Vec<PathBuf> = Vec::new();
     let mut only_stages = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -537,7 +535,7 @@ fn main() {
                     .filter(|n| *n > 0)
                     .expect("--repeat N");
             }
-            "--before" => before = Some(args.next().expect("--before PATH").into()),
+            "--before" => before.push(args.next().expect("--before PATH").into()),
             "--stages" => only_stages = true,
             // cargo bench passes --bench.
             _ => {}
@@ -549,9 +547,9 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         if only_stages {
-            stages(before.as_deref(), round_seconds, repeat).await;
+            stages(&before, round_seconds, repeat).await;
         } else {
-            ratios(before.as_deref(), round_seconds, repeat).await;
+            ratios(&before, round_seconds, repeat).await;
         }
     });
 }
