@@ -8,9 +8,12 @@
 //!
 //! - `--round-seconds F`: the length of each h2load round (default 1);
 //! - `--repeat N`: rounds per figure (default 3; the median counts);
-//! - `--before PATH`: also start the `archivist` binary at PATH (an older
-//!   build, say) and run every h2load round against both servers, side by
-//!   side, alternating which goes first;
+//! - `--before PATH` (repeatable): also start the `archivist` binary at
+//!   PATH (an older build, say) and run every h2load round against every
+//!   server, side by side, taking turns at going first; the servers are
+//!   named `before-1`, `before-2`, ... in the order given, then `this`;
+//! - `--stages`: instead of the ratios, where a single-entry append's time
+//!   goes at 8×1 (below).
 //!
 //! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
 //! bench says how to install it and skips this part when it is missing).
@@ -26,6 +29,17 @@
 //! Segments are large enough that no recap runs. After each round the bench
 //! counts what the session stored (an HTTP 200 says nothing of
 //! grpc-status), so every call in these figures was stored.
+//!
+//! **Stages** (`--stages`), at 8×1 against one server, by difference
+//! between calls that stop at successive stages, interleaved the same way:
+//! grpc.health.v1 Check (the transport: HTTP/2, tonic, the layers, the
+//! answer), an AppendEntries refused at validation (adds decoding, the
+//! tenant, the gate's slot, the checks and an error answer), and a stored
+//! single-entry AppendEntries (adds the hop to the writer thread, the
+//! transaction, the commit and the answer's wake-up). Then the store alone,
+//! in this process: 8 tasks, each appending single entries to a session of
+//! its own through `Store::append` (the hop, the transaction and the group
+//! commit, without gRPC).
 //!
 //! Every acknowledged append is durable across kill -9 (the tests check
 //! that), so the figures are for the durable path.
@@ -186,6 +200,9 @@ fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) ->
 #[derive(Clone, Copy, PartialEq)]
 enum Call {
     Health,
+    /// An AppendEntries refused at validation (a session id with a space):
+    /// decoded, checked and answered, never sent to the store.
+    Refused,
     Append(usize),
 }
 
@@ -195,6 +212,7 @@ impl Call {
     fn label(self) -> String {
         match self {
             Call::Health => "health Check (baseline)".to_owned(),
+            Call::Refused => "AppendEntries, refused".to_owned(),
             Call::Append(1) => "AppendEntries, 1 entry".to_owned(),
             Call::Append(n) => format!("AppendEntries, {n} entries"),
         }
@@ -228,6 +246,11 @@ async fn stored(server: &Server, session: &str) -> u64 {
 async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag: &str) -> Round {
     let (path, body, session) = match call {
         Call::Health => (HEALTH_PATH, HEALTH_FRAME.to_vec(), None),
+        Call::Refused => {
+            let mut req = request("not a session id", 1, 0);
+            req.entries[0].client_entry_id.clear();
+            (APPEND_PATH, frame(&req), None)
+        }
         Call::Append(batch) => {
             let session = format!("ratio-{tag}");
             let mut req = request(&session, batch, 0);
@@ -254,15 +277,25 @@ async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag:
 /// Each server's rounds: (calls in flight per connection, call, round).
 type Figures = Vec<(usize, Call, Round)>;
 
+/// What a run measures: the calls in flight per connection, and the calls
+/// taken in turn at each.
+struct Plan<'a> {
+    loads: &'a [usize],
+    calls: &'a [Call],
+    seconds: f64,
+    repeat: usize,
+}
+
 /// Runs every round `repeat` times against each server, interleaved: at
 /// each load, health, 1 entry, 10 entries, health, ...; at each step the
 /// servers take turns going first.
-async fn ratio_rounds(servers: &[(&str, &Server)], seconds: f64, repeat: usize) -> Vec<Figures> {
+async fn ratio_rounds(servers: &[(&str, &Server)], plan: &Plan<'_>) -> Vec<Figures> {
+    let (seconds, repeat) = (plan.seconds, plan.repeat);
     let mut figures: Vec<Figures> = servers.iter().map(|_| Vec::new()).collect();
     let mut step = 0usize;
-    for streams in [1, 4] {
+    for &streams in plan.loads {
         for rep in 0..repeat {
-            for call in Call::ALL {
+            for &call in plan.calls {
                 let mut order: Vec<usize> = (0..servers.len()).collect();
                 order.rotate_left(step % servers.len());
                 step += 1;
@@ -291,8 +324,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Prints one server's figures: for each load and call, the median rate of
 /// its rounds and that as a percentage of the health checks' median at the
 /// same load; p50 and p99 over every call of its rounds.
-fn print_figures(name: &str, figures: &Figures) {
-    for streams in [1, 4] {
+fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
+    for &streams in plan.loads {
         let rate = |call: Call| {
             median(
                 figures
@@ -303,27 +336,37 @@ fn print_figures(name: &str, figures: &Figures) {
             )
         };
         let baseline = rate(Call::Health);
-        for call in Call::ALL {
+        for &call in plan.calls {
             let mut took: Vec<f64> = figures
                 .iter()
                 .filter(|(s, c, _)| *s == streams && *c == call)
                 .flat_map(|(_, _, r)| r.took_us.iter().copied())
                 .collect();
             took.sort_by(f64::total_cmp);
-            let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
             let r = rate(call);
             println!(
                 "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
                 call.label(),
                 100.0 * r / baseline,
-                at(0.5),
-                at(0.99),
+                at(&took, 0.5),
+                at(&took, 0.99),
             );
         }
     }
 }
 
-async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
+/// The servers to compare: each older build given, then this one.
+async fn start_servers(before: &[PathBuf]) -> Vec<(String, Server)> {
+    let mut servers = Vec::new();
+    for (i, path) in before.iter().enumerate() {
+        servers.push((format!("before-{}", i + 1), start_server(path).await));
+    }
+    let this = Path::new(env!("CARGO_BIN_EXE_archivist"));
+    servers.push(("this".to_owned(), start_server(this).await));
+    servers
+}
+
+async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
     println!(
         "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
@@ -336,32 +379,146 @@ async fn ratios(before: Option<&Path>, seconds: f64, repeat: usize) {
         );
         return;
     }
-    let this = start_server(Path::new(env!("CARGO_BIN_EXE_archivist"))).await;
-    let old = match before {
-        Some(path) => Some(start_server(path).await),
-        None => None,
+    let started = start_servers(before).await;
+    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let plan = Plan {
+        loads: &[1, 4],
+        calls: &Call::ALL,
+        seconds,
+        repeat,
     };
-    let mut servers = vec![("this", &this)];
-    if let Some(old) = &old {
-        servers.insert(0, ("before", old));
-    }
-    let figures = ratio_rounds(&servers, seconds, repeat).await;
+    let figures = ratio_rounds(&servers, &plan).await;
     println!(
         "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
         "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
     );
     for ((name, _), figures) in servers.iter().zip(&figures) {
-        print_figures(name, figures);
+        print_figures(name, figures, &plan);
     }
-    if let Some(path) = before {
-        println!("  (before: {})", path.display());
+    for (i, path) in before.iter().enumerate() {
+        println!("  (before-{}: {})", i + 1, path.display());
     }
+}
+
+/// Percentile `q` of sorted `took`.
+fn at(took: &[f64], q: f64) -> f64 {
+    took[((took.len() as f64 * q) as usize).min(took.len() - 1)]
+}
+
+/// `--stages`: calls that stop at successive stages, at 8×1, then the
+/// store alone in this process.
+async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
+    println!(
+        "Stages of a single-entry append at {CONNECTIONS}×1: h2load, {repeat} interleaved rounds of ~{seconds} s per figure; each stage's cost is the difference of p50s."
+    );
+    if !have_h2load() {
+        println!(
+            "  (h2load not found, so this is skipped: `apt-get install nghttp2-client` provides it)"
+        );
+        return;
+    }
+    let started = start_servers(before).await;
+    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let plan = Plan {
+        loads: &[1],
+        calls: &[Call::Health, Call::Refused, Call::Append(1)],
+        seconds,
+        repeat,
+    };
+    let figures = ratio_rounds(&servers, &plan).await;
+    println!(
+        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
+        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
+    );
+    for ((name, _), figures) in servers.iter().zip(&figures) {
+        print_figures(name, figures, &plan);
+        let p50 = |call: Call| {
+            median(
+                figures
+                    .iter()
+                    .filter(|(_, c, _)| *c == call)
+                    .flat_map(|(_, _, r)| r.took_us.iter().copied())
+                    .collect(),
+            )
+        };
+        let (health, refused, stored) =
+            (p50(Call::Health), p50(Call::Refused), p50(Call::Append(1)));
+        println!(
+            "  {name:<8} p50: transport {health:.0} µs; + decoding, tenant, slot, checks {:.0} µs; + the store and the answer's wake-up {:.0} µs",
+            refused - health,
+            stored - refused
+        );
+    }
+    drop(servers);
+    drop(started);
+    store_alone(seconds, repeat).await;
+}
+
+/// The store alone: `CONNECTIONS` tasks appending single entries, each to
+/// a session of its own, through `Store::append` on a fresh database.
+async fn store_alone(seconds: f64, repeat: usize) {
+    use archivist::internals::Store;
+    use archivist::model::{NewEntry, Role, SegmentPolicy, SessionName, Tenant};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open(dir.path()).await.expect("store");
+    let policy = SegmentPolicy {
+        max_entries: 1_000_000,
+        max_tokens: 4_000_000_000,
+    };
+    let mut took: Vec<f64> = Vec::new();
+    let mut rates = Vec::new();
+    for round in 0..=repeat {
+        let until = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+        let tasks: Vec<_> = (0..CONNECTIONS)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let session = SessionName::parse(&format!("alone-{t}")).expect("name");
+                    let mut took = Vec::new();
+                    while std::time::Instant::now() < until {
+                        let entry = NewEntry {
+                            client_entry_id: None,
+                            role: Role::User,
+                            content: "the agent asked about the billing migration".to_owned(),
+                        };
+                        let start = std::time::Instant::now();
+                        store
+                            .append(&Tenant::default(), &session, vec![entry], policy, 0)
+                            .await
+                            .expect("append");
+                        took.push(start.elapsed().as_secs_f64() * 1e6);
+                    }
+                    took
+                })
+            })
+            .collect();
+        let mut calls = 0;
+        for task in tasks {
+            let t = task.await.expect("task");
+            calls += t.len();
+            // The first round warms up.
+            if round > 0 {
+                took.extend(t);
+            }
+        }
+        if round > 0 {
+            rates.push(calls as f64 / seconds);
+        }
+    }
+    took.sort_by(f64::total_cmp);
+    println!(
+        "  store alone, in process, {CONNECTIONS} tasks: {:.0} appends/s, p50 {:.0} µs, p99 {:.0} µs",
+        median(rates),
+        at(&took, 0.5),
+        at(&took, 0.99)
+    );
 }
 
 fn main() {
     let mut round_seconds = 1.0;
     let mut repeat = 3;
-    let mut before: Option<PathBuf> = None;
+    let mut before: Vec<PathBuf> = Vec::new();
+    let mut only_stages = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -378,7 +535,8 @@ fn main() {
                     .filter(|n| *n > 0)
                     .expect("--repeat N");
             }
-            "--before" => before = Some(args.next().expect("--before PATH").into()),
+            "--before" => before.push(args.next().expect("--before PATH").into()),
+            "--stages" => only_stages = true,
             // cargo bench passes --bench.
             _ => {}
         }
@@ -388,6 +546,10 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        ratios(before.as_deref(), round_seconds, repeat).await;
+        if only_stages {
+            stages(&before, round_seconds, repeat).await;
+        } else {
+            ratios(&before, round_seconds, repeat).await;
+        }
     });
 }

@@ -20,6 +20,7 @@
 
 mod checkpoint;
 mod claims;
+mod kept;
 mod rows;
 mod runs;
 mod schema;
@@ -36,7 +37,8 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
 use super::{Durability, OpenMode, StoreError};
-use writer::{Job, job, writer_loop};
+use kept::Kept;
+use writer::{Job, append_job, job, writer_loop};
 
 /// Jobs waiting for the writer before callers wait to enqueue.
 const QUEUE_DEPTH: usize = 4096;
@@ -216,15 +218,17 @@ impl Sqlite {
         self.inner.full_seen.swap(false, Ordering::SeqCst)
     }
 
-    /// As `write`, but refuses with `Busy` instead of waiting when the
-    /// writer's queue is full: callers' writes shed load, workers' wait.
-    async fn write_or_busy<T, F>(&self, f: F) -> Result<T, StoreError>
+    /// As `write` for an append (which keeps its session's rows in the
+    /// writer's memory: `kept.rs`), but refuses with `Busy` instead of
+    /// waiting when the writer's queue is full: callers' writes shed load,
+    /// workers' wait.
+    async fn append_or_busy<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, &mut Kept) -> Result<T, StoreError> + Send + 'static,
     {
+        let (job, answer) = append_job(f);
         let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
-        let (job, answer) = job(f);
         jobs.try_send(job).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => StoreError::Busy,
             mpsc::error::TrySendError::Closed(_) => StoreError::Closed,

@@ -6,6 +6,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Sqlite;
+use super::kept::{Kept, KeptSession, OpenSegment};
 use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
     SessionInfo, SessionName, Tenant, estimate_tokens,
@@ -15,13 +16,11 @@ use crate::store::{Erased, SessionRef, StoreError};
 /// What a tenant's byte cap counts for each stored entry and session on top
 /// of its text (content, id, name): the row and index space around it, so
 /// that many tiny entries cannot store far more than the cap says.
-const ROW_OVERHEAD_BYTES: u64 = 64;
+pub(super) const ROW_OVERHEAD_BYTES: u64 = 64;
 
 /// A session's row.
 pub(super) struct SessionRow {
     pub(super) id: i64,
-    next_seq: u64,
-    next_ordinal: u32,
     open_segment_id: Option<SegmentId>,
 }
 
@@ -66,15 +65,13 @@ pub(super) fn session_row(
 ) -> Result<Option<SessionRow>, StoreError> {
     Ok(conn
         .prepare_cached(
-            "SELECT id, next_seq, next_ordinal, open_segment_id FROM sessions \
+            "SELECT id, open_segment_id FROM sessions \
              WHERE tenant = ?1 AND name = ?2",
         )?
         .query_row(params![tenant, name], |r| {
             Ok(SessionRow {
                 id: r.get(0)?,
-                next_seq: r.get(1)?,
-                next_ordinal: r.get(2)?,
-                open_segment_id: r.get(3)?,
+                open_segment_id: r.get(1)?,
             })
         })
         .optional()?)
@@ -91,8 +88,16 @@ impl Sqlite {
     ) -> Result<AppendOutcome, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
-        self.write_or_busy(move |conn| {
-            append_tx(conn, &tenant, &session, entries, policy, max_tenant_bytes)
+        self.append_or_busy(move |conn, kept| {
+            append_tx(
+                conn,
+                kept,
+                &tenant,
+                &session,
+                entries,
+                policy,
+                max_tenant_bytes,
+            )
         })
         .await
     }
@@ -287,16 +292,9 @@ fn close_segment_tx(conn: &Connection, id: u64, now: Millis) -> Result<(), Store
     Ok(())
 }
 
-struct OpenSegment {
-    id: u64,
-    entries: u32,
-    tokens: u32,
-    last_seq: u64,
-    touched: bool,
-}
-
 fn append_tx(
     conn: &Connection,
+    kept: &mut Kept,
     tenant: &str,
     name: &str,
     entries: Vec<NewEntry>,
@@ -304,51 +302,12 @@ fn append_tx(
     max_tenant_bytes: u64,
 ) -> Result<AppendOutcome, StoreError> {
     let now = Millis::now();
-    // What the append starts from, in one statement when the session
-    // exists: its row, its open segment's counts and the tenant's stored
-    // bytes. (Scalar subqueries rather than a join: SQLite re-plans a join
-    // with bound parameters each time the statement is reused.)
-    let found = conn
-        .prepare_cached(
-            "SELECT x.id, x.next_seq, x.next_ordinal, x.open_segment_id, \
-             (SELECT entry_count FROM segments WHERE id = x.open_segment_id), \
-             (SELECT token_estimate FROM segments WHERE id = x.open_segment_id), \
-             (SELECT last_seq FROM segments WHERE id = x.open_segment_id), \
-             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1) \
-             FROM sessions x WHERE x.tenant = ?1 AND x.name = ?2",
-        )?
-        .query_row(params![tenant, name], |r| {
-            let session = SessionRow {
-                id: r.get(0)?,
-                next_seq: r.get(1)?,
-                next_ordinal: r.get(2)?,
-                open_segment_id: r.get(3)?,
-            };
-            let open = match (session.open_segment_id, r.get(4)?) {
-                (Some(id), Some(entries)) => Some(OpenSegment {
-                    id,
-                    entries,
-                    tokens: r.get(5)?,
-                    last_seq: r.get(6)?,
-                    touched: false,
-                }),
-                _ => None,
-            };
-            let stored: Option<u64> = r.get(7)?;
-            Ok((session, open, stored))
-        })
-        .optional()?;
-    let (existing, mut open, stored) = match found {
-        Some((session, open, stored)) => (Some(session), open, stored),
-        None => {
-            let stored = conn
-                .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
-                .query_row([tenant], |r| r.get(0))
-                .optional()?;
-            (None, None, stored)
-        }
+    // A copy: what this append changes is kept only if it succeeds (its
+    // savepoint undoes its SQL writes otherwise).
+    let (existing, stored) = match kept.get(tenant, name) {
+        Some((session, stored)) => (Some(session), stored),
+        None => read_start(conn, kept, tenant, name)?,
     };
-    let stored: u64 = stored.unwrap_or(0);
     if max_tenant_bytes > 0 && stored >= max_tenant_bytes {
         // A tenant already at its cap is refused before any write.
         return Err(StoreError::TenantFull {
@@ -358,8 +317,9 @@ fn append_tx(
         });
     }
     let mut added_bytes = 0u64;
-    let (session_id, mut next_seq, mut next_ordinal, open_id) = match existing {
-        Some(row) => (row.id, row.next_seq, row.next_ordinal, row.open_segment_id),
+    let appended_before = existing.as_ref().and_then(|s| s.appended_at);
+    let (session_id, mut next_seq, mut next_ordinal, mut open) = match existing {
+        Some(s) => (s.id, s.next_seq, s.next_ordinal, s.open),
         None => {
             added_bytes += name.len() as u64 + ROW_OVERHEAD_BYTES;
             let id = conn
@@ -371,10 +331,6 @@ fn append_tx(
             (id, 1, 1, None)
         }
     };
-    if open_id.is_some() && open.is_none() {
-        // The session names an open segment that is not there.
-        return Err(rusqlite::Error::QueryReturnedNoRows.into());
-    }
 
     let mut insert_entry = conn.prepare_cached(
         "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
@@ -486,33 +442,14 @@ fn append_tx(
             duplicate: false,
         });
         if policy.is_full(seg.entries, seg.tokens) {
-            save_open_segment(conn, seg)?;
+            seg.save(conn)?;
             close_segment_tx(conn, seg.id, now)?;
             outcome.closed_segment_ids.push(seg.id);
             open = None;
         }
     }
-    if let Some(seg) = &open {
-        if seg.touched {
-            save_open_segment(conn, seg)?;
-        }
-        outcome.open_segment_id = Some(seg.id);
-    }
-    conn.prepare_cached(
-        "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3, \
-         last_append_at = CASE WHEN ?5 THEN ?6 ELSE last_append_at END WHERE id = ?4",
-    )?
-    .execute(params![
-        next_seq,
-        next_ordinal,
-        outcome.open_segment_id,
-        session_id,
-        stored_any,
-        now.0
-    ])?;
+    outcome.open_segment_id = open.as_ref().map(|seg| seg.id);
     if added_bytes > 0 {
-        // Nothing else writes the tenant's row in this transaction since it
-        // was read above: the writer runs one job at a time.
         let wanted = stored.saturating_add(added_bytes);
         if max_tenant_bytes > 0 && wanted > max_tenant_bytes {
             // The job's savepoint rolls every write of this append back.
@@ -522,19 +459,84 @@ fn append_tx(
                 limit: max_tenant_bytes,
             });
         }
-        conn.prepare_cached(
-            "INSERT INTO tenant_usage (tenant, stored_bytes) VALUES (?1, ?2) \
-             ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + ?2",
-        )?
-        .execute(params![tenant, added_bytes])?;
     }
+    let session = KeptSession {
+        id: session_id,
+        next_seq,
+        next_ordinal,
+        open,
+        // An earlier append of this batch may have stored something.
+        appended_at: if stored_any {
+            Some(now)
+        } else {
+            appended_before
+        },
+    };
+    kept.put(tenant, name, session, stored, added_bytes);
     Ok(outcome)
 }
 
-fn save_open_segment(conn: &Connection, seg: &OpenSegment) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "UPDATE segments SET entry_count = ?1, token_estimate = ?2, last_seq = ?3 WHERE id = ?4",
-    )?
-    .execute(params![seg.entries, seg.tokens, seg.last_seq, seg.id])?;
-    Ok(())
+/// What an append starts from when it is not kept: the session's row (if
+/// it exists), its open segment's counts and the tenant's stored bytes, in
+/// one statement when the session exists.
+fn read_start(
+    conn: &Connection,
+    kept: &Kept,
+    tenant: &str,
+    name: &str,
+) -> Result<(Option<KeptSession>, u64), StoreError> {
+    // Scalar subqueries rather than a join: SQLite re-plans a join with
+    // bound parameters each time the statement is reused.
+    let found = conn
+        .prepare_cached(
+            "SELECT x.id, x.next_seq, x.next_ordinal, x.open_segment_id, \
+             (SELECT entry_count FROM segments WHERE id = x.open_segment_id), \
+             (SELECT token_estimate FROM segments WHERE id = x.open_segment_id), \
+             (SELECT last_seq FROM segments WHERE id = x.open_segment_id), \
+             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1) \
+             FROM sessions x WHERE x.tenant = ?1 AND x.name = ?2",
+        )?
+        .query_row(params![tenant, name], |r| {
+            let open_id: Option<SegmentId> = r.get(3)?;
+            let open = match (open_id, r.get(4)?) {
+                (Some(id), Some(entries)) => Some(Some(OpenSegment {
+                    id,
+                    entries,
+                    tokens: r.get(5)?,
+                    last_seq: r.get(6)?,
+                    touched: false,
+                })),
+                // The session names an open segment that is not there.
+                (Some(_), None) => None,
+                (None, _) => Some(None),
+            };
+            let session = match open {
+                Some(open) => Some(KeptSession {
+                    id: r.get(0)?,
+                    next_seq: r.get(1)?,
+                    next_ordinal: r.get(2)?,
+                    open,
+                    appended_at: None,
+                }),
+                None => None,
+            };
+            Ok((session, r.get::<_, Option<u64>>(7)?))
+        })
+        .optional()?;
+    let (session, stored) = match found {
+        Some((Some(session), stored)) => (Some(session), stored),
+        Some((None, _)) => return Err(rusqlite::Error::QueryReturnedNoRows.into()),
+        None => (None, None),
+    };
+    // The tenant's bytes as kept count this batch's appends, which the
+    // table does not have yet.
+    let stored = match (kept.stored(tenant), stored, &session) {
+        (Some(kept), _, _) => Some(kept),
+        (None, stored, Some(_)) => stored,
+        (None, _, None) => conn
+            .prepare_cached("SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1")?
+            .query_row([tenant], |r| r.get(0))
+            .optional()?,
+    };
+    Ok((session, stored.unwrap_or(0)))
 }

@@ -4,7 +4,7 @@
 //! equal a recount, and its log is checkpointed beside the writer.
 
 use super::*;
-use crate::model::{SegmentPolicy, Tenant};
+use crate::model::{SegmentPolicy, SegmentState, Tenant};
 use crate::store::tests::{entries, session};
 
 const POLICY: SegmentPolicy = SegmentPolicy {
@@ -297,4 +297,300 @@ async fn the_log_is_checkpointed_into_the_database_file() {
     let log = std::fs::metadata(&wal).map_or(0, |m| m.len());
     assert!(log < 11_000 * 4200, "the log grew to {log} bytes");
     assert_eq!(count_entries(&store, "s").await, 600);
+}
+
+/// The rows appends keep in the writer's memory (`kept.rs`), read back
+/// from the file: each session's next seq, its open segment's counts and
+/// the tenant's bytes, against a recount of the entries.
+fn recount_kept_rows(dir: &std::path::Path) {
+    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let sessions: Vec<(String, i64, i64)> = conn
+        .prepare(
+            "SELECT x.name, x.next_seq, (SELECT coalesce(max(seq), 0) FROM entries \
+             WHERE session_id = x.id) FROM sessions x ORDER BY 1",
+        )
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(!sessions.is_empty());
+    for (name, next_seq, last) in sessions {
+        assert_eq!(
+            next_seq,
+            last + 1,
+            "{name}: next_seq follows its last entry"
+        );
+    }
+    let segments: Vec<(i64, i64, i64, i64)> = conn
+        .prepare(
+            "SELECT s.id, s.entry_count, s.last_seq, (SELECT count(*) FROM entries e \
+             WHERE e.session_id = s.session_id AND e.seq BETWEEN s.first_seq AND s.last_seq) \
+             FROM segments s WHERE s.level = 1",
+        )
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(!segments.is_empty());
+    for (id, count, _, recount) in &segments {
+        assert_eq!(count, recount, "segment {id}: entry_count");
+    }
+    // A session's open segment is the one segment of its own still OPEN,
+    // and every entry is in exactly one segment.
+    /// Name, open_segment_id, its OPEN segments, entries in its segments,
+    /// its entries.
+    type Row = (String, Option<i64>, Vec<i64>, i64, i64);
+    let sessions: Vec<Row> = conn
+        .prepare(
+            "SELECT x.name, x.open_segment_id, \
+             (SELECT group_concat(id) FROM segments WHERE session_id = x.id AND state = ?1), \
+             (SELECT coalesce(sum(entry_count), 0) FROM segments \
+              WHERE session_id = x.id AND level = 1), \
+             (SELECT count(*) FROM entries WHERE session_id = x.id) FROM sessions x",
+        )
+        .expect("prepare")
+        .query_map([SegmentState::Open.code()], |r| {
+            let open: Option<String> = r.get(2)?;
+            let open = open
+                .map(|o| o.split(',').filter_map(|id| id.parse().ok()).collect())
+                .unwrap_or_default();
+            Ok((r.get(0)?, r.get(1)?, open, r.get(3)?, r.get(4)?))
+        })
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    for (name, open_id, open, in_segments, entries) in sessions {
+        assert_eq!(
+            open_id.into_iter().collect::<Vec<_>>(),
+            open,
+            "{name}: open segment"
+        );
+        assert_eq!(in_segments, entries, "{name}: entries in segments");
+    }
+    let (stored, recount): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT stored_bytes FROM tenant_usage WHERE tenant = ''), \
+             (SELECT sum(length(CAST(content AS BLOB)) \
+              + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?1) FROM entries) \
+             + (SELECT sum(length(CAST(name AS BLOB)) + ?1) FROM sessions)",
+            [sessions::ROW_OVERHEAD_BYTES],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("bytes");
+    assert_eq!(stored, recount, "the tenant's stored bytes");
+}
+
+#[tokio::test]
+async fn rows_kept_by_appends_are_written_before_each_commit() {
+    // Many appends to a few sessions at once, so batches hold several
+    // appends to one session, mixed with closes (another kind of job, which
+    // must see the kept rows written) and appends that fail (whose changes
+    // must not be kept).
+    let (dir, store) = open().await;
+    let policy = SegmentPolicy {
+        max_entries: 7,
+        max_tokens: 1_000_000,
+    };
+    let mut tasks = Vec::new();
+    for i in 0..300u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = session(&format!("s{}", i % 4));
+            let t = Tenant::default();
+            match i % 10 {
+                3 => match store.close_open_segment(&t, &name).await {
+                    // Closed before its first append ran.
+                    Ok(_) | Err(StoreError::SessionNotFound(_)) => Ok(()),
+                    Err(e) => Err(e),
+                },
+                7 => {
+                    // An idempotency key reused for other content: refused.
+                    let mut e = entries(&["first", "second"]);
+                    e[0].client_entry_id = Some(format!("k{i}"));
+                    e[1].client_entry_id = Some(format!("k{i}"));
+                    let refused = store.append(&t, &name, e, policy, 0).await;
+                    assert!(matches!(
+                        refused,
+                        Err(StoreError::ClientEntryIdReused { .. })
+                    ));
+                    Ok(())
+                }
+                _ => store
+                    .append(&t, &name, entries(&["a", "bb"]), policy, 0)
+                    .await
+                    .map(|_| ()),
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("joined").expect("stored");
+    }
+    recount_kept_rows(dir.path());
+    // And the kept rows go on from where they were.
+    assert!(append(&store, "s0", &["last"]).await);
+    recount_kept_rows(dir.path());
+}
+
+#[tokio::test]
+async fn kept_rows_are_forgotten_when_another_connection_commits() {
+    // A backfill beside the server opens the same file with a writer of
+    // its own; whatever it commits, the server's kept rows must not hide.
+    let (dir, store) = open().await;
+    let policy = SegmentPolicy {
+        max_entries: 100,
+        max_tokens: 1_000_000,
+    };
+    let t = Tenant::default();
+    let s = session("shared");
+    for round in 1..=3u64 {
+        let ours = store
+            .append(&t, &s, entries(&["ours"]), policy, 0)
+            .await
+            .expect("append");
+        assert_eq!(ours.entries[0].seq, 2 * round - 1);
+        let other = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+            .await
+            .expect("a second writer");
+        let theirs = other
+            .append(&t, &s, entries(&["theirs"]), policy, 0)
+            .await
+            .expect("append");
+        assert_eq!(theirs.entries[0].seq, 2 * round);
+    }
+    recount_kept_rows(dir.path());
+}
+
+/// Jobs queued behind a job that holds the writer until `release`, so that
+/// they all run in its batch, in the order they were queued.
+struct HeldBatch {
+    release: std::sync::mpsc::Sender<()>,
+    held: tokio::task::JoinHandle<()>,
+}
+
+impl HeldBatch {
+    async fn start(store: &Sqlite) -> HeldBatch {
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let holder = store.clone();
+        let held = tokio::spawn(async move {
+            holder
+                .write(move |_| {
+                    let _ = started.send(());
+                    let _ = wait.recv();
+                    Ok(())
+                })
+                .await
+                .expect("the holding job");
+        });
+        running.await.expect("the writer runs the holding job");
+        HeldBatch { release, held }
+    }
+
+    /// Queues `call` behind the held job and the calls queued before it.
+    async fn queue<T: Send + 'static>(
+        &self,
+        store: &Sqlite,
+        call: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        let jobs = store.inner.jobs.as_ref().expect("a writer");
+        let before = jobs.capacity();
+        let task = tokio::spawn(call);
+        while jobs.capacity() == before {
+            tokio::task::yield_now().await;
+        }
+        task
+    }
+
+    async fn release(self) {
+        self.release.send(()).expect("the holding job waits");
+        self.held.await.expect("joined");
+    }
+}
+
+#[tokio::test]
+async fn jobs_in_one_batch_see_what_the_appends_before_them_kept() {
+    let (dir, store) = open().await;
+    let policy = SegmentPolicy {
+        max_entries: 100,
+        max_tokens: 1_000_000,
+    };
+    let t = Tenant::default();
+    let append = |texts: &'static [&'static str]| {
+        let (store, t) = (store.clone(), t.clone());
+        async move {
+            store
+                .append(&t, &session("s"), entries(texts), policy, 0)
+                .await
+        }
+    };
+    let close = || {
+        let (store, t) = (store.clone(), t.clone());
+        async move { store.close_open_segment(&t, &session("s")).await }
+    };
+
+    // One batch: a new session's appends, a close (not an append: it must
+    // see the rows they kept), an append after it and one refused.
+    let batch = HeldBatch::start(&store).await;
+    let first = batch.queue(&store, append(&["a", "b"])).await;
+    let second = batch.queue(&store, append(&["c", "d"])).await;
+    let closed = batch.queue(&store, close()).await;
+    let after = batch.queue(&store, append(&["e"])).await;
+    let refused = {
+        let (store, t) = (store.clone(), t.clone());
+        let mut e = entries(&["f", "g"]);
+        e[0].client_entry_id = Some("k".to_owned());
+        e[1].client_entry_id = Some("k".to_owned());
+        batch
+            .queue(&store.clone(), async move {
+                store.append(&t, &session("s"), e, policy, 0).await
+            })
+            .await
+    };
+    let last = batch.queue(&store, append(&["h"])).await;
+    batch.release().await;
+
+    let first = first.await.expect("joined").expect("first");
+    let second = second.await.expect("joined").expect("second");
+    let closed = closed.await.expect("joined").expect("close");
+    let after = after.await.expect("joined").expect("after");
+    let refused = refused.await.expect("joined");
+    let last = last.await.expect("joined").expect("last");
+    assert_eq!(first.open_segment_id, second.open_segment_id);
+    assert_eq!(
+        closed, first.open_segment_id,
+        "the close found the open segment"
+    );
+    assert_ne!(
+        after.open_segment_id, closed,
+        "a new segment after the close"
+    );
+    assert!(matches!(
+        refused,
+        Err(StoreError::ClientEntryIdReused { .. })
+    ));
+    assert_eq!(last.open_segment_id, after.open_segment_id);
+    let seqs: Vec<u64> = [&first, &second, &after, &last]
+        .iter()
+        .flat_map(|o| o.entries.iter().map(|e| e.seq))
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6]);
+    recount_kept_rows(dir.path());
+
+    // The next batch starts from the kept rows: a close first (so they
+    // are forgotten: the open segment is no longer open), then an append.
+    let batch = HeldBatch::start(&store).await;
+    let closed_again = batch.queue(&store, close()).await;
+    let next = batch.queue(&store, append(&["i"])).await;
+    batch.release().await;
+    let closed_again = closed_again.await.expect("joined").expect("close");
+    let next = next.await.expect("joined").expect("append");
+    assert_eq!(closed_again, after.open_segment_id);
+    assert_ne!(
+        next.open_segment_id, closed_again,
+        "a new segment after the close"
+    );
+    assert_eq!(next.entries[0].seq, 7);
+    recount_kept_rows(dir.path());
 }

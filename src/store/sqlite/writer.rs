@@ -4,12 +4,18 @@
 //! breaks the transaction (or panics) aborts its whole batch, and every
 //! caller is answered only after the COMMIT that made its work durable (or
 //! told that it was not committed).
+//!
+//! Appends keep their sessions' rows in memory between batches (`Kept`):
+//! the writer writes what they changed once, just before each COMMIT, and
+//! forgets it all before any other kind of job runs, when a batch fails,
+//! and when another connection has committed since its last batch.
 
 use std::sync::Arc;
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::kept::Kept;
 use crate::store::StoreError;
 
 /// Most jobs committed in one transaction.
@@ -57,9 +63,16 @@ pub(super) struct Ran {
     full: bool,
 }
 
+type Run = Box<dyn FnOnce(Result<(&Connection, &mut Kept), BatchFailure>) -> Ran + Send>;
+
 /// A write job: runs inside the batch's transaction (or learns that the
 /// transaction could not start).
-pub(super) type Job = Box<dyn FnOnce(Result<&Connection, BatchFailure>) -> Ran + Send>;
+pub(super) struct Job {
+    run: Run,
+    /// It reads and writes rows through `Kept` (an append); any other job
+    /// sees the database only after what is kept has been written.
+    keeps: bool,
+}
 
 /// Wraps `f` as a job for the writer, and gives the receiver of its answer.
 pub(super) fn job<T, F>(f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
@@ -67,10 +80,27 @@ where
     T: Send + 'static,
     F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
 {
+    keeping_job(move |conn, _| f(conn), false)
+}
+
+/// As `job`, for an append, which keeps its session's rows in `Kept`.
+pub(super) fn append_job<T, F>(f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection, &mut Kept) -> Result<T, StoreError> + Send + 'static,
+{
+    keeping_job(f, true)
+}
+
+fn keeping_job<T, F>(f: F, keeps: bool) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection, &mut Kept) -> Result<T, StoreError> + Send + 'static,
+{
     let (tx, rx) = oneshot::channel();
-    let job: Job = Box::new(move |conn| {
-        let (result, intact) = match conn {
-            Ok(conn) => in_savepoint(conn, f),
+    let run: Run = Box::new(move |tx_state| {
+        let (result, intact) = match tx_state {
+            Ok((conn, kept)) => in_savepoint(conn, |conn| f(conn, kept)),
             Err(e) => (Err(e.into_store_error()), true),
         };
         let full = matches!(result, Err(StoreError::Full(_)));
@@ -89,7 +119,7 @@ where
             intact,
         }
     });
-    (job, rx)
+    (Job { run, keeps }, rx)
 }
 
 /// Runs `f` in a savepoint of the open transaction, undoing only its own
@@ -123,18 +153,25 @@ fn in_savepoint<T>(
 /// the next batch.
 pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    let mut kept = Kept::default();
     while let Some(first) = jobs.blocking_recv() {
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             let e = BatchFailure::Begin(Arc::new(e));
-            (first(Err(e.clone())).completion)(Err(e));
+            ((first.run)(Err(e.clone())).completion)(Err(e));
             continue;
         }
-        let (mut intact, mut full) = run_job(&conn, first, &mut done);
+        // Holding the write lock now, so nobody else commits until this
+        // batch ends.
+        kept.forget_if_changed(&conn);
+        let (mut intact, mut full) = run_job(&conn, &mut kept, first, &mut done);
         while intact && done.len() < MAX_BATCH {
             match jobs.try_recv() {
-                Ok(job) => (intact, full) = run_job(&conn, job, &mut done),
+                Ok(job) => (intact, full) = run_job(&conn, &mut kept, job, &mut done),
                 Err(_) => break,
             }
+        }
+        if intact && let Err(e) = kept.write(&conn) {
+            (intact, full) = (false, super::is_full(&e));
         }
         let outcome = if intact {
             conn.execute_batch("COMMIT")
@@ -142,10 +179,14 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
         } else {
             Err(BatchFailure::Aborted { full })
         };
-        if outcome.is_err() && !conn.is_autocommit() {
-            // End what is left of the transaction so the next batch starts
-            // clean. Nothing of this batch stays.
-            let _ = conn.execute_batch("ROLLBACK");
+        if outcome.is_err() {
+            // What was kept was never committed.
+            kept.forget();
+            if !conn.is_autocommit() {
+                // End what is left of the transaction so the next batch
+                // starts clean. Nothing of this batch stays.
+                let _ = conn.execute_batch("ROLLBACK");
+            }
         }
         for completion in done.drain(..) {
             completion(outcome.clone());
@@ -154,9 +195,27 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
 }
 
 /// Runs one job; says whether the batch's transaction is still whole, and
-/// whether the job found the disk full.
-fn run_job(conn: &Connection, job: Job, done: &mut Vec<Completion>) -> (bool, bool) {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(conn)))) {
+/// whether the job found the disk full. A job that does not keep rows
+/// first has what is kept written and forgotten, so that it reads the
+/// database as the appends before it left it.
+fn run_job(
+    conn: &Connection,
+    kept: &mut Kept,
+    job: Job,
+    done: &mut Vec<Completion>,
+) -> (bool, bool) {
+    if !job.keeps {
+        let written = kept.write(conn);
+        kept.forget();
+        if let Err(e) = written {
+            let full = super::is_full(&e);
+            let failure = BatchFailure::Aborted { full };
+            done.push((job.run)(Err(failure)).completion);
+            return (false, full);
+        }
+    }
+    let run = job.run;
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(Ok((conn, kept))))) {
         Ok(ran) => {
             done.push(ran.completion);
             (ran.intact, ran.full)
