@@ -341,7 +341,7 @@ impl Store {
         data_dir: &Path,
         durability: Durability,
     ) -> Result<Migrated, StoreError> {
-        let to = sqlite_schema_version().await?;
+        let to = sqlite::Sqlite::schema_version();
         // Read first, changing nothing, to learn the version it is at.
         let from = match Store::open_as(data_dir, durability, OpenMode::ReadOnly).await {
             Ok(_) => to,
@@ -672,42 +672,5 @@ impl Store {
     /// Extends a held claim by `lease` from now; false when it was lost.
     pub(crate) async fn renew(&self, claim: &Claim, lease: Duration) -> Result<bool, StoreError> {
         on_backend!(self, b => b.renew(claim, lease).await)
-    }
-}
-
-/// The schema version this build's SQLite backend migrates to. The backend
-/// keeps that number to itself (`sqlite/schema.rs`), and says it only when
-/// a read-only open finds a database older than it knows; so a database
-/// that is an empty file (version 0, as SQLite reads one) is opened so in a
-/// directory of its own, which is then removed.
-async fn sqlite_schema_version() -> Result<i64, StoreError> {
-    let dir = std::env::temp_dir().join(format!(
-        "archivist-schema-{}-{}",
-        std::process::id(),
-        Millis::now().0
-    ));
-    let made = |source| StoreError::DataDir {
-        path: dir.clone(),
-        source,
-    };
-    std::fs::create_dir_all(&dir).map_err(made)?;
-    let empty = std::fs::File::create(Store::database_path(&dir)).map_err(made);
-    let opened = match empty {
-        Ok(_) => Store::open_as(&dir, Durability::Process, OpenMode::ReadOnly)
-            .await
-            .map(drop),
-        Err(e) => Err(e),
-    };
-    // Best effort: a leftover empty directory in the temporary one harms
-    // nothing.
-    let _ = std::fs::remove_dir_all(&dir);
-    match opened {
-        Err(StoreError::NeedsMigration { known, .. }) => {
-            Ok(i64::try_from(known).unwrap_or(i64::MAX))
-        }
-        Err(e) => Err(e),
-        Ok(()) => Err(StoreError::Corrupt(
-            "an empty SQLite database passed for one at the current schema".to_owned(),
-        )),
     }
 }

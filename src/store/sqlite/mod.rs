@@ -108,6 +108,11 @@ impl Sqlite {
             .map_err(StoreError::Worker)?
     }
 
+    /// The schema version this build migrates SQLite databases to.
+    pub(super) fn schema_version() -> i64 {
+        i64::try_from(schema::MIGRATIONS.len()).unwrap_or(i64::MAX)
+    }
+
     /// The database file of `data_dir`.
     pub(super) fn database_path(data_dir: &Path) -> PathBuf {
         data_dir.join(DATABASE_FILE)
