@@ -406,6 +406,7 @@ async fn await_pass_with(
             // The pass goes on in its own task; the caller gets the state as is.
             Err(_) => return Ok(None),
         };
+        let not_claimed = matches!(outcome, PassOutcome::NotClaimed);
         match outcome {
             PassOutcome::Summarised => return Ok(None),
             // A pass someone else started and then cancelled (a flush at its
@@ -440,7 +441,16 @@ async fn await_pass_with(
             SegmentState::Pending if ran_elsewhere => return Ok(segment.last_failure),
             // Let go without a pass counted (a cancelled one): due again,
             // so run it here.
-            SegmentState::Pending => {}
+            SegmentState::Pending if !not_claimed => {}
+            // Pending, unclaimed, yet the claim failed: its row is locked
+            // for a moment (on PostgreSQL, by a sibling's completing pass).
+            // Look again shortly rather than spin.
+            SegmentState::Pending => {
+                if Instant::now() + FOREIGN_PASS_POLL >= deadline {
+                    return Ok(None);
+                }
+                tokio::time::sleep(FOREIGN_PASS_POLL).await;
+            }
         }
     }
 }
