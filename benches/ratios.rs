@@ -379,25 +379,36 @@ async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
         );
         return;
     }
-    let started = start_servers(before).await;
-    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let plan = Plan {
         loads: &[1, 4],
         calls: &Call::ALL,
         seconds,
         repeat,
     };
-    let figures = ratio_rounds(&servers, &plan).await;
+    run_and_print(before, &plan).await;
+    for (i, path) in before.iter().enumerate() {
+        println!("  (before-{}: {})", i + 1, path.display());
+    }
+}
+
+/// Starts the servers, runs `plan`'s rounds against them and prints each
+/// server's figures; returns them by server name.
+async fn run_and_print(before: &[PathBuf], plan: &Plan<'_>) -> Vec<(String, Figures)> {
+    let started = start_servers(before).await;
+    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let figures = ratio_rounds(&servers, plan).await;
     println!(
         "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
         "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
     );
     for ((name, _), figures) in servers.iter().zip(&figures) {
-        print_figures(name, figures, &plan);
+        print_figures(name, figures, plan);
     }
-    for (i, path) in before.iter().enumerate() {
-        println!("  (before-{}: {})", i + 1, path.display());
-    }
+    started
+        .iter()
+        .map(|(name, _)| name.clone())
+        .zip(figures)
+        .collect()
 }
 
 /// Percentile `q` of sorted `took`.
@@ -417,21 +428,13 @@ async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
         );
         return;
     }
-    let started = start_servers(before).await;
-    let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let plan = Plan {
         loads: &[1],
         calls: &[Call::Health, Call::Refused, Call::Append(1)],
         seconds,
         repeat,
     };
-    let figures = ratio_rounds(&servers, &plan).await;
-    println!(
-        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
-        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
-    );
-    for ((name, _), figures) in servers.iter().zip(&figures) {
-        print_figures(name, figures, &plan);
+    for (name, figures) in run_and_print(before, &plan).await {
         let p50 = |call: Call| {
             median(
                 figures
@@ -449,8 +452,6 @@ async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
             stored - refused
         );
     }
-    drop(servers);
-    drop(started);
     store_alone(seconds, repeat).await;
 }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, BuildError};
 use crate::backfill::{self, Options, Progress, Report};
-use crate::config::{BackendKind, Overrides};
+use crate::config::BackendKind;
 use crate::failure::cause_chain;
 use crate::model::{Millis, SessionName};
 use crate::store::{OpenMode, StoreError};
@@ -85,15 +85,8 @@ pub async fn run(args: BackfillArgs) -> ExitCode {
 
 async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
     let usage = |flag: &'static str| move |e: String| Failed::Usage(format!("{flag}: {e}"));
-    let config = super::load_config(&Overrides {
-        config_file: args.config.clone(),
-        data_dir: args.data_dir.clone(),
-        // The backfill serves nothing: where the server listens is not its
-        // concern.
-        insecure_open: true,
-        ..Overrides::default()
-    })
-    .map_err(Failed::Error)?;
+    let config = super::load_offline_config(args.config.clone(), args.data_dir.clone())
+        .map_err(Failed::Error)?;
     let options = Options {
         session: args
             .session

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, BuildError};
-use crate::config::{Overrides, ProviderKind};
+use crate::config::ProviderKind;
 use crate::failure::cause_chain;
 use crate::model::ProviderIdentity;
 use crate::pass::ProbeOutcome;
@@ -60,12 +60,7 @@ pub async fn run(args: CheckArgs) -> ExitCode {
 }
 
 async fn check(args: &CheckArgs) -> Result<bool, String> {
-    let config = super::load_config(&Overrides {
-        config_file: args.config.clone(),
-        data_dir: args.data_dir.clone(),
-        insecure_open: true,
-        ..Overrides::default()
-    })?;
+    let config = super::load_offline_config(args.config.clone(), args.data_dir.clone())?;
     let api_key = std::env::var(&config.provider.api_key_env)
         .ok()
         .filter(|k| !k.is_empty());

@@ -10,7 +10,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config::Overrides;
 use crate::failure::cause_chain;
 use crate::store::Migrated;
 
@@ -42,14 +41,7 @@ pub async fn run(args: MigrateArgs) -> ExitCode {
 }
 
 async fn migrate(args: &MigrateArgs) -> Result<Migrated, String> {
-    let config = super::load_config(&Overrides {
-        config_file: args.config.clone(),
-        data_dir: args.data_dir.clone(),
-        // Nothing listens: the listen address and its tenants do not
-        // matter here.
-        insecure_open: true,
-        ..Overrides::default()
-    })?;
+    let config = super::load_offline_config(args.config.clone(), args.data_dir.clone())?;
     crate::app::migrate(&config)
         .await
         .map_err(|e| cause_chain(&e).join(": "))

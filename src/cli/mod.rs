@@ -28,6 +28,21 @@ pub fn load_config(overrides: &Overrides) -> Result<Config, String> {
     config::load(overrides, env).map_err(|e| cause_chain(&e).join(": "))
 }
 
+/// The configuration of a command that serves nothing (backfill, check,
+/// migrate): from its `--config` file, `--data-dir` and the environment;
+/// where a server would listen, and its tenants, are not its concern.
+fn load_offline_config(
+    config_file: Option<std::path::PathBuf>,
+    data_dir: Option<std::path::PathBuf>,
+) -> Result<Config, String> {
+    load_config(&Overrides {
+        config_file,
+        data_dir,
+        insecure_open: true,
+        ..Overrides::default()
+    })
+}
+
 /// A `--listen` address: `IP:PORT`, or `HOST:PORT` for a name such as
 /// localhost.
 pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
