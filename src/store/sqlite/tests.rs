@@ -382,6 +382,23 @@ fn recount_kept_rows(dir: &std::path::Path) {
     assert_eq!(stored, recount, "the tenant's stored bytes");
 }
 
+/// Segments of `max_entries` entries.
+fn policy(max_entries: u32) -> SegmentPolicy {
+    SegmentPolicy {
+        max_entries,
+        max_tokens: 1_000_000,
+    }
+}
+
+/// Two entries with one idempotency key and other contents: an append
+/// of them is refused (CLIENT_ENTRY_ID_REUSED) and stores nothing.
+fn one_key_twice(key: &str) -> Vec<crate::model::NewEntry> {
+    let mut e = entries(&["first", "second"]);
+    e[0].client_entry_id = Some(key.to_owned());
+    e[1].client_entry_id = Some(key.to_owned());
+    e
+}
+
 #[tokio::test]
 async fn rows_kept_by_appends_are_written_before_each_commit() {
     // Many appends to a few sessions at once, so batches hold several
@@ -389,10 +406,7 @@ async fn rows_kept_by_appends_are_written_before_each_commit() {
     // must see the kept rows written) and appends that fail (whose changes
     // must not be kept).
     let (dir, store) = open().await;
-    let policy = SegmentPolicy {
-        max_entries: 7,
-        max_tokens: 1_000_000,
-    };
+    let policy = policy(7);
     let mut tasks = Vec::new();
     for i in 0..300u32 {
         let store = store.clone();
@@ -407,9 +421,7 @@ async fn rows_kept_by_appends_are_written_before_each_commit() {
                 },
                 7 => {
                     // An idempotency key reused for other content: refused.
-                    let mut e = entries(&["first", "second"]);
-                    e[0].client_entry_id = Some(format!("k{i}"));
-                    e[1].client_entry_id = Some(format!("k{i}"));
+                    let e = one_key_twice(&format!("k{i}"));
                     let refused = store.append(&t, &name, e, policy, 0).await;
                     assert!(matches!(
                         refused,
@@ -438,10 +450,7 @@ async fn kept_rows_are_forgotten_when_another_connection_commits() {
     // A backfill beside the server opens the same file with a writer of
     // its own; whatever it commits, the server's kept rows must not hide.
     let (dir, store) = open().await;
-    let policy = SegmentPolicy {
-        max_entries: 100,
-        max_tokens: 1_000_000,
-    };
+    let policy = policy(100);
     let t = Tenant::default();
     let s = session("shared");
     for round in 1..=3u64 {
@@ -512,10 +521,7 @@ impl HeldBatch {
 #[tokio::test]
 async fn jobs_in_one_batch_see_what_the_appends_before_them_kept() {
     let (dir, store) = open().await;
-    let policy = SegmentPolicy {
-        max_entries: 100,
-        max_tokens: 1_000_000,
-    };
+    let policy = policy(100);
     let t = Tenant::default();
     let append = |texts: &'static [&'static str]| {
         let (store, t) = (store.clone(), t.clone());
@@ -539,9 +545,7 @@ async fn jobs_in_one_batch_see_what_the_appends_before_them_kept() {
     let after = batch.queue(&store, append(&["e"])).await;
     let refused = {
         let (store, t) = (store.clone(), t.clone());
-        let mut e = entries(&["f", "g"]);
-        e[0].client_entry_id = Some("k".to_owned());
-        e[1].client_entry_id = Some("k".to_owned());
+        let e = one_key_twice("k");
         batch
             .queue(&store.clone(), async move {
                 store.append(&t, &session("s"), e, policy, 0).await
