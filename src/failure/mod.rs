@@ -185,6 +185,27 @@ mod tests {
         assert!(!FailureClass::QuotaExhausted.parks());
     }
 
+    /// The ErrorInfo reasons callers match on, as docs/errors.md lists them.
+    #[test]
+    fn each_class_has_its_documented_error_info_reason() {
+        let reasons: Vec<String> = FailureClass::ALL.into_iter().map(|c| c.reason()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "TRANSPORT",
+                "TIMEOUT",
+                "UNAVAILABLE",
+                "RATE_LIMITED",
+                "QUOTA_EXHAUSTED",
+                "UNAUTHORIZED",
+                "UNKNOWN_MODEL",
+                "INVALID_REQUEST",
+                "MALFORMED_RESPONSE",
+                "BUDGET_EXHAUSTED",
+            ]
+        );
+    }
+
     #[test]
     fn chain_walks_every_source() {
         #[derive(Debug, thiserror::Error)]

@@ -626,9 +626,14 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_millis(3_200));
     }
 
-    /// What a pass under `logged` writes to the log, failing `n` times
-    /// with a retryable class and then giving up.
-    async fn log_of(logged: Logged, timeout_first: bool) -> String {
+    /// What a pass under `c` and `logged` writes to the log; `answer`
+    /// gives each attempt's error by its number, or None for an attempt
+    /// that never answers.
+    async fn log_of_pass(
+        c: &RetryConfig,
+        logged: Logged,
+        answer: impl Fn(u32) -> Option<Fake>,
+    ) -> String {
         #[derive(Clone, Default)]
         struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
         impl std::io::Write for Capture {
@@ -647,20 +652,33 @@ mod tests {
             .with_ansi(false)
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
+        run_pass(c, &CancellationToken::new(), logged, |n, _| {
+            let error = answer(n);
+            async move {
+                match error {
+                    Some(e) => Err::<(), _>(e),
+                    None => std::future::pending().await,
+                }
+            }
+        })
+        .await;
+        let bytes = capture.0.lock().expect("lock").clone();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// What a pass under `logged` writes to the log, failing with a
+    /// retryable class (the first attempt timing out if `timeout_first`)
+    /// until it gives up.
+    async fn log_of(logged: Logged, timeout_first: bool) -> String {
         let c = RetryConfig {
             max_attempts: 3,
             attempt_timeout: Duration::from_secs(1),
             ..config()
         };
-        run_pass(&c, &CancellationToken::new(), logged, |n, _| async move {
-            if timeout_first && n == 1 {
-                std::future::pending::<()>().await;
-            }
-            Err::<(), _>(fail(FailureClass::Unavailable))
+        log_of_pass(&c, logged, |n| {
+            (!(timeout_first && n == 1)).then(|| fail(FailureClass::Unavailable))
         })
-        .await;
-        let bytes = capture.0.lock().expect("lock").clone();
-        String::from_utf8_lossy(&bytes).into_owned()
+        .await
     }
 
     #[tokio::test(start_paused = true)]
@@ -675,6 +693,105 @@ mod tests {
             assert_eq!(loud.matches("gave up").count(), 1, "{loud}");
             let quiet = log_of(Logged::No, timeout_first).await;
             assert!(quiet.is_empty(), "{quiet}");
+        }
+    }
+
+    /// Every way a pass gives up writes one WARN line saying so, with the
+    /// class it gave up with and the last error it saw (none after a
+    /// timeout); a quiet pass writes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn every_way_of_giving_up_is_one_warn_line_naming_the_class_and_the_last_error() {
+        let steady = |wait: Duration| RetryConfig {
+            max_attempts: 3,
+            initial_backoff: wait,
+            max_backoff: wait,
+            jitter: 0.0,
+            attempt_timeout: Duration::from_secs(5),
+            pass_ceiling: Duration::from_secs(10),
+            max_blind_wait: Duration::from_secs(30),
+            ..config()
+        };
+        let asking = |wait: u64| Fake {
+            class: FailureClass::RateLimited,
+            retry_after: Some(Duration::from_secs(wait)),
+        };
+        type Answer = Box<dyn Fn(u32) -> Option<Fake>>;
+        let cases: Vec<(&str, RetryConfig, Answer, &str, &str)> = vec![
+            (
+                "a timeout on the last attempt",
+                RetryConfig {
+                    max_attempts: 1,
+                    ..steady(Duration::from_millis(100))
+                },
+                Box::new(|_| None),
+                "timeout",
+                "",
+            ),
+            (
+                "a timeout that reaches the ceiling",
+                RetryConfig {
+                    attempt_timeout: Duration::from_secs(60),
+                    ..steady(Duration::from_millis(100))
+                },
+                Box::new(|_| None),
+                "timeout",
+                "",
+            ),
+            (
+                "a timeout with no time left for the wait and a send",
+                RetryConfig {
+                    attempt_timeout: Duration::from_millis(9_900),
+                    ..steady(Duration::from_millis(100))
+                },
+                Box::new(|_| None),
+                "budget_exhausted",
+                "",
+            ),
+            (
+                "a terminal class",
+                steady(Duration::from_millis(100)),
+                Box::new(|_| Some(fail(FailureClass::Unauthorized))),
+                "unauthorized",
+                "fake unauthorized",
+            ),
+            (
+                "a Retry-After past the blind-wait cap",
+                steady(Duration::from_millis(100)),
+                Box::new(move |_| Some(asking(31))),
+                "rate_limited",
+                "fake rate_limited",
+            ),
+            (
+                "a Retry-After that does not fit before the ceiling",
+                steady(Duration::from_millis(100)),
+                Box::new(move |_| Some(asking(20))),
+                "rate_limited",
+                "fake rate_limited",
+            ),
+            (
+                "a backoff that does not fit before the ceiling",
+                steady(Duration::from_secs(11)),
+                Box::new(|_| Some(fail(FailureClass::Unavailable))),
+                "budget_exhausted",
+                "fake unavailable",
+            ),
+        ];
+        for (name, c, answer, class, error) in cases {
+            let loud = log_of_pass(&c, Logged::Yes, &answer).await;
+            let gave_up: Vec<&str> = loud.lines().filter(|l| l.contains("gave up")).collect();
+            assert_eq!(gave_up.len(), 1, "{name}: {loud}");
+            let line = gave_up[0];
+            assert!(line.contains("WARN"), "{name}: {line}");
+            assert!(
+                line.contains(&format!("class=\"{class}\"")),
+                "{name}: {line}"
+            );
+            assert!(
+                line.contains(&format!("error=\"{error}\"")),
+                "{name}: {line}"
+            );
+            let quiet = log_of_pass(&c, Logged::No, &answer).await;
+            assert!(quiet.is_empty(), "{name}: {quiet}");
         }
     }
 }

@@ -474,6 +474,91 @@ mod tests {
         assert!(contiguous(&ctx, 1, 16));
     }
 
+    /// On the wire a summary carries its text, the provider, the model and
+    /// the prompt version, and up to 128 bytes of framing: a byte limit of
+    /// exactly that keeps it, one byte less cannot.
+    #[test]
+    fn a_byte_limit_counts_every_text_a_summary_carries() {
+        let mut f = Fake::default();
+        let mut n = node(1, 1, (1, 2), Some("a recap of twenty by"));
+        if let Some(s) = n.summary.as_mut() {
+            s.provider = "abc".to_owned();
+            s.model = "model".to_owned();
+            s.prompt_version = "v1.2.3x".to_owned();
+        }
+        f.nodes.insert(1, n);
+        f.roots = vec![1];
+        let carried = 128 + 20 + 3 + 5 + 7;
+        let ctx = cover(&mut f, 0, carried).expect("cover");
+        assert_eq!(shape(&ctx), vec![(1, 2, 1)]);
+        assert!(!ctx.truncated);
+        let ctx = cover(&mut f, 0, carried - 1).expect("cover");
+        assert!(ctx.items.is_empty() && ctx.truncated, "{:?}", shape(&ctx));
+    }
+
+    /// One level-1 segment, not summarised, of `contents` as entries of 10
+    /// tokens each (seqs from 1), each with `client_id` if given.
+    fn raw(contents: &[&str], client_id: Option<&str>) -> Fake {
+        let mut f = Fake::default();
+        let n = node(1, 1, (1, contents.len() as u64), None);
+        let entries = contents
+            .iter()
+            .zip(1..)
+            .map(|(content, seq)| Entry {
+                seq,
+                client_entry_id: client_id.map(str::to_owned),
+                role: Role::User,
+                content: (*content).to_owned(),
+                created_at: Millis(0),
+                tokens: 10,
+            })
+            .collect();
+        f.entries.insert(1, entries);
+        f.nodes.insert(1, n);
+        f.roots = vec![1];
+        f
+    }
+
+    /// On the wire an entry carries its content, its client id and up to
+    /// 128 bytes of framing: a byte limit of exactly that keeps it, one
+    /// byte less cannot.
+    #[test]
+    fn a_byte_limit_counts_an_entrys_content_and_its_client_id() {
+        let carried = 128 + 24 + 8;
+        let ctx = cover(&mut raw(&[&"x".repeat(24)], Some("id-12345")), 0, carried).expect("cover");
+        assert_eq!(shape(&ctx), vec![(1, 1, 0)]);
+        let ctx = cover(
+            &mut raw(&[&"x".repeat(24)], Some("id-12345")),
+            0,
+            carried - 1,
+        )
+        .expect("cover");
+        assert!(ctx.items.is_empty() && ctx.truncated, "{:?}", shape(&ctx));
+    }
+
+    /// Whatever the byte limit, a cover never carries more than it (each
+    /// entry: its content and 128 bytes of framing); one the entries fit
+    /// in with room to spare is whole and not truncated.
+    #[test]
+    fn a_cover_of_raw_entries_never_carries_more_bytes_than_the_limit() {
+        let content = "x".repeat(24);
+        let contents = [content.as_str(); 2];
+        for limit in 0..=700 {
+            let ctx = cover(&mut raw(&contents, None), 0, limit).expect("cover");
+            let carried = ctx.items.len() * (128 + 24);
+            assert!(carried <= limit, "{limit}: {carried} bytes");
+            assert_eq!(
+                shape(&ctx),
+                [(1, 1, 0), (2, 2, 0)][2 - ctx.items.len()..],
+                "{limit}: the newest kept"
+            );
+            // Twice what the two entries carry.
+            if limit >= 2 * 2 * (128 + 24) {
+                assert!(ctx.items.len() == 2 && !ctx.truncated, "{limit}");
+            }
+        }
+    }
+
     #[test]
     fn only_a_cover_too_long_at_its_coarsest_is_truncated_and_reads_little() {
         // Nothing summarised: sixteen raw entries of 10 tokens each.
