@@ -89,7 +89,7 @@ pub enum StoreError {
     Busy,
     #[error("the disk holding the database is full")]
     Full(#[source] BackendError),
-    #[error("tenant {tenant:?} would store {wanted} bytes, over its cap of {limit}")]
+    #[error("{} would store {wanted} bytes, over its cap of {limit}", tenant_label(.tenant))]
     TenantFull {
         tenant: String,
         wanted: u64,
@@ -266,6 +266,15 @@ pub(crate) struct EndedPass {
     /// The provider configuration the pass ran under; a PARKED segment is
     /// due again once the server runs under another.
     pub(crate) provider_fingerprint: String,
+}
+
+/// A tenant as messages name it: an open server's one tenant has no name.
+fn tenant_label(tenant: &str) -> String {
+    if tenant.is_empty() {
+        "the tenant (an open server's only one)".to_owned()
+    } else {
+        format!("tenant {tenant:?}")
+    }
 }
 
 /// A handle on the database; cheap to clone.

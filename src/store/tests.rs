@@ -794,3 +794,33 @@ async fn a_tenant_cap_refuses_the_call_that_would_pass_it_and_erasure_gives_room
         assert_eq!(again.entries[0].seq, 1);
     }
 }
+
+#[tokio::test]
+async fn a_retry_of_what_is_stored_answers_at_the_cap() {
+    // A client whose answer was lost sends the same entries again: at the
+    // cap, that must still say "already stored", not refuse them.
+    for (_db, store) in stores().await {
+        let t = Tenant("capped".to_owned());
+        let mut sent = entries(&["0123456789"]);
+        sent[0].client_entry_id = Some("k1".to_owned());
+        // The session's name and one entry of ten bytes and a two-byte id,
+        // each with the 64 bytes counted for its row: exactly the cap.
+        let cap = 1 + 64 + (10 + 2 + 64);
+        let first = store
+            .append(&t, &session("s"), sent.clone(), POLICY, cap)
+            .await
+            .expect("fits exactly");
+        let again = store
+            .append(&t, &session("s"), sent.clone(), POLICY, cap)
+            .await
+            .expect("a retry at the cap");
+        assert_eq!(again.entries[0].seq, first.entries[0].seq);
+        assert!(again.entries[0].duplicate);
+        // A retry that also carries something new is refused whole.
+        sent.extend(entries(&["x"]));
+        assert!(matches!(
+            store.append(&t, &session("s"), sent, POLICY, cap).await,
+            Err(StoreError::TenantFull { .. })
+        ));
+    }
+}

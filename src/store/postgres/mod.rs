@@ -164,12 +164,21 @@ fn is_lost_race(e: &StoreError) -> bool {
 /// Where a URL points, without its password: `postgres://user@host:port/db`.
 pub(super) fn describe(config: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;
+    let mut split_password = false;
     let hosts: Vec<String> = config
         .get_hosts()
         .iter()
         .enumerate()
         .map(|(i, h)| {
             let host = match h {
+                // No host name has an '@': this is the tail of a password
+                // whose '@' was not written %40 (the URL splits at the
+                // first '@'), so everything before the last '@' is secret.
+                Host::Tcp(name) if name.contains('@') => {
+                    split_password = true;
+                    let after = name.rsplit('@').next().unwrap_or_default();
+                    format!("***@{after}")
+                }
                 Host::Tcp(name) => name.clone(),
                 Host::Unix(path) => path.display().to_string(),
             };
@@ -179,12 +188,17 @@ pub(super) fn describe(config: &tokio_postgres::Config) -> String {
             }
         })
         .collect();
-    format!(
+    let described = format!(
         "postgres://{}@{}/{}",
         config.get_user().unwrap_or(""),
         hosts.join(","),
         config.get_dbname().unwrap_or("")
-    )
+    );
+    if split_password {
+        format!("{described} (a host name with '@' in it: write an '@' in the password as %40)")
+    } else {
+        described
+    }
 }
 
 /// A handle on the PostgreSQL database; cheap to clone.

@@ -610,13 +610,8 @@ fn plan_job<'a>(
     rows: &mut Vec<EntryRow<'a>>,
     stored: u64,
 ) -> Result<(PlannedOutcome, u64), StoreError> {
-    if job.cap > 0 && stored >= job.cap {
-        return Err(StoreError::TenantFull {
-            tenant: job.tenant.clone(),
-            wanted: stored,
-            limit: job.cap,
-        });
-    }
+    // A tenant at its cap is refused below, once the call is known to
+    // add bytes: a retry of what is already stored still answers.
     let mut added = 0u64;
     if plan.id.is_none() && !plan.touched {
         added += job.session.len() as u64 + ROW_OVERHEAD_BYTES;

@@ -655,3 +655,32 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
         .expect("segments");
     assert_eq!(segments.len(), 4, "nothing of the erasure was committed");
 }
+
+#[test]
+fn a_described_url_never_shows_a_password_even_with_an_unencoded_at() {
+    for (url, secret) in [
+        ("postgres://u:S3cr@tPW@127.0.0.1:5432/db", ["S3cr", "tPW"]),
+        (
+            "postgres://u:Pq7@Xz9@Wk4@db.example:5432/db",
+            ["Pq7", "Xz9@Wk4"],
+        ),
+        (
+            "postgres://u:Plain-Secret@127.0.0.1:5432/db",
+            ["Plain-Secret", "Secret"],
+        ),
+    ] {
+        let config: tokio_postgres::Config = url.parse().expect("a URL");
+        let described = super::describe(&config);
+        for part in secret {
+            assert!(!described.contains(part), "{described} shows {part}");
+        }
+        assert!(described.starts_with("postgres://u@"), "{described}");
+    }
+    let config: tokio_postgres::Config = "postgres://u:S3cr@tPW@127.0.0.1:5432/db"
+        .parse()
+        .expect("a URL");
+    assert!(
+        super::describe(&config).contains("%40"),
+        "says how to write it"
+    );
+}

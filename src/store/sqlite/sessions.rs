@@ -308,14 +308,9 @@ fn append_tx(
         Some((session, stored)) => (Some(session), stored),
         None => read_start(conn, kept, tenant, name)?,
     };
-    if max_tenant_bytes > 0 && stored >= max_tenant_bytes {
-        // A tenant already at its cap is refused before any write.
-        return Err(StoreError::TenantFull {
-            tenant: tenant.to_owned(),
-            wanted: stored,
-            limit: max_tenant_bytes,
-        });
-    }
+    // A tenant at its cap is refused at the end, once the call is known to
+    // add bytes (its savepoint undoes what it wrote): a retry of what is
+    // already stored still answers.
     let mut added_bytes = 0u64;
     let appended_before = existing.as_ref().and_then(|s| s.appended_at);
     let (session_id, mut next_seq, mut next_ordinal, mut open) = match existing {
