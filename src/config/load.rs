@@ -22,6 +22,28 @@ pub fn load(
         .filter(|(k, _)| k.starts_with(ENV_PREFIX) && !NOT_KEYS.contains(&k.as_str()))
         .collect();
     env.sort();
+    // The variable storage.url_env names, if it is one of ours: refused
+    // with its reason before it is blamed for naming no key.
+    let url_env = env
+        .iter()
+        .find(|(k, _)| k == "ARCHIVIST_STORAGE_URL_ENV")
+        .map(|(_, v)| v.clone())
+        .or_else(|| {
+            table
+                .get("storage")
+                .and_then(|s| s.get("url_env"))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        });
+    if let Some(message) = url_env
+        .as_deref()
+        .and_then(super::validate::url_env_in_our_namespace)
+    {
+        return Err(ConfigError::Invalid {
+            key: "storage.url_env".to_owned(),
+            message,
+        });
+    }
     for (var, raw) in env {
         let Some((path, default)) = leaves.iter().find(|(path, _)| env_name(path) == var) else {
             return Err(ConfigError::UnknownEnv { var });
@@ -460,6 +482,20 @@ ceiling = "15s"
                     ("ARCHIVIST_STORAGE_URL_ENV", "ARCHIVIST_DATABASE_URL"),
                 ]),
             ),
+            // With the variable set (the usual case): not blamed for
+            // naming no key, nor, when it is a key's, for setting it.
+            load(
+                &from_file,
+                env(&[("ARCHIVIST_DATABASE_URL", "postgres://u:pw@db/x")]),
+            ),
+            load(
+                &Overrides::default(),
+                env(&[
+                    ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+                    ("ARCHIVIST_STORAGE_URL_ENV", "ARCHIVIST_DATABASE_URL"),
+                    ("ARCHIVIST_DATABASE_URL", "postgres://u:pw@db/x"),
+                ]),
+            ),
         ];
         for refused in refusals {
             let e = refused.expect_err("refused");
@@ -467,7 +503,18 @@ ceiling = "15s"
             assert!(text.contains("storage.url_env"), "{text}");
             assert!(text.contains("ARCHIVIST_DATABASE_URL"), "{text}");
             assert!(text.contains("such as DATABASE_URL"), "{text}");
+            assert!(!text.contains("pw@"), "{text}");
         }
+        let (_f, names_a_key) =
+            file("[storage]\nbackend = \"postgres\"\nurl_env = \"ARCHIVIST_STORAGE_URL\"\n");
+        let e = load(
+            &names_a_key,
+            env(&[("ARCHIVIST_STORAGE_URL", "postgres://u:pw@db/x")]),
+        )
+        .expect_err("refused");
+        let text = crate::failure::cause_chain(&e).join(": ");
+        assert!(text.contains("storage.url_env"), "{text}");
+        assert!(text.contains("such as DATABASE_URL"), "{text}");
         // Outside the namespace, the same name is fine.
         let (_f, o) = file("[storage]\nbackend = \"postgres\"\nurl_env = \"DATABASE_URL\"\n");
         let c = load(&o, env(&[])).expect("DATABASE_URL is fine");

@@ -117,6 +117,11 @@ impl Config {
                 }
             }
             BackendKind::Postgres => {
+                // First: with the variable set, the other checks would
+                // blame something else.
+                if let Some(message) = url_env_in_our_namespace(&self.storage.url_env) {
+                    return invalid("storage.url_env", &message);
+                }
                 match (self.storage.url.is_empty(), self.storage.url_env.is_empty()) {
                     (true, true) => {
                         return invalid(
@@ -146,18 +151,6 @@ impl Config {
                             return invalid(
                                 "storage.url_env",
                                 "must be the NAME of an environment variable holding the URL, not the URL itself (the value given is not shown)",
-                            );
-                        }
-                        // ARCHIVIST_* variables are the settings' own
-                        // namespace: one that names no key is refused at
-                        // load, so the URL cannot live in one.
-                        if self.storage.url_env.starts_with(ENV_PREFIX) {
-                            return invalid(
-                                "storage.url_env",
-                                &format!(
-                                    "names {}, but variables starting with {ENV_PREFIX} are archivist's own settings (one that names no key is refused), so the URL cannot be kept in one: put it in a variable outside that namespace, such as DATABASE_URL, and name that",
-                                    self.storage.url_env
-                                ),
                             );
                         }
                     }
@@ -250,4 +243,16 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Why `storage.url_env` may not name `name`, if it may not: `ARCHIVIST_*`
+/// variables are the settings' own namespace (one that names no key is
+/// refused at load, one that does sets that key), so the URL cannot live in
+/// one.
+pub(super) fn url_env_in_our_namespace(name: &str) -> Option<String> {
+    name.starts_with(ENV_PREFIX).then(|| {
+        format!(
+            "names {name}, but variables starting with {ENV_PREFIX} are archivist's own settings, so the URL cannot be kept in one: put it in a variable outside that namespace, such as DATABASE_URL, and name that"
+        )
+    })
 }
