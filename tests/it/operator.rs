@@ -196,6 +196,16 @@ async fn migrate_creates_a_sqlite_schema_says_so_in_one_line_and_then_finds_it_c
     let (from, to) = versions(line);
     assert_eq!(from, 0, "a new database: {line}");
     assert!(to > 0, "{line}");
+    // The schema is in the database file itself, not only in its log: a
+    // deploy step may copy the file alone.
+    let log = std::fs::metadata(data.join("archivist.sqlite3-wal")).map_or(0, |m| m.len());
+    assert_eq!(log, 0, "the log was checkpointed into the file");
+    let file = std::fs::metadata(data.join("archivist.sqlite3")).expect("the database file");
+    assert!(
+        file.len() > 4096,
+        "the file holds the schema: {} bytes",
+        file.len()
+    );
 
     // Again: nothing to do, the same version on both sides.
     let again = archivist(&["migrate", "--data-dir", data_str], &[], None).await;

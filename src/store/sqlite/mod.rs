@@ -244,7 +244,7 @@ impl Sqlite {
     /// Copies every committed page from the WAL into the database file and
     /// empties the WAL (`TRUNCATE`), so that what was overwritten or erased
     /// is in neither file. Retries while readers or a batch hold it up.
-    async fn checkpoint(&self) -> Result<(), StoreError> {
+    pub(super) async fn checkpoint(&self) -> Result<(), StoreError> {
         let path = self.inner.path.clone();
         tokio::task::spawn_blocking(move || {
             let conn = Connection::open(&path).map_err(|e| StoreError::Open {
