@@ -205,8 +205,11 @@ pub(super) async fn migrate(client: &mut Object) -> Result<i64, StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(&err)?;
+    // SET LOCAL: no NOTICE that the table exists at every start-up (the
+    // driver logs notices), for this transaction only.
     tx.batch_execute(&format!(
-        "CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (\
+        "SET LOCAL client_min_messages = warning; \
+         CREATE TABLE IF NOT EXISTS {VERSION_TABLE} (\
          version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
     ))
     .await
