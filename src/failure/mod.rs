@@ -149,9 +149,13 @@ pub(crate) fn cause_chain(err: &(dyn StdError + 'static)) -> Vec<String> {
     let mut next = Some(err);
     while let Some(e) = next {
         let text = e.to_string();
-        // Some errors repeat their source's text in their own Display; keep
-        // the chain readable by not printing the same line twice in a row.
-        if causes.last() != Some(&text) {
+        // Some errors repeat their source's text in their own Display
+        // (whole, or at the end after a colon); keep the chain readable by
+        // not saying the same thing twice in a row.
+        let repeated = causes
+            .last()
+            .is_some_and(|last: &String| *last == text || last.ends_with(&format!(": {text}")));
+        if !repeated {
             causes.push(text);
         }
         next = e.source();
@@ -162,6 +166,41 @@ pub(crate) fn cause_chain(err: &(dyn StdError + 'static)) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error whose Display ends with its source's, as a pool's error
+    /// wrapping a driver's does.
+    #[derive(Debug)]
+    struct Wraps(&'static str, Option<Box<Wraps>>);
+
+    impl std::fmt::Display for Wraps {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl StdError for Wraps {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn a_cause_repeated_by_the_error_above_it_is_said_once() {
+        let err = Wraps(
+            "creating a connection: db error",
+            Some(Box::new(Wraps(
+                "db error",
+                Some(Box::new(Wraps("FATAL: no such database", None))),
+            ))),
+        );
+        assert_eq!(
+            cause_chain(&err),
+            ["creating a connection: db error", "FATAL: no such database"]
+        );
+        // Not a repeat: only the same text, whole or after a colon.
+        let err = Wraps("timed out", Some(Box::new(Wraps("out", None))));
+        assert_eq!(cause_chain(&err), ["timed out", "out"]);
+    }
 
     #[test]
     fn names_round_trip() {
