@@ -20,7 +20,7 @@
 //! request, a far cheaper load generator, and the bench checks afterwards
 //! that every entry it sent is stored.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use archivist::pb;
@@ -28,72 +28,18 @@ use prost::Message;
 
 mod common;
 
+use common::{BIG_SEGMENTS, Server, request};
+
 const CLIENTS: usize = 8;
 
-struct Server {
-    child: Child,
-    address: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn start_server(env: &[(&str, &str)]) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_archivist"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        // Big segments: this measures appends, not recaps.
-        .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000")
-        .env("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000")
-        .env("RUST_LOG", "warn")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn archivist");
-    // Owned at once, so that every way out of here kills and reaps it.
-    let server = Server {
-        child,
-        address: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    };
-    for _ in 0..200 {
-        if archivist::client::connect(&server.address).await.is_ok() {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("archivist did not start");
-}
-
-fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
-    pb::AppendEntriesRequest {
-        session_id: session.to_owned(),
-        entries: (0..batch)
-            .map(|i| pb::NewEntry {
-                client_entry_id: format!("c{n}-{i}"),
-                role: pb::Role::User.into(),
-                content: format!(
-                    "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
-                ),
-            })
-            .collect(),
-    }
+    let env: Vec<(&str, &str)> = BIG_SEGMENTS.iter().chain(env).copied().collect();
+    common::start_server(
+        std::path::Path::new(env!("CARGO_BIN_EXE_archivist")),
+        &[],
+        &env,
+    )
+    .await
 }
 
 /// Calls per second and entries per second for `batch`-entry calls from
@@ -218,10 +164,7 @@ fn main() {
                 .expect("--seconds N");
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(async {
         let server = start_server(&[]).await;
         println!("AppendEntries, {CLIENTS} concurrent clients, {seconds} s a round:");

@@ -23,10 +23,7 @@ fn main() {
     if common::serve_if_provider() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(async {
         println!("Pass cost against a provider that answers at once:");
         for concurrency in [1, 4] {

@@ -45,76 +45,15 @@
 //! that), so the figures are for the durable path.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use archivist::pb;
 use prost::Message;
 
-struct Server {
-    child: Child,
-    address: String,
-    _dir: tempfile::TempDir,
-}
+mod common;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start_server(binary: &Path) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new(binary)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        // Big segments: this measures appends, not recaps.
-        .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000")
-        .env("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn archivist");
-    // Owned at once, so that every way out of here kills and reaps it.
-    let server = Server {
-        child,
-        address: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
-    };
-    for _ in 0..200 {
-        if archivist::client::connect(&server.address).await.is_ok() {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("archivist did not start");
-}
-
-fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
-    pb::AppendEntriesRequest {
-        session_id: session.to_owned(),
-        entries: (0..batch)
-            .map(|i| pb::NewEntry {
-                client_entry_id: format!("c{n}-{i}"),
-                role: pb::Role::User.into(),
-                content: format!(
-                    "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
-                ),
-            })
-            .collect(),
-    }
-}
+use common::{BIG_SEGMENTS, Server, request};
 
 // ---- h2load: ratios to the transport ---------------------------------------
 
@@ -359,10 +298,16 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
 async fn start_servers(before: &[PathBuf]) -> Vec<(String, Server)> {
     let mut servers = Vec::new();
     for (i, path) in before.iter().enumerate() {
-        servers.push((format!("before-{}", i + 1), start_server(path).await));
+        servers.push((
+            format!("before-{}", i + 1),
+            common::start_server(path, &[], &BIG_SEGMENTS).await,
+        ));
     }
     let this = Path::new(env!("CARGO_BIN_EXE_archivist"));
-    servers.push(("this".to_owned(), start_server(this).await));
+    servers.push((
+        "this".to_owned(),
+        common::start_server(this, &[], &BIG_SEGMENTS).await,
+    ));
     servers
 }
 
@@ -542,10 +487,7 @@ fn main() {
             _ => {}
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(async {
         if only_stages {
             stages(&before, round_seconds, repeat).await;

@@ -47,10 +47,7 @@ fn main() {
             _ => {}
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(async {
         println!("Reconciler scan, {PENDING} PENDING segments due:");
         let sizes: &[usize] = if skip_scan { &[] } else { &[0, 1_000_000] };

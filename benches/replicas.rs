@@ -12,62 +12,26 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use common::Server;
+
 use std::time::{Duration, Instant};
 
 use archivist::pb;
 
-struct Server {
-    child: Child,
-    address: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn start(url: &str, provider: &str) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_archivist"))
-        .args([
-            "serve",
-            "--allow-provider-change",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .env("ARCHIVIST_STORAGE_BACKEND", "postgres")
-        .env("ARCHIVIST_STORAGE_URL", url)
-        .env("ARCHIVIST_PROVIDER_KIND", "openai")
-        .env("ARCHIVIST_PROVIDER_BASE_URL", format!("{provider}/v1"))
-        .env("ARCHIVIST_PROVIDER_CHECK_ON_START", "false")
+    let base_url = format!("{provider}/v1");
+    let env = [
+        ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+        ("ARCHIVIST_STORAGE_URL", url),
+        ("ARCHIVIST_PROVIDER_KIND", "openai"),
+        ("ARCHIVIST_PROVIDER_BASE_URL", &base_url),
+        ("ARCHIVIST_PROVIDER_CHECK_ON_START", "false"),
         // Level-1 segments only: the figures are of the segments appended.
-        .env("ARCHIVIST_MEMORY_FANOUT", "0")
-        .env("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn archivist");
-    let server = Server {
-        child,
-        address: format!("http://127.0.0.1:{port}"),
-    };
-    for _ in 0..200 {
-        if archivist::client::connect(&server.address).await.is_ok() {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("archivist did not start");
+        ("ARCHIVIST_MEMORY_FANOUT", "0"),
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1"),
+    ];
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_archivist"));
+    common::start_server(binary, &["--allow-provider-change"], &env).await
 }
 
 struct Round {
@@ -165,10 +129,7 @@ fn main() {
             _ => {}
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(async {
         let (_provider, base) = common::spawn_provider(latency_ms);
         println!(

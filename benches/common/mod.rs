@@ -1,5 +1,6 @@
-//! Helpers shared by the benchmarks: a fake OpenAI-compatible provider in
-//! its own process, and the CPU time of this one.
+//! Helpers shared by the benchmarks: the real server in its own process,
+//! an append request, a fake OpenAI-compatible provider in its own
+//! process, and the CPU time of this one.
 
 #![allow(dead_code)]
 
@@ -10,7 +11,88 @@ use std::time::Duration;
 
 use archivist::config::{Config, ProviderKind};
 use archivist::internals::{App, Store, Summariser};
+use archivist::pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The multi-threaded runtime a bench's rounds run on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// `archivist serve` in its own process, on a free loopback port and a
+/// data directory of its own; killed and reaped when dropped.
+pub struct Server {
+    child: Child,
+    pub address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Segments too large to close: what is measured is appends, not recaps.
+pub const BIG_SEGMENTS: [(&str, &str); 2] = [
+    ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000"),
+    ("ARCHIVIST_SEGMENT_MAX_TOKENS", "4000000000"),
+];
+
+/// Starts `binary serve` with `args` after `serve` and `env` set, and
+/// waits until it answers.
+pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new(binary)
+        .arg("serve")
+        .args(args)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(dir.path())
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn archivist");
+    // Owned at once, so that every way out of here kills and reaps it.
+    let server = Server {
+        child,
+        address: format!("http://127.0.0.1:{port}"),
+        _dir: dir,
+    };
+    for _ in 0..200 {
+        if archivist::client::connect(&server.address).await.is_ok() {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("archivist did not start");
+}
+
+/// An AppendEntries of `batch` entries into `session`, the `n`th of its
+/// kind (which its idempotency keys name).
+pub fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {
+    pb::AppendEntriesRequest {
+        session_id: session.to_owned(),
+        entries: (0..batch)
+            .map(|i| pb::NewEntry {
+                client_entry_id: format!("c{n}-{i}"),
+                role: pb::Role::User.into(),
+                content: format!(
+                    "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
+                ),
+            })
+            .collect(),
+    }
+}
 
 const COMPLETION: &str = r#"{"id":"c","object":"chat.completion","model":"fake","choices":[{"index":0,"message":{"role":"assistant","content":"The segment covered the billing migration and its rerun."},"finish_reason":"stop"}],"usage":{"prompt_tokens":120,"completion_tokens":12,"total_tokens":132}}"#;
 

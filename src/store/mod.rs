@@ -136,6 +136,96 @@ pub(crate) fn segment_bytes(segment: &Segment) -> usize {
     FIXED + segment.session.len() + summary + failure
 }
 
+/// Whether a write failed for want of room since the health probe last
+/// asked: the probe's own write may succeed in the room a refused one
+/// left, and must still report it.
+#[derive(Debug, Default)]
+pub(crate) struct FullSeen(std::sync::atomic::AtomicBool);
+
+impl FullSeen {
+    /// Passes a write's result on, remembering a full disk.
+    pub(crate) fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Full(_)) = &result {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        result
+    }
+
+    /// Whether a write failed for want of room since the last call.
+    pub(crate) fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Why a writer's queue refused a job without waiting: full (shed the
+/// load) or gone (the store is shut down).
+pub(crate) fn refused<T>(e: tokio::sync::mpsc::error::TrySendError<T>) -> StoreError {
+    match e {
+        tokio::sync::mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+        tokio::sync::mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
+    }
+}
+
+/// State codes as an SQL list: our own integers, never caller text.
+pub(crate) fn state_codes(states: &[SegmentState]) -> String {
+    let codes: Vec<String> = states.iter().map(|s| s.code().to_string()).collect();
+    codes.join(",")
+}
+
+/// A failure as the JSON a segment row keeps, and its class's name.
+pub(crate) fn encode_failure(f: &Failure) -> Result<(String, &'static str), StoreError> {
+    serde_json::to_string(f)
+        .map(|json| (json, f.class.as_str()))
+        .map_err(|e| StoreError::Corrupt(format!("cannot encode a failure: {e}")))
+}
+
+/// Refuses a schema newer than the `known` migrations of this build.
+pub(crate) fn not_newer(found: i64, known: usize) -> Result<(), StoreError> {
+    if found > known as i64 {
+        return Err(StoreError::TooNew { found, known });
+    }
+    Ok(())
+}
+
+/// Refuses a schema other than the one this build's `known` migrations
+/// make: newer, or older (it needs migrating).
+pub(crate) fn is_current(found: i64, known: usize) -> Result<(), StoreError> {
+    not_newer(found, known)?;
+    if found < known as i64 {
+        return Err(StoreError::NeedsMigration { found, known });
+    }
+    Ok(())
+}
+
+/// Segments gathered up to a number of bytes (`segment_bytes`), and always
+/// the first: what one answer can carry, read no further.
+pub(crate) struct BytesBound {
+    max_bytes: usize,
+    used: usize,
+    pub(crate) segments: Vec<Segment>,
+}
+
+impl BytesBound {
+    pub(crate) fn new(max_bytes: usize) -> BytesBound {
+        BytesBound {
+            max_bytes,
+            used: 0,
+            segments: Vec::new(),
+        }
+    }
+
+    /// Keeps the segment if it fits; false (and it is dropped) if not.
+    pub(crate) fn take(&mut self, segment: Segment) -> bool {
+        let used = self.used.saturating_add(segment_bytes(&segment));
+        if used > self.max_bytes && !self.segments.is_empty() {
+            return false;
+        }
+        self.used = used;
+        self.segments.push(segment);
+        true
+    }
+}
+
 /// What survives once a write is acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum Durability {

@@ -175,11 +175,7 @@ impl Postgres {
         let failure = ended
             .failure
             .as_ref()
-            .map(|f| {
-                serde_json::to_string(f)
-                    .map(|json| (json, f.class.as_str()))
-                    .map_err(|e| StoreError::Corrupt(format!("cannot encode a failure: {e}")))
-            })
+            .map(crate::store::encode_failure)
             .transpose()?;
         let (json, class) = match &failure {
             Some((json, class)) => (Some(json.as_str()), Some(*class)),

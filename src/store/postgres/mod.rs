@@ -78,7 +78,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use super::{Durability, OpenMode, StoreError};
+use super::{Durability, FullSeen, OpenMode, StoreError};
 
 pub(crate) use notes::Notes;
 
@@ -215,7 +215,7 @@ struct Inner {
     /// None when opened read-only: every write fails with `ReadOnly`.
     appends: Option<mpsc::Sender<sessions::AppendJob>>,
     /// A write failed for want of room since the last health probe.
-    full_seen: AtomicBool,
+    full_seen: FullSeen,
 }
 
 /// A connection to `target` (where the database is, without a password)
@@ -336,7 +336,7 @@ impl Postgres {
                 config: connect_config,
                 target,
                 appends,
-                full_seen: AtomicBool::new(false),
+                full_seen: FullSeen::default(),
             }),
         })
     }
@@ -376,15 +376,12 @@ impl Postgres {
 
     /// Passes a write's result on, remembering a full disk for the probe.
     fn noting_full<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(StoreError::Full(_)) = &result {
-            self.inner.full_seen.store(true, Ordering::SeqCst);
-        }
-        result
+        self.inner.full_seen.note(result)
     }
 
     /// Whether a write failed for want of room since the last call.
     fn take_full_seen(&self) -> bool {
-        self.inner.full_seen.swap(false, Ordering::SeqCst)
+        self.inner.full_seen.take()
     }
 }
 

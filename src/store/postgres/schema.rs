@@ -222,12 +222,7 @@ pub(super) async fn migrate(client: &mut Object) -> Result<i64, StoreError> {
         .await
         .map_err(&err)?;
     let current: i64 = row.try_get(0).map_err(&err)?;
-    if current > known as i64 {
-        return Err(StoreError::TooNew {
-            found: current,
-            known,
-        });
-    }
+    crate::store::not_newer(current, known)?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
         let version = i + 1;
         let err = migration_error(version);
@@ -248,17 +243,5 @@ pub(super) async fn migrate(client: &mut Object) -> Result<i64, StoreError> {
 pub(super) async fn check_current(client: &Object) -> Result<(), StoreError> {
     let known = MIGRATIONS.len();
     let current = version(client).await.map_err(migration_error(known))?;
-    if current > known as i64 {
-        return Err(StoreError::TooNew {
-            found: current,
-            known,
-        });
-    }
-    if current < known as i64 {
-        return Err(StoreError::NeedsMigration {
-            found: current,
-            known,
-        });
-    }
-    Ok(())
+    crate::store::is_current(current, known)
 }

@@ -11,7 +11,7 @@ use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
 use crate::store::context::{Tree, cover};
-use crate::store::{BackfillFilter, SegmentFilter, StoreError, segment_bytes};
+use crate::store::{BackfillFilter, BytesBound, SegmentFilter, StoreError, state_codes};
 
 /// The advisory lock the folding of count deltas holds, so that one
 /// replica folds at a time ("counts", any fixed number).
@@ -26,12 +26,6 @@ fn refs(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
         .iter()
         .map(|v| v.as_ref() as &(dyn ToSql + Sync))
         .collect()
-}
-
-/// State codes as an SQL list: our own integers, never caller text.
-fn state_codes(states: &[SegmentState]) -> String {
-    let codes: Vec<String> = states.iter().map(|s| s.code().to_string()).collect();
-    codes.join(",")
 }
 
 /// The WHERE clause (over `segments s JOIN sessions x`) and its values.
@@ -59,35 +53,6 @@ fn filter_clause(tenant: &str, filter: &SegmentFilter) -> (String, Vec<Param>) {
         clause.push_str(&format!(" AND s.id = ANY(${})", values.len()));
     }
     (clause, values)
-}
-
-/// Segments gathered up to a number of bytes (`segment_bytes`), and always
-/// the first: what one answer can carry.
-struct BytesBound {
-    max_bytes: usize,
-    used: usize,
-    segments: Vec<Segment>,
-}
-
-impl BytesBound {
-    fn new(max_bytes: usize) -> BytesBound {
-        BytesBound {
-            max_bytes,
-            used: 0,
-            segments: Vec::new(),
-        }
-    }
-
-    /// Keeps the segment if it fits; false (and it is dropped) if not.
-    fn take(&mut self, segment: Segment) -> bool {
-        let used = self.used.saturating_add(segment_bytes(&segment));
-        if used > self.max_bytes && !self.segments.is_empty() {
-            return false;
-        }
-        self.used = used;
-        self.segments.push(segment);
-        true
-    }
 }
 
 /// The session's id, if the tenant has it.

@@ -859,10 +859,7 @@ impl Postgres {
             cap: max_tenant_bytes,
             reply,
         })
-        .map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
-            mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
-        })?;
+        .map_err(crate::store::refused)?;
         self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
     }
 

@@ -141,11 +141,7 @@ impl Sqlite {
         let failure = ended
             .failure
             .as_ref()
-            .map(|f| {
-                serde_json::to_string(f)
-                    .map(|json| (json, f.class.as_str()))
-                    .map_err(|e| StoreError::Corrupt(format!("cannot encode a failure: {e}")))
-            })
+            .map(crate::store::encode_failure)
             .transpose()?;
         self.write(move |conn| {
             let now = Millis::now().0;

@@ -29,14 +29,13 @@ mod sessions;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
-use super::{Durability, OpenMode, StoreError};
+use super::{Durability, FullSeen, OpenMode, StoreError};
 use kept::Kept;
 use writer::{Job, append_job, job, writer_loop};
 
@@ -89,7 +88,7 @@ struct Inner {
     jobs: Option<mpsc::Sender<Job>>,
     readers: Mutex<Vec<Connection>>,
     /// A write failed for want of room since the last health probe.
-    full_seen: AtomicBool,
+    full_seen: FullSeen,
 }
 
 impl Sqlite {
@@ -147,7 +146,7 @@ impl Sqlite {
                     path,
                     jobs: None,
                     readers: Mutex::new(vec![reader]),
-                    full_seen: AtomicBool::new(false),
+                    full_seen: FullSeen::default(),
                 }),
             });
         }
@@ -192,7 +191,7 @@ impl Sqlite {
                 path,
                 jobs: Some(jobs),
                 readers: Mutex::new(Vec::new()),
-                full_seen: AtomicBool::new(false),
+                full_seen: FullSeen::default(),
             }),
         })
     }
@@ -212,15 +211,12 @@ impl Sqlite {
 
     /// Passes a write's result on, remembering a full disk for the probe.
     fn noting_full<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        if let Err(StoreError::Full(_)) = &result {
-            self.inner.full_seen.store(true, Ordering::SeqCst);
-        }
-        result
+        self.inner.full_seen.note(result)
     }
 
     /// Whether a write failed for want of room since the last call.
     fn take_full_seen(&self) -> bool {
-        self.inner.full_seen.swap(false, Ordering::SeqCst)
+        self.inner.full_seen.take()
     }
 
     /// As `write` for an append (which keeps its session's rows in the
@@ -234,10 +230,7 @@ impl Sqlite {
     {
         let (job, answer) = append_job(f);
         let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
-        jobs.try_send(job).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
-            mpsc::error::TrySendError::Closed(_) => StoreError::Closed,
-        })?;
+        jobs.try_send(job).map_err(super::refused)?;
         self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
     }
 

@@ -281,12 +281,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             version: known,
             source: e.into(),
         })?;
-    if current > known as i64 {
-        return Err(StoreError::TooNew {
-            found: current,
-            known,
-        });
-    }
+    crate::store::not_newer(current, known)?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
         let version = i + 1;
         let err = |e: rusqlite::Error| StoreError::Migration {
@@ -314,17 +309,5 @@ pub(super) fn check_current(conn: &Connection) -> Result<(), StoreError> {
             version: known,
             source: e.into(),
         })?;
-    if current > known as i64 {
-        return Err(StoreError::TooNew {
-            found: current,
-            known,
-        });
-    }
-    if current < known as i64 {
-        return Err(StoreError::NeedsMigration {
-            found: current,
-            known,
-        });
-    }
-    Ok(())
+    crate::store::is_current(current, known)
 }

@@ -12,7 +12,7 @@ use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
 use crate::store::context::{Tree, cover};
-use crate::store::{BackfillFilter, SegmentFilter, StoreError, segment_bytes};
+use crate::store::{BackfillFilter, BytesBound, SegmentFilter, StoreError, state_codes};
 
 /// Oldest first or newest first.
 #[derive(Clone, Copy)]
@@ -99,35 +99,6 @@ fn collect_segments(
         out.push(row??);
     }
     Ok(out)
-}
-
-/// Segments gathered up to a number of bytes (`segment_bytes`), and always
-/// the first: what one answer can carry, read no further.
-struct BytesBound {
-    max_bytes: usize,
-    used: usize,
-    segments: Vec<Segment>,
-}
-
-impl BytesBound {
-    fn new(max_bytes: usize) -> BytesBound {
-        BytesBound {
-            max_bytes,
-            used: 0,
-            segments: Vec::new(),
-        }
-    }
-
-    /// Keeps the segment if it fits; false (and it is dropped) if not.
-    fn take(&mut self, segment: Segment) -> bool {
-        let used = self.used.saturating_add(segment_bytes(&segment));
-        if used > self.max_bytes && !self.segments.is_empty() {
-            return false;
-        }
-        self.used = used;
-        self.segments.push(segment);
-        true
-    }
 }
 
 impl Sqlite {
@@ -467,12 +438,6 @@ impl Sqlite {
         })
         .await
     }
-}
-
-/// State codes as an SQL list: our own integers, never caller text.
-fn state_codes(states: &[SegmentState]) -> String {
-    let codes: Vec<String> = states.iter().map(|s| s.code().to_string()).collect();
-    codes.join(",")
 }
 
 /// The WHERE clause (over `segments s JOIN sessions x`) and its values.
