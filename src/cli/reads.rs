@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use super::output::*;
-use super::session::{ClientFlags, Failed, connect, ensure_session, print_json, request};
+use super::session::{ClientFlags, Failed, all_segments, connect, print_json, request};
 use crate::client::Client;
 use crate::pb;
 use crate::text::{count, human_duration};
@@ -16,32 +16,7 @@ pub(super) async fn show(
     flags: &ClientFlags,
     session: &str,
 ) -> Result<(), Failed> {
-    let mut segments = Vec::new();
-    let mut token = String::new();
-    loop {
-        let resp = client
-            .list_segments(request(
-                flags,
-                pb::ListSegmentsRequest {
-                    session_id: session.to_owned(),
-                    states: Vec::new(),
-                    page_size: 100,
-                    page_token: token,
-                    levels: Vec::new(),
-                },
-            ))
-            .await?
-            .into_inner();
-        segments.extend(resp.segments);
-        if resp.next_page_token.is_empty() {
-            break;
-        }
-        token = resp.next_page_token;
-    }
-    if segments.is_empty() {
-        // ListSegments filters; a session that is not there is NOT_FOUND.
-        ensure_session(client, flags, session).await?;
-    }
+    let segments = all_segments(client, flags, session, Vec::new(), 100).await?;
     if flags.json {
         print_json(&json!({
             "session_id": session,

@@ -341,31 +341,8 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             Ok(())
         }
         SessionCommand::Tree { session } => {
-            let mut nodes = Vec::new();
-            let mut token = String::new();
-            loop {
-                let resp = client
-                    .list_segments(request(
-                        flags,
-                        pb::ListSegmentsRequest {
-                            session_id: session.clone(),
-                            levels: (1..=TREE_DEPTH).collect(),
-                            page_size: 1000,
-                            page_token: token,
-                            ..Default::default()
-                        },
-                    ))
-                    .await?
-                    .into_inner();
-                nodes.extend(resp.segments);
-                if resp.next_page_token.is_empty() {
-                    break;
-                }
-                token = resp.next_page_token;
-            }
-            if nodes.is_empty() {
-                ensure_session(&mut client, flags, &session).await?;
-            }
+            let levels = (1..=TREE_DEPTH).collect();
+            let nodes = all_segments(&mut client, flags, &session, levels, 1000).await?;
             if flags.json {
                 print_json(&json!({
                     "session_id": session,
@@ -496,6 +473,44 @@ fn check_session(session: &str) -> Result<(), Failed> {
                 "{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)"
             ))
         })
+}
+
+/// Every segment of `session` at `levels` (all when empty), page by page;
+/// NOT_FOUND when the session does not exist.
+pub(super) async fn all_segments(
+    client: &mut Client,
+    flags: &ClientFlags,
+    session: &str,
+    levels: Vec<u32>,
+    page_size: u32,
+) -> Result<Vec<pb::Segment>, Failed> {
+    let mut segments = Vec::new();
+    let mut token = String::new();
+    loop {
+        let resp = client
+            .list_segments(request(
+                flags,
+                pb::ListSegmentsRequest {
+                    session_id: session.to_owned(),
+                    levels: levels.clone(),
+                    page_size,
+                    page_token: token,
+                    ..Default::default()
+                },
+            ))
+            .await?
+            .into_inner();
+        segments.extend(resp.segments);
+        if resp.next_page_token.is_empty() {
+            break;
+        }
+        token = resp.next_page_token;
+    }
+    if segments.is_empty() {
+        // ListSegments filters; a session that is not there is NOT_FOUND.
+        ensure_session(client, flags, session).await?;
+    }
+    Ok(segments)
 }
 
 /// NOT_FOUND when `session` does not exist (GetContext says so).
