@@ -173,11 +173,9 @@ impl Kept {
     /// Forgets everything kept (whatever was not written is lost: only for
     /// after a write, or when the batch that changed it failed).
     pub(super) fn forget(&mut self) {
-        if self.sessions > 0 || !self.tenants.is_empty() {
-            self.tenants.clear();
-            self.changed.clear();
-            self.sessions = 0;
-        }
+        self.tenants.clear();
+        self.changed.clear();
+        self.sessions = 0;
     }
 
     /// Forgets everything if another connection has committed since the
