@@ -130,7 +130,7 @@ fn in_savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> (Result<T, StoreError>, bool) {
-    let step = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
+    let step = |sql| statement(conn, sql);
     if let Err(e) = step("SAVEPOINT job") {
         return (Err(e.into()), !conn.is_autocommit());
     }
@@ -146,6 +146,12 @@ fn in_savepoint<T>(
     (result, !conn.is_autocommit())
 }
 
+/// Runs one statement of the writer's own (transaction control), prepared
+/// once: `execute_batch` would parse it again at every batch.
+fn statement(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
+}
+
 /// The writer thread: takes the first queued job, then whatever else has
 /// queued up meanwhile, runs them all in one transaction and commits once.
 /// A job that breaks the transaction (or panics) aborts the batch: it is
@@ -155,7 +161,7 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
     let mut kept = Kept::default();
     while let Some(first) = jobs.blocking_recv() {
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = statement(&conn, "BEGIN IMMEDIATE") {
             let e = BatchFailure::Begin(Arc::new(e));
             ((first.run)(Err(e.clone())).completion)(Err(e));
             continue;
@@ -174,8 +180,7 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
             (intact, full) = (false, super::is_full(&e));
         }
         let outcome = if intact {
-            conn.execute_batch("COMMIT")
-                .map_err(|e| BatchFailure::Commit(Arc::new(e)))
+            statement(&conn, "COMMIT").map_err(|e| BatchFailure::Commit(Arc::new(e)))
         } else {
             Err(BatchFailure::Aborted { full })
         };
@@ -185,7 +190,7 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
             if !conn.is_autocommit() {
                 // End what is left of the transaction so the next batch
                 // starts clean. Nothing of this batch stays.
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = statement(&conn, "ROLLBACK");
             }
         }
         for completion in done.drain(..) {
