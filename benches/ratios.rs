@@ -24,8 +24,11 @@
 //! in turn (health, 1 entry, 10 entries, health, ...); each figure is the
 //! median of its rounds, printed with its ratio to the health checks' at
 //! the same load, and the p50 and p99 latency h2load saw over all of its
-//! calls. The machine is shared and noisy: ratios from one run are what
-//! count, and the interleaving spreads a burst of noise over every figure.
+//! calls, and the CPU each call cost the server (its threads' run time in
+//! `/proc`) and h2load (its rusage): at 8×1 on two shared cores the rates
+//! follow the CPU per call. The machine is shared and noisy: ratios from
+//! one run are what count, and the interleaving spreads a burst of noise
+//! over every figure.
 //! Segments are large enough that no recap runs. After each round the bench
 //! counts what the session stored (an HTTP 200 says nothing of
 //! grpc-status), so every call in these figures was stored.
@@ -67,10 +70,14 @@ const HEALTH_FRAME: [u8; 5] = [0; 5];
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/Check";
 const APPEND_PATH: &str = "/archivist.v1.Archivist/AppendEntries";
 
-/// One h2load round: calls/s and how long each call took (µs).
+/// One h2load round: calls/s, how long each call took (µs), and the CPU
+/// each call cost the server and h2load (µs; the server's is None where
+/// `/proc` does not say).
 struct Round {
     rate: f64,
     took_us: Vec<f64>,
+    server_cpu_us: Option<f64>,
+    h2load_cpu_us: f64,
 }
 
 /// `message` as one gRPC frame.
@@ -95,10 +102,12 @@ fn have_h2load() -> bool {
 /// Sends `calls` requests of `body` to `path` with h2load, `CONNECTIONS`
 /// connections with `streams` calls in flight on each; panics unless every
 /// one had an HTTP 2xx answer.
-fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) -> Round {
+fn h2load(server: &Server, path: &str, body: &[u8], calls: u64, streams: usize) -> Round {
+    let address = &server.address;
     let data = tempfile::NamedTempFile::new().expect("frame file");
     std::fs::write(data.path(), body).expect("write frame");
     let log = tempfile::NamedTempFile::new().expect("log file");
+    let (server_cpu, h2load_cpu) = (server.cpu_time(), common::children_cpu_time());
     let out = Command::new("h2load")
         .args(["-n", &calls.to_string()])
         .args(["-c", &CONNECTIONS.to_string()])
@@ -111,6 +120,11 @@ fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) ->
         .arg(format!("{address}{path}"))
         .output()
         .expect("run h2load");
+    let per_call = |cpu: Duration| cpu.as_secs_f64() * 1e6 / calls as f64;
+    let server_cpu_us = server_cpu
+        .zip(server.cpu_time())
+        .map(|(before, after)| per_call(after.saturating_sub(before)));
+    let h2load_cpu_us = per_call(common::children_cpu_time().saturating_sub(h2load_cpu));
     let text = String::from_utf8_lossy(&out.stdout);
     let rate = text
         .lines()
@@ -132,7 +146,12 @@ fn h2load(address: &str, path: &str, body: &[u8], calls: u64, streams: usize) ->
         .filter_map(|l| l.split('\t').nth(2)?.trim().parse().ok())
         .collect();
     assert!(!took_us.is_empty(), "h2load logged no requests");
-    Round { rate, took_us }
+    Round {
+        rate,
+        took_us,
+        server_cpu_us,
+        h2load_cpu_us,
+    }
 }
 
 /// What a round sends.
@@ -199,9 +218,9 @@ async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag:
             (APPEND_PATH, frame(&req), Some((session, batch)))
         }
     };
-    let warm = h2load(&server.address, path, &body, WARM_UP_CALLS, streams);
+    let warm = h2load(server, path, &body, WARM_UP_CALLS, streams);
     let calls = ((warm.rate * seconds) as u64).max(WARM_UP_CALLS);
-    let round = h2load(&server.address, path, &body, calls, streams);
+    let round = h2load(server, path, &body, calls, streams);
     if let Some((session, batch)) = session {
         let sent = (WARM_UP_CALLS + calls) * batch as u64;
         assert_eq!(
@@ -262,33 +281,34 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 /// Prints one server's figures: for each load and call, the median rate of
 /// its rounds and that as a percentage of the health checks' median at the
-/// same load; p50 and p99 over every call of its rounds.
+/// same load; p50 and p99 over every call of its rounds; the median CPU
+/// per call of the server and of h2load.
 fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
     for &streams in plan.loads {
-        let rate = |call: Call| {
-            median(
-                figures
-                    .iter()
-                    .filter(|(s, c, _)| *s == streams && *c == call)
-                    .map(|(_, _, r)| r.rate)
-                    .collect(),
-            )
-        };
-        let baseline = rate(Call::Health);
-        for &call in plan.calls {
-            let mut took: Vec<f64> = figures
+        let of = |call: Call| {
+            figures
                 .iter()
-                .filter(|(s, c, _)| *s == streams && *c == call)
-                .flat_map(|(_, _, r)| r.took_us.iter().copied())
-                .collect();
+                .filter(move |(s, c, _)| *s == streams && *c == call)
+                .map(|(_, _, r)| r)
+        };
+        let baseline = median(of(Call::Health).map(|r| r.rate).collect());
+        for &call in plan.calls {
+            let mut took: Vec<f64> = of(call).flat_map(|r| r.took_us.iter().copied()).collect();
             took.sort_by(f64::total_cmp);
-            let r = rate(call);
+            let r = median(of(call).map(|r| r.rate).collect());
+            let server_cpu: Vec<f64> = of(call).filter_map(|r| r.server_cpu_us).collect();
+            let server_cpu = if server_cpu.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.1}", median(server_cpu))
+            };
             println!(
-                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0}",
+                "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0} {server_cpu:>8} {:>8.1}",
                 call.label(),
                 100.0 * r / baseline,
                 at(&took, 0.5),
                 at(&took, 0.99),
+                median(of(call).map(|r| r.h2load_cpu_us).collect()),
             );
         }
     }
@@ -316,7 +336,7 @@ async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
         "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
     println!(
-        "calls/s: the median round; ratio: that over the median of grpc.health.v1 Check on the same server at the same load; p50/p99 over every call of the rounds."
+        "calls/s: the median round; ratio: that over the median of grpc.health.v1 Check on the same server at the same load; p50/p99 over every call of the rounds; srv/h2l µs: CPU per call of the server and of h2load (median round)."
     );
     if !have_h2load() {
         println!(
@@ -343,8 +363,8 @@ async fn run_and_print(before: &[PathBuf], plan: &Plan<'_>) -> Vec<(String, Figu
     let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let figures = ratio_rounds(&servers, plan).await;
     println!(
-        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8}",
-        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs"
+        "  {:<8} {:<5} {:<30} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "server", "load", "call", "calls/s", "ratio", "p50 µs", "p99 µs", "srv µs", "h2l µs"
     );
     for ((name, _), figures) in servers.iter().zip(&figures) {
         print_figures(name, figures, plan);

@@ -30,6 +30,21 @@ pub struct Server {
     _dir: tempfile::TempDir,
 }
 
+impl Server {
+    /// CPU time the server's threads have used so far: the sum of each
+    /// live thread's run time in `/proc` (nanoseconds, where the process's
+    /// own user/system ticks are 10 ms). None where `/proc` does not say.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).ok()?;
+        let mut ns = 0u64;
+        for task in tasks {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+        Some(Duration::from_nanos(ns))
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -135,9 +150,19 @@ pub fn serve_if_provider() -> bool {
 
 /// User plus system CPU time of this whole process.
 pub fn cpu_time() -> Duration {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// User plus system CPU time of this process's children that have been
+/// waited for (a load generator run to its end).
+pub fn children_cpu_time() -> Duration {
+    rusage(libc::RUSAGE_CHILDREN)
+}
+
+fn rusage(who: libc::c_int) -> Duration {
     // SAFETY: getrusage only writes into the struct we hand it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let rc = unsafe { libc::getrusage(who, &mut usage) };
     assert_eq!(rc, 0, "getrusage");
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
