@@ -43,6 +43,8 @@ pub enum ServeError {
     Build(#[from] BuildError),
     #[error("cannot update the store")]
     Store(#[from] StoreError),
+    #[error("cannot take the data directory")]
+    Claim(#[source] StoreError),
     #[error("cannot set up authentication")]
     Auth(#[from] AuthSetupError),
     #[error("cannot read the TLS file {path}")]
@@ -90,6 +92,10 @@ pub async fn run_with_key(
     warn_if_no_key(&config, api_key.as_deref());
     let app = App::build(&config, api_key, "serve").await?;
     let store = app.store.clone();
+    // Held until the server has stopped.
+    let _serving = store
+        .claim_for_serving(&config.data_dir)
+        .map_err(ServeError::Claim)?;
     let changed_from = app.claim_provider(config.allow_provider_change).await?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(

@@ -133,6 +133,7 @@ fn store_status(err: &StoreError) -> Status {
         ),
         StoreError::Open { .. }
         | StoreError::NoDatabase { .. }
+        | StoreError::ServedElsewhere { .. }
         | StoreError::NeedsMigration { .. }
         | StoreError::ReadOnly
         | StoreError::Detached

@@ -60,6 +60,12 @@ pub enum StoreError {
     NeedsMigration { found: i64, known: usize },
     #[error("there is no database at {path}")]
     NoDatabase { path: PathBuf },
+    #[error(
+        "another `archivist serve`{} is serving the data directory {}: stop it first, or give this server a data directory of its own (several servers share one store on PostgreSQL)",
+        .holder.map(|pid| format!(" (process {pid})")).unwrap_or_default(),
+        .dir.display()
+    )]
+    ServedElsewhere { dir: PathBuf, holder: Option<u32> },
     #[error("the store was opened read-only")]
     ReadOnly,
     #[error("no database is open")]
@@ -374,6 +380,7 @@ pub struct Store {
 }
 
 pub(crate) use postgres::Notes;
+pub(crate) use sqlite::ServingClaim;
 
 #[derive(Clone)]
 enum Backend {
@@ -481,6 +488,22 @@ impl Store {
     /// the current schema (for the benchmarks and tests).
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         Store::open_postgres(url, OpenMode::Create, Durability::default()).await
+    }
+
+    /// Claims `data_dir` for this process's server while the returned lock
+    /// lives: one SQLite store has one server (a second would run its own
+    /// reconciler and passes against it), so a second `archivist serve` on
+    /// the same directory is refused. Offline commands (a backfill beside
+    /// the server) do not claim it. PostgreSQL needs no claim: replicas
+    /// share one database by design.
+    pub(crate) fn claim_for_serving(
+        &self,
+        data_dir: &Path,
+    ) -> Result<Option<ServingClaim>, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => sqlite::claim_for_serving(data_dir).map(Some),
+            Backend::Postgres(_) | Backend::Detached => Ok(None),
+        }
     }
 
     /// Where the database is, for messages: a file's path, or a server

@@ -55,8 +55,8 @@ impl TestServer {
         TestServer::start_in(dir, config, Some(key)).await
     }
 
-    /// Starts a server on a data directory that another server may use at
-    /// the same time (a second worker on one database).
+    /// Starts a server on a data directory that a backfill may use at the
+    /// same time (a second worker on one database).
     pub async fn start_at(data_dir: &Path, mut config: Config, key: Option<&str>) -> TestServer {
         crate::logs::capture();
         config.data_dir = data_dir.to_owned();

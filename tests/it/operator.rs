@@ -721,6 +721,90 @@ async fn start_up_messages_name_what_to_change() {
 }
 
 #[tokio::test]
+async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    let mut first = Serve::start(dir.path(), &[]);
+    first
+        .logged("archivist is serving")
+        .await
+        .expect("the first serves");
+
+    // A second server that started would never exit: bounded, so that
+    // failing this test does not hang the suite.
+    let ran = tokio::time::timeout(
+        Duration::from_secs(60),
+        archivist(
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+            &[],
+            None,
+        ),
+    )
+    .await
+    .expect("the second serve exits at once");
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    let held_by = format!("another `archivist serve` (process {})", first.child.id());
+    assert!(ran.stderr.contains(&held_by), "{}", ran.stderr);
+    assert!(ran.stderr.contains(data_dir), "{}", ran.stderr);
+    assert!(ran.stderr.contains("PostgreSQL"), "{}", ran.stderr);
+    assert!(
+        !ran.stderr.contains("archivist is serving"),
+        "{}",
+        ran.stderr
+    );
+    // The first is untouched and still answers.
+    let addr = first
+        .logged("archivist is serving")
+        .await
+        .and_then(|l| {
+            l.split("listen=")
+                .nth(1)
+                .and_then(|a| a.split_whitespace().next())
+                .map(str::to_owned)
+        })
+        .expect("the first's address");
+    let mut client = archivist::client::connect(&format!("http://{addr}"))
+        .await
+        .expect("connect");
+    client
+        .append_entries(crate::harness::append_request("s", &["still here"]))
+        .await
+        .expect("the first still appends");
+
+    // However the first ends, the directory is free again.
+    first.child.kill().expect("kill -9");
+    first.child.wait().expect("reaped");
+    let again = Serve::start(dir.path(), &[]);
+    again
+        .logged("archivist is serving")
+        .await
+        .expect("a server after the first is gone serves");
+
+    // A file where the data directory should be is named as such.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, "x").expect("write");
+    let ran = archivist(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            file.to_str().expect("utf-8"),
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("something other than a directory is at that path"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[tokio::test]
 async fn serve_refuses_another_provider_unless_told_and_then_records_it() {
     let server = TestServer::start().await;
     server

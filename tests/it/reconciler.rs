@@ -151,41 +151,6 @@ async fn an_outage_costs_few_requests_and_every_segment_is_summarised_after() {
 }
 
 #[tokio::test]
-async fn two_workers_on_one_database_summarise_each_segment_once() {
-    let counter = PerSegment::default();
-    let mock = crate::provider::provider(counter.clone()).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = |c: &mut archivist::config::Config| {
-        fast(c, &mock.uri());
-        c.segment.max_entries = 1;
-        c.reconciler.interval = Duration::from_millis(100);
-        // Roll-ups off: this test counts the sends of level-1 segments.
-        c.memory.fanout = 0;
-    };
-    let mut a_config = archivist::config::Config::default();
-    config(&mut a_config);
-    let mut b_config = archivist::config::Config::default();
-    config(&mut b_config);
-    let a = TestServer::start_at(dir.path(), a_config, None).await;
-    let b = TestServer::start_at(dir.path(), b_config, None).await;
-    let segments = 200;
-    closed_segments(&a, "s", segments).await;
-    let done = eventually(Duration::from_secs(60), || async {
-        b.backlog().await.summarised == segments as u64
-    })
-    .await;
-    assert!(done, "{:?}", a.backlog().await);
-    let sent = counter.sent();
-    assert_eq!(sent.len(), segments, "every segment was sent");
-    for (marker, n) in &sent {
-        assert_eq!(*n, 1, "segment marker-{marker} sent {n} times");
-    }
-    for seg in a.segments("s").await {
-        assert_eq!((seg.attempts, seg.passes), (1, 1));
-    }
-}
-
-#[tokio::test]
 async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     let mock = MockServer::start().await;
     Mock::given(method("POST"))

@@ -28,6 +28,8 @@ mod segments;
 mod sessions;
 mod writer;
 
+use std::fs::File;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,6 +53,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const CHECKPOINT_TRIES: usize = 50;
 /// The database file inside the data directory.
 const DATABASE_FILE: &str = "archivist.sqlite3";
+/// The file a serving process holds locked (and writes its process id
+/// into) inside the data directory.
+const SERVING_FILE: &str = "archivist.serving";
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> StoreError {
@@ -125,6 +130,14 @@ impl Sqlite {
         let path = Sqlite::database_path(data_dir);
         match mode {
             OpenMode::Create => {
+                if data_dir.exists() && !data_dir.is_dir() {
+                    return Err(StoreError::DataDir {
+                        path: data_dir.to_owned(),
+                        source: std::io::Error::other(
+                            "something other than a directory is at that path",
+                        ),
+                    });
+                }
                 std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
                     path: data_dir.to_owned(),
                     source,
@@ -288,6 +301,51 @@ impl Sqlite {
         .await
         .map_err(StoreError::Worker)?
     }
+}
+
+/// A data directory claimed by this process's server: the claim lasts as
+/// long as this value (the operating system drops the lock when the
+/// process ends, however it ends).
+pub(crate) struct ServingClaim {
+    _file: File,
+}
+
+/// Claims `data_dir` for this process's server, or says which process
+/// serves it already.
+pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreError> {
+    let path = data_dir.join(SERVING_FILE);
+    let dir_err = |source| StoreError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(dir_err)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut held = String::new();
+            let holder = file
+                .read_to_string(&mut held)
+                .ok()
+                .and_then(|_| held.trim().parse().ok());
+            return Err(StoreError::ServedElsewhere {
+                dir: std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned()),
+                holder,
+            });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(dir_err(e)),
+    }
+    // Who holds it, for the message a second server gives; the lock, not
+    // this number, is what decides.
+    file.set_len(0)
+        .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .map_err(dir_err)?;
+    Ok(ServingClaim { _file: file })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
