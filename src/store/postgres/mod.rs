@@ -396,10 +396,10 @@ impl Postgres {
 /// with its transaction open: holding its locks while it sits idle, and
 /// running the next caller's statements inside a transaction that is not
 /// theirs, whose COMMIT would then commit the stranger's half-done work.
-/// So such a connection is taken out of the pool and closed instead: the
-/// server rolls its transaction back and frees its locks once the
-/// statements already sent have run, and the pool opens a fresh one in
-/// its place.
+/// So such a connection is taken out of the pool and closed instead, with
+/// a cancel request for the statement it may still be running: the server
+/// rolls its transaction back and frees its locks at once rather than when
+/// that statement ends, and the pool opens a fresh connection in its place.
 pub(super) struct Conn {
     /// Always Some until dropped.
     object: Option<Object>,
@@ -445,6 +445,16 @@ impl Drop for Conn {
             return;
         }
         if let Some(object) = self.object.take() {
+            // A statement still running (waiting on a lock, say) would keep
+            // the transaction and its locks until it ends on its own: ask
+            // the server to cancel it. A request for a statement already
+            // over, or a process already gone, does nothing.
+            let cancel = object.cancel_token();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = cancel.cancel_query(NoTls).await;
+                });
+            }
             // Detached from the pool (which may then open another) and
             // dropped: the client goes, and its connection task sends
             // Terminate once the statements in flight are answered.

@@ -618,6 +618,18 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
     // pool with the transaction open.
     erasure.abort();
     assert!(erasure.await.is_err_and(|e| e.is_cancelled()));
+    // Its statement is cancelled, not left waiting for the lock (and
+    // holding the erasure's own) until the holder lets go.
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        while backends(&observer, "lock").await > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        cancelled.is_ok(),
+        "the cancelled erasure still waits for the lock"
+    );
     holder.batch_execute("ROLLBACK").await.expect("unlock");
 
     // Every pooled connection, used in turn, sees the session whole: none
