@@ -150,11 +150,16 @@ pub(crate) fn cause_chain(err: &(dyn StdError + 'static)) -> Vec<String> {
     while let Some(e) = next {
         let text = e.to_string();
         // Some errors repeat their source's text in their own Display
-        // (whole, or at the end after a colon); keep the chain readable by
-        // not saying the same thing twice in a row.
-        let repeated = causes
-            .last()
-            .is_some_and(|last: &String| *last == text || last.ends_with(&format!(": {text}")));
+        // (whole, or at the end after a colon), and some sources repeat
+        // the error above them after a prefix of their own (SQLite's
+        // "Error code 26: file is not a database" under "file is not a
+        // database"); keep the chain readable by not saying the same thing
+        // twice in a row.
+        let repeated = causes.last().is_some_and(|last: &String| {
+            *last == text
+                || last.ends_with(&format!(": {text}"))
+                || text.ends_with(&format!(": {last}"))
+        });
         if !repeated {
             causes.push(text);
         }
@@ -197,9 +202,26 @@ mod tests {
             cause_chain(&err),
             ["creating a connection: db error", "FATAL: no such database"]
         );
+        // A source that says the error above it again after a prefix.
+        let err = Wraps(
+            "cannot open the database",
+            Some(Box::new(Wraps(
+                "file is not a database",
+                Some(Box::new(Wraps(
+                    "Error code 26: file is not a database",
+                    None,
+                ))),
+            ))),
+        );
+        assert_eq!(
+            cause_chain(&err),
+            ["cannot open the database", "file is not a database"]
+        );
         // Not a repeat: only the same text, whole or after a colon.
         let err = Wraps("timed out", Some(Box::new(Wraps("out", None))));
         assert_eq!(cause_chain(&err), ["timed out", "out"]);
+        let err = Wraps("out", Some(Box::new(Wraps("timed out", None))));
+        assert_eq!(cause_chain(&err), ["out", "timed out"]);
     }
 
     #[test]
