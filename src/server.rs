@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use crate::app::{App, BuildError, warn_if_no_key};
 use crate::auth::{Auth, AuthSetupError};
 use crate::breaker::Breaker;
-use crate::config::{Config, ProviderKind, RetryConfig};
+use crate::config::{BackendKind, Config, ProviderKind, RetryConfig};
 use crate::error_chain;
 use crate::grpc::{GrpcService, Incoming, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
@@ -90,12 +90,16 @@ pub async fn run_with_key(
         std::env::var(var).ok()
     })?);
     warn_if_no_key(&config, api_key.as_deref());
+    // Held until the server has stopped; taken before the database is
+    // opened, so a second server on one SQLite directory changes nothing.
+    let _serving = match config.storage.backend {
+        BackendKind::Sqlite => {
+            Some(Store::claim_sqlite_dir(&config.data_dir).map_err(ServeError::Claim)?)
+        }
+        BackendKind::Postgres => None,
+    };
     let app = App::build(&config, api_key, "serve").await?;
     let store = app.store.clone();
-    // Held until the server has stopped.
-    let _serving = store
-        .claim_for_serving(&config.data_dir)
-        .map_err(ServeError::Claim)?;
     let changed_from = app.claim_provider(config.allow_provider_change).await?;
     match config.provider.kind {
         ProviderKind::Extractive => info!(

@@ -490,20 +490,16 @@ impl Store {
         Store::open_postgres(url, OpenMode::Create, Durability::default()).await
     }
 
-    /// Claims `data_dir` for this process's server while the returned lock
-    /// lives: one SQLite store has one server (a second would run its own
-    /// reconciler and passes against it), so a second `archivist serve` on
-    /// the same directory is refused. Offline commands (a backfill beside
-    /// the server) do not claim it. PostgreSQL needs no claim: replicas
-    /// share one database by design.
-    pub(crate) fn claim_for_serving(
-        &self,
-        data_dir: &Path,
-    ) -> Result<Option<ServingClaim>, StoreError> {
-        match &self.backend {
-            Backend::Sqlite(_) => sqlite::claim_for_serving(data_dir).map(Some),
-            Backend::Postgres(_) | Backend::Detached => Ok(None),
-        }
+    /// Claims the SQLite data directory `data_dir` (creating it as
+    /// needed) for this process's server while the returned claim lives:
+    /// one SQLite store has one server (a second would run its own
+    /// reconciler and passes against it, and its watchers would miss the
+    /// first's appends), so a second `archivist serve` on the same
+    /// directory is refused before it opens the database. Offline commands
+    /// (a backfill beside the server) do not claim it; PostgreSQL needs no
+    /// claim, its replicas share one database by design.
+    pub(crate) fn claim_sqlite_dir(data_dir: &Path) -> Result<ServingClaim, StoreError> {
+        sqlite::claim_for_serving(data_dir)
     }
 
     /// Where the database is, for messages: a file's path, or a server

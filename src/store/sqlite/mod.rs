@@ -129,20 +129,7 @@ impl Sqlite {
     ) -> Result<Sqlite, StoreError> {
         let path = Sqlite::database_path(data_dir);
         match mode {
-            OpenMode::Create => {
-                if data_dir.exists() && !data_dir.is_dir() {
-                    return Err(StoreError::DataDir {
-                        path: data_dir.to_owned(),
-                        source: std::io::Error::other(
-                            "something other than a directory is at that path",
-                        ),
-                    });
-                }
-                std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-                    path: data_dir.to_owned(),
-                    source,
-                })?;
-            }
+            OpenMode::Create => create_data_dir(data_dir)?,
             OpenMode::Existing | OpenMode::ReadOnly => {
                 if !path.is_file() {
                     // Named as an operator would look for it, from the root.
@@ -310,9 +297,25 @@ pub(crate) struct ServingClaim {
     _file: File,
 }
 
-/// Claims `data_dir` for this process's server, or says which process
-/// serves it already.
+/// Creates `data_dir` and its parents as needed; something other than a
+/// directory at that path is named as such (not "File exists").
+fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
+    let err = |source| StoreError::DataDir {
+        path: data_dir.to_owned(),
+        source,
+    };
+    if data_dir.exists() && !data_dir.is_dir() {
+        return Err(err(std::io::Error::other(
+            "something other than a directory is at that path",
+        )));
+    }
+    std::fs::create_dir_all(data_dir).map_err(err)
+}
+
+/// Claims `data_dir` (created as needed) for this process's server, or
+/// says which process serves it already.
 pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreError> {
+    create_data_dir(data_dir)?;
     let path = data_dir.join(SERVING_FILE);
     let dir_err = |source| StoreError::DataDir {
         path: data_dir.to_owned(),
