@@ -134,6 +134,7 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Open { .. }
         | StoreError::NoDatabase { .. }
         | StoreError::ServedElsewhere { .. }
+        | StoreError::Serving { .. }
         | StoreError::NeedsMigration { .. }
         | StoreError::ReadOnly
         | StoreError::Detached

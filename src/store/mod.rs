@@ -66,6 +66,12 @@ pub enum StoreError {
         .dir.display()
     )]
     ServedElsewhere { dir: PathBuf, holder: Option<u32> },
+    #[error("cannot mark the data directory as served by this process ({path})")]
+    Serving {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the store was opened read-only")]
     ReadOnly,
     #[error("no database is open")]

@@ -724,31 +724,49 @@ async fn start_up_messages_name_what_to_change() {
 async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data_dir = dir.path().to_str().expect("utf-8 path");
+    let pid_file = dir.path().join("archivist.serving");
     let mut first = Serve::start(dir.path(), &[]);
     first
         .logged("archivist is serving")
         .await
         .expect("the first serves");
+    let first_pid = first.child.id();
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).expect("pid file"),
+        format!("{first_pid}\n")
+    );
 
     // A second server that started would never exit: bounded, so that
     // failing this test does not hang the suite.
-    let ran = tokio::time::timeout(
-        Duration::from_secs(60),
-        archivist(
-            &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
-            &[],
-            None,
-        ),
-    )
-    .await
-    .expect("the second serve exits at once");
+    let second = || async {
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            archivist(
+                &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+                &[],
+                None,
+            ),
+        )
+        .await
+        .expect("the second serve exits at once")
+    };
+    let ran = second().await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
-    let held_by = format!("another `archivist serve` (process {})", first.child.id());
+    let held_by = format!("another `archivist serve` (process {first_pid})");
     assert!(ran.stderr.contains(&held_by), "{}", ran.stderr);
     assert!(ran.stderr.contains(data_dir), "{}", ran.stderr);
     assert!(ran.stderr.contains("PostgreSQL"), "{}", ran.stderr);
     assert!(
         !ran.stderr.contains("archivist is serving"),
+        "{}",
+        ran.stderr
+    );
+    // The file only says who; the lock on the directory decides.
+    std::fs::remove_file(&pid_file).expect("remove the pid file");
+    let ran = second().await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("another `archivist serve` is serving"),
         "{}",
         ran.stderr
     );
@@ -771,14 +789,38 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
         .await
         .expect("the first still appends");
 
-    // However the first ends, the directory is free again.
+    // However the first ends, the directory is free again; a link planted
+    // where the pid goes is replaced, never written through.
     first.child.kill().expect("kill -9");
     first.child.wait().expect("reaped");
-    let again = Serve::start(dir.path(), &[]);
+    let elsewhere = tempfile::tempdir().expect("temp dir");
+    let victim = elsewhere.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    let _ = std::fs::remove_file(&pid_file);
+    std::os::unix::fs::symlink(&victim, &pid_file).expect("plant a link");
+    let mut again = Serve::start(dir.path(), &[]);
     again
         .logged("archivist is serving")
         .await
         .expect("a server after the first is gone serves");
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious"
+    );
+    assert!(
+        std::fs::symlink_metadata(&pid_file)
+            .expect("pid file")
+            .is_file()
+    );
+    // Stopped gracefully, it takes its pid file with it.
+    let term = Command::new("kill")
+        .arg(again.child.id().to_string())
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let stopped = again.child.wait().expect("stopped");
+    assert_eq!(stopped.code(), Some(0));
+    assert!(!pid_file.exists(), "the pid file outlived its server");
 
     // A file where the data directory should be is named as such.
     let file = dir.path().join("not-a-directory");

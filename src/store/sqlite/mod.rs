@@ -290,13 +290,6 @@ impl Sqlite {
     }
 }
 
-/// A data directory claimed by this process's server: the claim lasts as
-/// long as this value (the operating system drops the lock when the
-/// process ends, however it ends).
-pub(crate) struct ServingClaim {
-    _file: File,
-}
-
 /// Creates `data_dir` and its parents as needed; something other than a
 /// directory at that path is named as such (not "File exists").
 fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
@@ -312,43 +305,81 @@ fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
     std::fs::create_dir_all(data_dir).map_err(err)
 }
 
+/// A data directory claimed by this process's server: the directory
+/// itself is locked (flock) for as long as this value lives, and the
+/// operating system drops the lock when the process ends, however it ends.
+/// Beside it, `archivist.serving` holds the process id, for the message a
+/// second server gives; the lock, not that file, decides.
+pub(crate) struct ServingClaim {
+    /// Removed (best effort) when the claim ends, before the lock goes.
+    pid_file: PathBuf,
+    _locked: File,
+}
+
+impl Drop for ServingClaim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
 /// Claims `data_dir` (created as needed) for this process's server, or
 /// says which process serves it already.
 pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreError> {
     create_data_dir(data_dir)?;
-    let path = data_dir.join(SERVING_FILE);
-    let dir_err = |source| StoreError::DataDir {
-        path: data_dir.to_owned(),
-        source,
+    let serving_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| StoreError::Serving { path, source }
     };
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(dir_err)?;
-    match file.try_lock() {
+    // The directory, not a file in it: a lock file can be deleted (or
+    // replaced by a link) under a running server, the directory it serves
+    // from cannot without the operator meaning it.
+    let locked = File::open(data_dir).map_err(serving_err(data_dir))?;
+    let pid_file = data_dir.join(SERVING_FILE);
+    match locked.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
-            let mut held = String::new();
-            let holder = file
-                .read_to_string(&mut held)
-                .ok()
-                .and_then(|_| held.trim().parse().ok());
             return Err(StoreError::ServedElsewhere {
                 dir: std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned()),
-                holder,
+                holder: serving_pid(&pid_file),
             });
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(dir_err(e)),
+        Err(std::fs::TryLockError::Error(e)) => return Err(serving_err(data_dir)(e)),
     }
-    // Who holds it, for the message a second server gives; the lock, not
-    // this number, is what decides.
-    file.set_len(0)
-        .and_then(|()| file.write_all(format!("{}\n", std::process::id()).as_bytes()))
-        .map_err(dir_err)?;
-    Ok(ServingClaim { _file: file })
+    // Written aside and renamed into place: a reader sees the whole id or
+    // none, and a link planted at either name is replaced, never followed.
+    let aside = data_dir.join(format!("{SERVING_FILE}.new"));
+    match std::fs::remove_file(&aside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(serving_err(&aside)(e)),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&aside)
+        .and_then(|mut f| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+        .and_then(|()| std::fs::rename(&aside, &pid_file))
+        .map_err(serving_err(&pid_file))?;
+    Ok(ServingClaim {
+        pid_file,
+        _locked: locked,
+    })
+}
+
+/// The process id a serving process wrote, if the file holds one (it is
+/// only read when it is a plain file).
+fn serving_pid(pid_file: &Path) -> Option<u32> {
+    let plain = std::fs::symlink_metadata(pid_file).ok()?.is_file();
+    if !plain {
+        return None;
+    }
+    let mut text = String::new();
+    File::open(pid_file)
+        .ok()?
+        .take(32)
+        .read_to_string(&mut text)
+        .ok()?;
+    text.trim().parse().ok()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
