@@ -23,8 +23,8 @@ pub(crate) const EXIT_LEFT: u8 = 2;
 
 #[derive(Debug, Args)]
 pub struct BackfillArgs {
-    /// A TOML configuration file (the server's).
-    #[arg(long, env = crate::config::CONFIG_ENV)]
+    /// A TOML configuration file (the server's) [env: ARCHIVIST_CONFIG].
+    #[arg(long, env = crate::config::CONFIG_ENV, hide_env = true)]
     pub config: Option<PathBuf>,
     /// Directory holding the database.
     #[arg(long)]

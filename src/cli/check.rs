@@ -22,8 +22,8 @@ use crate::text::{count, human_duration};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// A TOML configuration file (the server's).
-    #[arg(long, env = crate::config::CONFIG_ENV)]
+    /// A TOML configuration file (the server's) [env: ARCHIVIST_CONFIG].
+    #[arg(long, env = crate::config::CONFIG_ENV, hide_env = true)]
     pub config: Option<PathBuf>,
     /// Directory holding the database, to compare its provider record with
     /// this configuration (read only; nothing is created).

@@ -40,7 +40,7 @@ pub enum StoreError {
         #[source]
         source: BackendError,
     },
-    #[error("cannot create the data directory {path}")]
+    #[error("cannot use the data directory {path}")]
     DataDir {
         path: PathBuf,
         #[source]

@@ -838,12 +838,37 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     )
     .await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
+    let not_a_dir = "something other than a directory is at that path";
+    assert!(ran.stderr.contains(not_a_dir), "{}", ran.stderr);
+    // So do the commands that only read or drain it, and a dangling link.
+    let file = file.to_str().expect("utf-8");
+    let ran = archivist(&["backfill", "--data-dir", file], &[], None).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains(not_a_dir), "{}", ran.stderr);
+    let ran = archivist(&["check", "--data-dir", file], &[], None).await;
     assert!(
-        ran.stderr
-            .contains("something other than a directory is at that path"),
+        ran.stdout.contains(&format!(
+            "database: cannot be read: cannot use the data directory {file}: {not_a_dir}"
+        )),
         "{}",
-        ran.stderr
+        ran.stdout
     );
+    let dangling = dir.path().join("dangling");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).expect("link");
+    let ran = archivist(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dangling.to_str().expect("utf-8"),
+        ],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains(not_a_dir), "{}", ran.stderr);
 }
 
 #[tokio::test]

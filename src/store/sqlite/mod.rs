@@ -131,6 +131,9 @@ impl Sqlite {
         match mode {
             OpenMode::Create => create_data_dir(data_dir)?,
             OpenMode::Existing | OpenMode::ReadOnly => {
+                if let Some(e) = not_a_directory(data_dir) {
+                    return Err(e);
+                }
                 if !path.is_file() {
                     // Named as an operator would look for it, from the root.
                     let path = std::path::absolute(&path).unwrap_or(path);
@@ -290,19 +293,26 @@ impl Sqlite {
     }
 }
 
-/// Creates `data_dir` and its parents as needed; something other than a
-/// directory at that path is named as such (not "File exists").
+/// Creates `data_dir` and its parents as needed.
 fn create_data_dir(data_dir: &Path) -> Result<(), StoreError> {
-    let err = |source| StoreError::DataDir {
+    if let Some(e) = not_a_directory(data_dir) {
+        return Err(e);
+    }
+    std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
         path: data_dir.to_owned(),
         source,
-    };
-    if data_dir.exists() && !data_dir.is_dir() {
-        return Err(err(std::io::Error::other(
-            "something other than a directory is at that path",
-        )));
-    }
-    std::fs::create_dir_all(data_dir).map_err(err)
+    })
+}
+
+/// Something other than a directory at `data_dir` (a file, a dangling
+/// link), named as such rather than as "File exists" or as a missing
+/// database inside it.
+fn not_a_directory(data_dir: &Path) -> Option<StoreError> {
+    let there = std::fs::symlink_metadata(data_dir).is_ok();
+    (there && !data_dir.is_dir()).then(|| StoreError::DataDir {
+        path: data_dir.to_owned(),
+        source: std::io::Error::other("something other than a directory is at that path"),
+    })
 }
 
 /// A data directory claimed by this process's server: the directory
