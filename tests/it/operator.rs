@@ -720,6 +720,22 @@ async fn start_up_messages_name_what_to_change() {
     );
 }
 
+/// `archivist serve` on `data_dir`, expected to refuse and exit: bounded,
+/// so that a server that started after all fails the test instead of
+/// hanging the suite.
+async fn serve_once(data_dir: &str) -> Ran {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        archivist(
+            &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
+            &[],
+            None,
+        ),
+    )
+    .await
+    .expect("the refused serve exits at once")
+}
+
 #[tokio::test]
 async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -736,21 +752,7 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
         format!("{first_pid}\n")
     );
 
-    // A second server that started would never exit: bounded, so that
-    // failing this test does not hang the suite.
-    let second = || async {
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            archivist(
-                &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
-                &[],
-                None,
-            ),
-        )
-        .await
-        .expect("the second serve exits at once")
-    };
-    let ran = second().await;
+    let ran = serve_once(data_dir).await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
     let held_by = format!("another `archivist serve` (process {first_pid})");
     assert!(ran.stderr.contains(&held_by), "{}", ran.stderr);
@@ -763,7 +765,7 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     );
     // The file only says who; the lock on the directory decides.
     std::fs::remove_file(&pid_file).expect("remove the pid file");
-    let ran = second().await;
+    let ran = serve_once(data_dir).await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
     assert!(
         ran.stderr.contains("another `archivist serve` is serving"),
@@ -825,18 +827,7 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     // A file where the data directory should be is named as such.
     let file = dir.path().join("not-a-directory");
     std::fs::write(&file, "x").expect("write");
-    let ran = archivist(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            file.to_str().expect("utf-8"),
-        ],
-        &[],
-        None,
-    )
-    .await;
+    let ran = serve_once(file.to_str().expect("utf-8")).await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
     let not_a_dir = "something other than a directory is at that path";
     assert!(ran.stderr.contains(not_a_dir), "{}", ran.stderr);
@@ -855,18 +846,7 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
     );
     let dangling = dir.path().join("dangling");
     std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).expect("link");
-    let ran = archivist(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dangling.to_str().expect("utf-8"),
-        ],
-        &[],
-        None,
-    )
-    .await;
+    let ran = serve_once(dangling.to_str().expect("utf-8")).await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
     assert!(ran.stderr.contains(not_a_dir), "{}", ran.stderr);
 }
