@@ -7,7 +7,8 @@
 //! `segments.rs` (reads, listings, the backlog, requeues), `claims.rs`
 //! (claims and the results written under them), `runs.rs` (the provider
 //! each kind of run last used); `rows.rs` decodes rows and `schema.rs`
-//! migrates.
+//! migrates. A serving process claims the data directory (a lock on the
+//! directory, `claim_for_serving`), so one SQLite store has one server.
 //!
 //! Durability: WAL, by default with `synchronous = NORMAL`. A committed
 //! transaction is in the WAL file before its caller is answered, so it
@@ -53,8 +54,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const CHECKPOINT_TRIES: usize = 50;
 /// The database file inside the data directory.
 const DATABASE_FILE: &str = "archivist.sqlite3";
-/// The file a serving process holds locked (and writes its process id
-/// into) inside the data directory.
+/// The file inside the data directory naming the process that serves it
+/// (the lock is on the directory itself).
 const SERVING_FILE: &str = "archivist.serving";
 
 impl From<rusqlite::Error> for StoreError {
@@ -336,14 +337,14 @@ impl Drop for ServingClaim {
 /// says which process serves it already.
 pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreError> {
     create_data_dir(data_dir)?;
-    let serving_err = |path: &Path| {
-        let path = path.to_owned();
-        move |source| StoreError::Serving { path, source }
+    let serving_err = |path: &Path, source| StoreError::Serving {
+        path: path.to_owned(),
+        source,
     };
     // The directory, not a file in it: a lock file can be deleted (or
     // replaced by a link) under a running server, the directory it serves
     // from cannot without the operator meaning it.
-    let locked = File::open(data_dir).map_err(serving_err(data_dir))?;
+    let locked = File::open(data_dir).map_err(|e| serving_err(data_dir, e))?;
     let pid_file = data_dir.join(SERVING_FILE);
     match locked.try_lock() {
         Ok(()) => {}
@@ -353,7 +354,7 @@ pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreEr
                 holder: serving_pid(&pid_file),
             });
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(serving_err(data_dir)(e)),
+        Err(std::fs::TryLockError::Error(e)) => return Err(serving_err(data_dir, e)),
     }
     // Written aside and renamed into place: a reader sees the whole id or
     // none, and a link planted at either name is replaced, never followed.
@@ -361,7 +362,7 @@ pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreEr
     match std::fs::remove_file(&aside) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(serving_err(&aside)(e)),
+        Err(e) => return Err(serving_err(&aside, e)),
     }
     std::fs::OpenOptions::new()
         .write(true)
@@ -369,7 +370,7 @@ pub(super) fn claim_for_serving(data_dir: &Path) -> Result<ServingClaim, StoreEr
         .open(&aside)
         .and_then(|mut f| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
         .and_then(|()| std::fs::rename(&aside, &pid_file))
-        .map_err(serving_err(&pid_file))?;
+        .map_err(|e| serving_err(&pid_file, e))?;
     Ok(ServingClaim {
         pid_file,
         _locked: locked,

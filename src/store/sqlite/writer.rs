@@ -130,24 +130,23 @@ fn in_savepoint<T>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> (Result<T, StoreError>, bool) {
-    let step = |sql| statement(conn, sql);
-    if let Err(e) = step("SAVEPOINT job") {
+    if let Err(e) = statement(conn, "SAVEPOINT job") {
         return (Err(e.into()), !conn.is_autocommit());
     }
     let result = f(conn);
     if result.is_err()
-        && let Err(e) = step("ROLLBACK TO job")
+        && let Err(e) = statement(conn, "ROLLBACK TO job")
     {
         return (result.and(Err(e.into())), false);
     }
-    if let Err(e) = step("RELEASE job") {
+    if let Err(e) = statement(conn, "RELEASE job") {
         return (result.and(Err(e.into())), false);
     }
     (result, !conn.is_autocommit())
 }
 
-/// Runs one statement of the writer's own (transaction control), prepared
-/// once: `execute_batch` would parse it again at every batch.
+/// Runs one statement of the writer's own (transaction and savepoint
+/// control), prepared once: `execute_batch` would parse it again each time.
 fn statement(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(drop)
 }
