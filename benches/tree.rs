@@ -17,10 +17,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use archivist::config::{Config, ProviderKind};
-use archivist::internals::App;
+use archivist::internals::{App, Budget};
 use archivist::model::{Millis, NewEntry, Role, SessionName, Tenant};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+/// The GetContext budget measured: 2,000 tokens, the default recent
+/// window, and the default message limit.
+const BUDGET: Budget = Budget {
+    max_tokens: 2_000,
+    max_bytes: 4 * 1024 * 1024,
+    recent_tokens: 0,
+};
 
 fn main() {
     let mut max = 1_000_000usize;
@@ -201,7 +209,7 @@ async fn context_at(entries: usize) {
     // Warm the reader pool and the page cache, then reset the peak.
     for _ in 0..5 {
         app.store()
-            .context(&Tenant::default(), &session, 2_000, 4 * 1024 * 1024)
+            .context(&Tenant::default(), &session, BUDGET)
             .await
             .expect("context");
     }
@@ -214,7 +222,7 @@ async fn context_at(entries: usize) {
         let t = Instant::now();
         let ctx = app
             .store()
-            .context(&Tenant::default(), &session, 2_000, 4 * 1024 * 1024)
+            .context(&Tenant::default(), &session, BUDGET)
             .await
             .expect("context");
         times.push(t.elapsed());

@@ -129,7 +129,7 @@ pub mod internals {
     pub use crate::breaker::TRIP_AFTER;
     pub use crate::pass::{PassOutcome, Summariser};
     pub use crate::reconciler::Reconciler;
-    pub use crate::store::{Store, StoreError};
+    pub use crate::store::{Budget, Store, StoreError};
 }
 
 /// An error and every source beneath it, joined for one log line.

@@ -19,7 +19,7 @@ use crate::model::{
     SegmentState, SessionInfo, SessionName, Tenant,
 };
 use crate::pass::{PassOutcome, Summariser};
-use crate::store::{Erased, SegmentFilter, Store, StoreError};
+use crate::store::{Budget, Erased, SegmentFilter, Store, StoreError};
 
 /// How long before a flush answers the passes it started are cancelled, so
 /// their claims are released by the time it does.
@@ -56,6 +56,7 @@ pub(crate) struct Service {
     stopping: CancellationToken,
     policy: SegmentPolicy,
     limits: LimitsConfig,
+    recent_tokens: u32,
     flush_ceiling: Duration,
     flush_concurrency: usize,
 }
@@ -91,6 +92,7 @@ impl Service {
             stopping: CancellationToken::new(),
             policy: config.segment_policy(),
             limits: config.limits.clone(),
+            recent_tokens: config.context.recent_tokens,
             flush_ceiling: config.flush.ceiling,
             flush_concurrency: (config.reconciler.concurrency as usize).max(1),
         }
@@ -321,11 +323,12 @@ impl Service {
             0 => cap,
             n => n.min(cap),
         };
-        let max_bytes = self.limits.max_message_bytes as usize;
-        Ok(self
-            .store
-            .context(tenant, session, max_tokens, max_bytes)
-            .await?)
+        let budget = Budget {
+            max_tokens,
+            max_bytes: self.limits.max_message_bytes as usize,
+            recent_tokens: self.recent_tokens,
+        };
+        Ok(self.store.context(tenant, session, budget).await?)
     }
 
     pub(crate) async fn requeue(

@@ -41,6 +41,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub segment: SegmentConfig,
     pub memory: MemoryConfig,
+    pub context: ContextConfig,
     pub retention: RetentionConfig,
     pub storage: StorageConfig,
     pub limits: LimitsConfig,
@@ -172,6 +173,15 @@ impl Default for MemoryConfig {
             carry_tokens: 300,
         }
     }
+}
+
+/// What GetContext returns besides what its budget decides.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ContextConfig {
+    /// Estimated tokens of the newest entries a context always returns raw
+    /// (the recent window), at most the call's budget; 0: a quarter of it.
+    pub recent_tokens: u32,
 }
 
 #[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -364,6 +374,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             segment: SegmentConfig::default(),
             memory: MemoryConfig::default(),
+            context: ContextConfig::default(),
             retention: RetentionConfig::default(),
             storage: StorageConfig::default(),
             limits: LimitsConfig::default(),

@@ -131,6 +131,11 @@ fn store_status(err: &StoreError) -> Status {
             "ENTRY_UNSTORABLE",
             vec![("entry".to_owned(), format!("entries[{index}]"))],
         ),
+        StoreError::BudgetTooSmall { needed } => (
+            Code::InvalidArgument,
+            "CONTEXT_BUDGET_TOO_SMALL",
+            vec![("min_max_tokens".to_owned(), needed.to_string())],
+        ),
         StoreError::Open { .. }
         | StoreError::NoDatabase { .. }
         | StoreError::ServedElsewhere { .. }
@@ -181,6 +186,14 @@ fn store_status(err: &StoreError) -> Status {
         }
         (_, StoreError::Unstorable { index, reason }) => {
             details.add_bad_request_violation(format!("entries[{index}].content"), *reason);
+        }
+        (_, StoreError::BudgetTooSmall { needed }) => {
+            details.add_bad_request_violation(
+                "max_tokens",
+                format!(
+                    "too small for the session's newest entry; {needed} is the smallest budget that returns anything (0: the server's cap)"
+                ),
+            );
         }
         (_, StoreError::TenantFull { tenant, limit, .. }) => {
             details.add_quota_failure_violation(

@@ -34,12 +34,25 @@ commitment; remove repetition. Write plain sentences in the past tense, with no 
 /// A roll-up: one recap of consecutive recaps of a conversation, for the
 /// level above them in the memory tree.
 pub(crate) const ROLLUP: Prompt = Prompt {
-    version: "rollup-v1",
+    version: "rollup-v2",
     system: "You condense consecutive recaps of one long conversation into one shorter recap for \
-an AI agent's long-term memory, which will stand in for all of them. Keep the decisions, open \
-questions, names, numbers and commitments that still matter; drop detail that a later recap \
-supersedes. Write plain sentences in the past tense, with no preamble.",
+an AI agent's long-term memory, which will stand in for all of them. It must be no longer than \
+the longest of them, however many there are. Keep the facts, decisions, open questions, names, \
+numbers and commitments that still matter, at least one from every recap; drop detail that a \
+later recap supersedes. Write plain sentences in the past tense, with no preamble.",
 };
+
+/// The size a roll-up is asked for: about as long as the longest recap it
+/// condenses, so that a node is the size of one whatever its level.
+fn rollup_target(children: &[String]) -> String {
+    let words = children
+        .iter()
+        .map(|c| c.split_whitespace().count())
+        .max()
+        .unwrap_or(0)
+        .max(20);
+    format!("Write one recap of at most {words} words.")
+}
 
 /// What introduces carried context in a recap request.
 const CARRY_HEADER: &str = "Earlier in this conversation (context only; do not retell it):";
@@ -58,7 +71,14 @@ pub(crate) fn request(input: &RecapInput<'_>) -> (Prompt, String) {
             (RECAP, user)
         }
         RecapInput::Parts(parts) => (FOLD, render_numbered("Part", parts)),
-        RecapInput::Children(children) => (ROLLUP, render_numbered("Recap", children)),
+        RecapInput::Children(children) => (
+            ROLLUP,
+            format!(
+                "{}\n\n{}",
+                render_numbered("Recap", children),
+                rollup_target(children)
+            ),
+        ),
     }
 }
 
@@ -73,6 +93,7 @@ pub(crate) fn overhead_tokens() -> u32 {
     longest
         + crate::model::estimate_tokens(CARRY_HEADER)
         + crate::model::estimate_tokens(SEGMENT_HEADER)
+        + crate::model::estimate_tokens(&rollup_target(&["word ".repeat(99_999)]))
 }
 
 /// A transcript as a provider reads it: one `role: content` line an entry.

@@ -1,17 +1,28 @@
 //! GetContext's rule, the same for every backend: a **cover** of the
-//! session, oldest first, whose seq ranges are contiguous and never
-//! overlap, built from the memory tree.
+//! session, oldest first, built from the memory tree.
 //!
-//! - The coarsest cover is the session's roots (the nodes no roll-up covers
-//!   yet), each as its summary; a node without a summary stands as its
-//!   children, down to a level-1 segment's raw entries: never a hole.
-//! - When the coarsest cover fits `max_tokens`, the newest summarised
-//!   roll-up is replaced by its children (zoomed in), newest first, for as
-//!   long as the cover still fits; the first that does not fit ends the
-//!   zooming, so recent history comes in the finest detail that fits and
-//!   older history stays zoomed out.
-//! - Only when the coarsest cover does not fit is the oldest history
-//!   dropped, item by item from the oldest end (`truncated`).
+//! - **The recent window.** The newest entries come raw, closed segment or
+//!   not, up to `recent` tokens (by default a quarter of the budget): a
+//!   host that has just closed a segment still sees its last turns.
+//! - **The coarsest cover** of what is older: the session's roots (the
+//!   nodes no roll-up covers yet), each as its summary; a node without a
+//!   summary stands as its children, down to a level-1 segment's raw
+//!   entries: never a hole. A node that lies wholly inside the window is
+//!   left out; the one node that reaches into it from before stays as it
+//!   is (its summary then also covers the window's oldest entries, the
+//!   only overlap a cover has) until it is zoomed into.
+//! - **Zooming in spends the budget.** While the cover fits, nodes are
+//!   replaced by their children, level by level from the top and newest
+//!   first within a level, down to the raw entries of closed segments:
+//!   every node that fits is zoomed, so a large budget returns raw
+//!   history and a small one recaps of every part of it.
+//! - **Truncation** happens only when even the coarsest cover does not
+//!   fit: the newest history is kept in the finest detail that fits (a node
+//!   too large is replaced by its children, a level-1 recap by its newest
+//!   raw entries), and the older history is dropped (`truncated`).
+//! - **Nothing fits**: a budget too small for the newest entry is refused
+//!   (`StoreError::BudgetTooSmall`, naming the smallest budget that
+//!   returns something), never answered with an empty cover.
 //!
 //! Every limit is two: the estimated tokens asked for, and the bytes the
 //! answer may carry on the wire (the server's message limit), so that no
@@ -30,12 +41,36 @@ pub(super) trait Tree {
     fn roots(&mut self) -> Result<Vec<Segment>, StoreError>;
     /// A roll-up's children, oldest first.
     fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError>;
-    /// A level-1 segment's entries, newest first, until `visit` says stop.
+    /// The session's entries with seqs `first..=last`, newest first, until
+    /// `visit` says stop.
     fn entries(
         &mut self,
-        segment: &Segment,
+        first: u64,
+        last: u64,
         visit: &mut dyn FnMut(Entry) -> bool,
     ) -> Result<(), StoreError>;
+}
+
+/// What one GetContext may spend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Estimated tokens; 0: no limit.
+    pub max_tokens: u32,
+    /// Bytes the answer may carry on the wire.
+    pub max_bytes: usize,
+    /// Estimated tokens of the recent window; 0: a quarter of `max_tokens`.
+    pub recent_tokens: u32,
+}
+
+impl Budget {
+    /// No limit but the bytes: every entry raw.
+    pub fn bytes(max_bytes: usize) -> Budget {
+        Budget {
+            max_tokens: 0,
+            max_bytes,
+            recent_tokens: 0,
+        }
+    }
 }
 
 /// What an item costs on the wire beyond its texts, at most: ids, seqs,
@@ -57,16 +92,19 @@ impl Cost {
         }
     }
 
-    fn within(self, limit: Cost) -> bool {
-        self.tokens <= limit.tokens && self.bytes <= limit.bytes
-    }
-
     /// What is left of `self` after `spent`; None when it does not fit.
     fn minus(self, spent: Cost) -> Option<Cost> {
         Some(Cost {
             tokens: self.tokens.checked_sub(spent.tokens)?,
             bytes: self.bytes.checked_sub(spent.bytes)?,
         })
+    }
+
+    fn sum<'a>(units: impl IntoIterator<Item = &'a Unit>) -> Cost {
+        units
+            .into_iter()
+            .map(Unit::cost)
+            .fold(Cost::default(), Cost::plus)
     }
 }
 
@@ -89,11 +127,19 @@ fn entry_cost(entry: &Entry) -> Cost {
     }
 }
 
-/// A part of a cover before its items are read: a summarised node, or a
-/// level-1 segment without a summary, which stands as its entries.
+/// A part of a cover before its items are read: a summarised node, or
+/// raw entries of a level-1 segment up to `last` (all of them, or those
+/// older than the recent window).
 enum Unit {
     Summary(Segment),
-    Entries(Segment),
+    Entries {
+        segment: Segment,
+        last: u64,
+        /// Estimated tokens of those entries.
+        tokens: u64,
+        /// How many they are.
+        count: u64,
+    },
 }
 
 impl Unit {
@@ -102,129 +148,305 @@ impl Unit {
     fn cost(&self) -> Cost {
         match self {
             Unit::Summary(node) => node.summary.as_ref().map_or(Cost::default(), summary_cost),
-            Unit::Entries(segment) => Cost {
-                tokens: u64::from(segment.token_estimate),
-                bytes: 4 * u64::from(segment.token_estimate)
-                    + ITEM_OVERHEAD_BYTES * u64::from(segment.entry_count),
+            Unit::Entries { tokens, count, .. } => Cost {
+                tokens: *tokens,
+                bytes: 4 * tokens + ITEM_OVERHEAD_BYTES * count,
             },
         }
     }
 
-    /// A summarised roll-up, which can be zoomed into.
-    fn zoomable(&self) -> bool {
-        matches!(self, Unit::Summary(node) if node.level > 1)
-    }
-}
-
-/// The coarsest units standing for `node`, oldest first, appended to `out`.
-fn coarsest(tree: &mut impl Tree, node: Segment, out: &mut Vec<Unit>) -> Result<(), StoreError> {
-    match (node.state, &node.summary) {
-        (SegmentState::Summarised, Some(_)) => out.push(Unit::Summary(node)),
-        _ if node.level <= 1 => out.push(Unit::Entries(node)),
-        _ => {
-            for child in tree.children(&node)? {
-                coarsest(tree, child, out)?;
-            }
+    /// The level of a summary; 0 for raw entries.
+    fn level(&self) -> u32 {
+        match self {
+            Unit::Summary(node) => node.level,
+            Unit::Entries { .. } => 0,
         }
     }
-    Ok(())
 }
 
-/// The cover of the session `tree` reads, within `max_tokens` (0: no
-/// limit) and `max_bytes` on the wire.
-pub(super) fn cover(
-    tree: &mut impl Tree,
-    max_tokens: u32,
-    max_bytes: usize,
-) -> Result<Context, StoreError> {
-    let limit = Cost {
-        tokens: match max_tokens {
-            0 => u64::MAX,
-            n => u64::from(n),
-        },
-        bytes: max_bytes as u64,
-    };
-    let mut units = Vec::new();
-    for root in tree.roots()? {
-        coarsest(tree, root, &mut units)?;
+/// The newest entries, kept raw whatever else the cover holds: their
+/// seqs and estimated tokens (the entries themselves go straight to the
+/// output).
+#[derive(Default)]
+struct Window {
+    /// (seq, tokens), newest first.
+    entries: Vec<(u64, u64)>,
+    cost: Cost,
+}
+
+impl Window {
+    /// Estimated tokens and count of the window's entries in `first..=last`.
+    fn within(&self, first: u64, last: u64) -> (u64, u64) {
+        self.entries
+            .iter()
+            .filter(|(seq, _)| (first..=last).contains(seq))
+            .fold((0, 0), |(t, n), (_, tokens)| (t + tokens, n + 1))
     }
-    let total = units
-        .iter()
-        .map(Unit::cost)
-        .fold(Cost::default(), Cost::plus);
-    let mut out = Output::default();
-    if !total.within(limit) {
-        // Even the coarsest cover is too long: keep its newest part.
-        out.truncated = true;
-        let mut left = limit;
+}
+
+/// The cover in the making: the window's edge, and what stands for
+/// whatever is older.
+struct Cover<'t, T: Tree> {
+    tree: &'t mut T,
+    window: Window,
+    /// The window's first seq: units end before it or reach into it.
+    edge: u64,
+}
+
+impl<T: Tree> Cover<'_, T> {
+    /// The coarsest units standing for `node`, oldest first, appended to
+    /// `out`; nothing of what lies wholly inside the window.
+    fn coarsest(&mut self, node: Segment, out: &mut Vec<Unit>) -> Result<(), StoreError> {
+        if node.first_seq >= self.edge {
+            return Ok(());
+        }
+        match (node.state, &node.summary) {
+            (SegmentState::Summarised, Some(_)) => out.push(Unit::Summary(node)),
+            _ if node.level <= 1 => out.push(self.raw(node)),
+            _ => {
+                for child in self.tree.children(&node)? {
+                    self.coarsest(child, out)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A level-1 segment as its raw entries older than the window.
+    fn raw(&self, segment: Segment) -> Unit {
+        let last = segment.last_seq.min(self.edge.saturating_sub(1));
+        let (in_window, n) = self.window.within(segment.first_seq, segment.last_seq);
+        Unit::Entries {
+            tokens: u64::from(segment.token_estimate).saturating_sub(in_window),
+            count: u64::from(segment.entry_count).saturating_sub(n),
+            last,
+            segment,
+        }
+    }
+
+    /// What a summary gives way to: a roll-up its children's coarsest
+    /// units, a level-1 recap its raw entries.
+    fn finer(&mut self, node: &Segment) -> Result<Vec<Unit>, StoreError> {
+        let mut out = Vec::new();
+        match node.level {
+            0 | 1 => out.push(self.raw(node.clone())),
+            _ => {
+                for child in self.tree.children(node)? {
+                    self.coarsest(child, &mut out)?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Zooms into `units` (oldest first) while the cover stays within
+    /// `slack` more: level by level from the top, newest first within a
+    /// level, every node whose children fit.
+    /// What is left of `slack` is returned.
+    fn zoom(&mut self, units: &mut Vec<Unit>, mut slack: Cost) -> Result<Cost, StoreError> {
+        let top = units.iter().map(Unit::level).max().unwrap_or(0);
+        for level in (1..=top).rev() {
+            let mut i = units.len();
+            while i > 0 {
+                i -= 1;
+                let Unit::Summary(node) = &units[i] else {
+                    continue;
+                };
+                if node.level != level {
+                    continue;
+                }
+                let node = node.clone();
+                let finer = self.finer(&node)?;
+                let room = slack.plus(units[i].cost());
+                if let Some(left) = room.minus(Cost::sum(&finer)) {
+                    slack = left;
+                    units.splice(i..=i, finer);
+                }
+            }
+        }
+        Ok(slack)
+    }
+
+    /// Spends what zooming left on raw entries just older than the raw end
+    /// of the cover, so that the budget is used: the newest summary before
+    /// that end is read back into raw entries from its end (the summary
+    /// then also covers them), and once all of it is read it gives way to
+    /// them, its cost refunded. Raw units at the end are emitted as they
+    /// come.
+    fn fill(
+        &mut self,
+        units: &mut Vec<Unit>,
+        mut slack: Cost,
+        out: &mut Output,
+    ) -> Result<(), StoreError> {
+        while let Some(unit) = units.last() {
+            let Unit::Summary(node) = unit else {
+                if let Some(unit) = units.pop() {
+                    self.emit(vec![unit], out)?;
+                }
+                continue;
+            };
+            let (first, cost) = (node.first_seq, unit.cost());
+            let last = out.oldest_seq().map_or(node.last_seq, |seq| {
+                seq.saturating_sub(1).min(node.last_seq)
+            });
+            let mut reached = last < first;
+            self.tree.entries(
+                first,
+                last,
+                &mut |entry| match slack.minus(entry_cost(&entry)) {
+                    Some(rest) => {
+                        slack = rest;
+                        reached = entry.seq == first;
+                        out.push_entry(entry);
+                        true
+                    }
+                    None => false,
+                },
+            )?;
+            if !reached {
+                return Ok(());
+            }
+            units.pop();
+            slack = slack.plus(cost);
+        }
+        Ok(())
+    }
+
+    /// The newest part of `units` that fits `left`, in the finest detail
+    /// that fits: a unit too large gives way to its finer units, and the
+    /// first raw entry that does not fit ends the cover. Returns the
+    /// fewest tokens of a unit or entry that did not fit: the smallest
+    /// budget that returns something when nothing did.
+    fn truncate(
+        &mut self,
+        mut units: Vec<Unit>,
+        mut left: Cost,
+        out: &mut Output,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut smallest: Option<u64> = None;
+        let mut refuse = |cost: Cost| {
+            smallest = Some(smallest.map_or(cost.tokens, |s| s.min(cost.tokens)));
+        };
         while let Some(unit) = units.pop() {
             match unit {
                 Unit::Summary(node) => {
-                    let Some(rest) = node
-                        .summary
-                        .as_ref()
-                        .and_then(|s| left.minus(summary_cost(s)))
-                    else {
-                        break;
-                    };
-                    left = rest;
-                    out.push_summary(node);
+                    let cost = node.summary.as_ref().map_or(Cost::default(), summary_cost);
+                    match left.minus(cost) {
+                        Some(rest) => {
+                            left = rest;
+                            out.push_summary(node);
+                        }
+                        None => {
+                            refuse(cost);
+                            units.extend(self.finer(&node)?);
+                        }
+                    }
                 }
-                Unit::Entries(segment) => {
+                Unit::Entries { segment, last, .. } => {
                     let mut full = false;
-                    tree.entries(
-                        &segment,
-                        &mut |entry| match left.minus(entry_cost(&entry)) {
+                    self.tree.entries(segment.first_seq, last, &mut |entry| {
+                        let cost = entry_cost(&entry);
+                        match left.minus(cost) {
                             Some(rest) => {
                                 left = rest;
                                 out.push_entry(entry);
                                 true
                             }
                             None => {
+                                refuse(cost);
                                 full = true;
                                 false
                             }
-                        },
-                    )?;
+                        }
+                    })?;
                     if full {
                         break;
                     }
                 }
             }
         }
-        return Ok(out.finish());
+        Ok(smallest)
     }
-    // It fits: zoom into the newest roll-ups while the slack allows.
-    let mut slack = limit.minus(total).unwrap_or_default();
-    let mut zooming = true;
-    while let Some(unit) = units.pop() {
-        if zooming && unit.zoomable() {
-            let Unit::Summary(node) = &unit else {
-                unreachable!("zoomable units are summaries")
-            };
-            let mut finer = Vec::new();
-            for child in tree.children(node)? {
-                coarsest(tree, child, &mut finer)?;
+
+    /// Every unit's items, newest first, into `out`.
+    fn emit(&mut self, units: Vec<Unit>, out: &mut Output) -> Result<(), StoreError> {
+        for unit in units.into_iter().rev() {
+            match unit {
+                Unit::Summary(node) => out.push_summary(node),
+                Unit::Entries { segment, last, .. } => {
+                    self.tree.entries(segment.first_seq, last, &mut |entry| {
+                        out.push_entry(entry);
+                        true
+                    })?
+                }
             }
-            let finer_cost = finer
-                .iter()
-                .map(Unit::cost)
-                .fold(Cost::default(), Cost::plus);
-            // What is left if the node gives way to its children.
-            let after = slack.plus(unit.cost()).minus(finer_cost);
-            if let (false, Some(after)) = (finer.is_empty(), after) {
-                slack = after;
-                units.extend(finer);
-                continue;
-            }
-            zooming = false;
         }
-        match unit {
-            Unit::Summary(node) => out.push_summary(node),
-            Unit::Entries(segment) => tree.entries(&segment, &mut |entry| {
+        Ok(())
+    }
+}
+
+/// The cover of the session `tree` reads, within `budget`.
+pub(super) fn cover(tree: &mut impl Tree, budget: Budget) -> Result<Context, StoreError> {
+    let limit = Cost {
+        tokens: match budget.max_tokens {
+            0 => u64::MAX,
+            n => u64::from(n),
+        },
+        bytes: budget.max_bytes as u64,
+    };
+    let recent = match (budget.recent_tokens, budget.max_tokens) {
+        (0, 0) => u64::MAX,
+        (0, n) => u64::from(n / 4),
+        (r, _) => u64::from(r),
+    };
+    let roots = tree.roots()?;
+    let Some(session_last) = roots.iter().map(|r| r.last_seq).max() else {
+        return Ok(Output::default().finish());
+    };
+
+    // The window: the newest entries that fit its share.
+    let window_limit = Cost {
+        tokens: recent.min(limit.tokens),
+        bytes: limit.bytes,
+    };
+    let mut window = Window::default();
+    let mut out = Output::default();
+    tree.entries(1, session_last, &mut |entry| {
+        let cost = entry_cost(&entry);
+        match window_limit.minus(window.cost.plus(cost)) {
+            Some(_) => {
+                window.cost = window.cost.plus(cost);
+                window.entries.push((entry.seq, cost.tokens));
                 out.push_entry(entry);
                 true
-            })?,
+            }
+            None => false,
+        }
+    })?;
+    let edge = out.oldest_seq().unwrap_or(session_last.saturating_add(1));
+    let window_cost = window.cost;
+    let mut c = Cover { tree, window, edge };
+    let mut units = Vec::new();
+    for root in roots {
+        c.coarsest(root, &mut units)?;
+    }
+
+    let left = limit.minus(window_cost).unwrap_or_default();
+    match left.minus(Cost::sum(&units)) {
+        Some(slack) => {
+            let slack = c.zoom(&mut units, slack)?;
+            c.fill(&mut units, slack, &mut out)?;
+            c.emit(units, &mut out)?;
+        }
+        None => {
+            let smallest = c.truncate(units, left, &mut out)?;
+            if let (true, Some(needed)) = (out.items.is_empty(), smallest) {
+                // Not even the newest item fits: say what would.
+                return Err(StoreError::BudgetTooSmall {
+                    needed: u32::try_from(needed).unwrap_or(u32::MAX),
+                });
+            }
         }
     }
     Ok(out.finish())
@@ -235,7 +457,6 @@ pub(super) fn cover(
 struct Output {
     items: Vec<ContextItem>,
     tokens: u64,
-    truncated: bool,
 }
 
 impl Output {
@@ -259,12 +480,22 @@ impl Output {
         self.items.push(ContextItem::Entry(entry));
     }
 
-    /// The cover, oldest first.
+    /// The first seq of the oldest item so far.
+    fn oldest_seq(&self) -> Option<u64> {
+        self.items.last().map(|item| match item {
+            ContextItem::Summary { first_seq, .. } => *first_seq,
+            ContextItem::Entry(entry) => entry.seq,
+        })
+    }
+
+    /// The cover, oldest first; truncated when it does not reach back to
+    /// the session's first entry.
     fn finish(mut self) -> Context {
+        let truncated = self.oldest_seq().is_some_and(|seq| seq > 1);
         self.items.reverse();
         Context {
             items: self.items,
-            truncated: self.truncated,
+            truncated,
             tokens: u32::try_from(self.tokens).unwrap_or(u32::MAX),
         }
     }
@@ -272,17 +503,17 @@ impl Output {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
 
     use super::*;
     use crate::model::{Millis, Role, SegmentId, Summary};
 
-    /// A tree in memory: nodes by id, children by parent.
+    /// A tree in memory: nodes by id, entries by seq.
     #[derive(Default)]
     struct Fake {
         nodes: HashMap<SegmentId, Segment>,
         roots: Vec<SegmentId>,
-        entries: HashMap<SegmentId, Vec<Entry>>,
+        entries: BTreeMap<u64, Entry>,
         reads: usize,
     }
 
@@ -319,28 +550,30 @@ mod tests {
         }
     }
 
+    fn entry(seq: u64, content: &str, tokens: u32) -> Entry {
+        Entry {
+            seq,
+            client_entry_id: None,
+            role: Role::User,
+            content: content.to_owned(),
+            created_at: Millis(0),
+            tokens,
+        }
+    }
+
     impl Fake {
-        /// Eight level-1 segments of two entries (seqs 1..=16), rolled up
-        /// by fours into two level-2 nodes, rolled up into one level-3 node.
-        /// Summaries of level 1 cost 8 tokens, level 2 cost 6, level 3 5.
+        /// Eight level-1 segments of two entries of 10 tokens (seqs 1..=16),
+        /// rolled up by fours into two level-2 nodes, rolled up into one
+        /// level-3 node. Summaries of level 1 cost 8 tokens, level 2 cost
+        /// 6, level 3 5.
         fn eight(summarised_l2: [bool; 2], top: bool) -> Fake {
             let mut f = Fake::default();
             for i in 0..8u64 {
                 let mut n = node(i + 1, 1, (2 * i + 1, 2 * i + 2), Some("level one recap"));
                 n.ordinal = i as u32 + 1;
-                f.entries.insert(
-                    n.id,
-                    (n.first_seq..=n.last_seq)
-                        .map(|seq| Entry {
-                            seq,
-                            client_entry_id: None,
-                            role: Role::User,
-                            content: "x".repeat(24),
-                            created_at: Millis(0),
-                            tokens: 10,
-                        })
-                        .collect(),
-                );
+                for seq in n.first_seq..=n.last_seq {
+                    f.entries.insert(seq, entry(seq, &"x".repeat(24), 10));
+                }
                 f.nodes.insert(n.id, n);
             }
             for (k, done) in summarised_l2.iter().enumerate() {
@@ -358,6 +591,16 @@ mod tests {
             t.child_ids = vec![100, 101];
             f.nodes.insert(200, t);
             f.roots = vec![200];
+            f
+        }
+
+        /// `eight` with no level-1 segment summarised either.
+        fn eight_raw() -> Fake {
+            let mut f = Fake::eight([false, false], false);
+            for n in f.nodes.values_mut() {
+                n.summary = None;
+                n.state = SegmentState::Pending;
+            }
             f
         }
     }
@@ -379,16 +622,25 @@ mod tests {
 
         fn entries(
             &mut self,
-            segment: &Segment,
+            first: u64,
+            last: u64,
             visit: &mut dyn FnMut(Entry) -> bool,
         ) -> Result<(), StoreError> {
-            for e in self.entries[&segment.id].iter().rev() {
+            for e in self.entries.range(first..=last).rev().map(|(_, e)| e) {
                 self.reads += 1;
                 if !visit(e.clone()) {
                     break;
                 }
             }
             Ok(())
+        }
+    }
+
+    fn tokens(max_tokens: u32) -> Budget {
+        Budget {
+            max_tokens,
+            max_bytes: usize::MAX,
+            recent_tokens: 0,
         }
     }
 
@@ -408,70 +660,190 @@ mod tests {
             .collect()
     }
 
-    fn contiguous(ctx: &Context, from: u64, to: u64) -> bool {
-        let mut next = from;
-        for (first, last, _) in shape(ctx) {
-            if first != next {
-                return false;
+    /// The cover's rule of order: the items end at `to` and leave no gap;
+    /// they start at 1 unless truncated; raw entries run in seq order one
+    /// after another; only one summary, the last, may cover raw entries
+    /// that follow it (the recent window reaching into its node).
+    fn well_formed(ctx: &Context, to: u64) -> Result<(), String> {
+        let items = shape(ctx);
+        let Some(first) = items.first() else {
+            return Err("empty".to_owned());
+        };
+        if (first.0 == 1) == ctx.truncated {
+            return Err(format!(
+                "starts at {} with truncated {}",
+                first.0, ctx.truncated
+            ));
+        }
+        let mut next = first.0;
+        let mut overlapped = false;
+        for (i, &(a, b, level)) in items.iter().enumerate() {
+            let after_summary = i > 0 && items[i - 1].2 > 0;
+            match level {
+                0 if after_summary && a < next => {
+                    if overlapped || a <= items[i - 1].0 {
+                        return Err(format!("entry {a} overlaps badly: {items:?}"));
+                    }
+                    overlapped = true;
+                }
+                _ if a != next => {
+                    return Err(format!("item {i} starts at {a}, not {next}: {items:?}"));
+                }
+                _ if level > 0 && overlapped => {
+                    return Err(format!("a summary after the overlap: {items:?}"));
+                }
+                _ => {}
             }
-            next = last + 1;
+            next = b + 1;
         }
-        next == to + 1
+        match next == to + 1 {
+            true => Ok(()),
+            false => Err(format!("ends at {}, not {to}: {items:?}", next - 1)),
+        }
     }
 
     #[test]
-    fn no_limit_is_the_finest_cover() {
-        let ctx = cover(&mut Fake::eight([true, true], true), 0, usize::MAX).expect("cover");
-        assert_eq!(shape(&ctx).len(), 8);
-        assert!(shape(&ctx).iter().all(|s| s.2 == 1));
-        assert!(contiguous(&ctx, 1, 16) && !ctx.truncated);
-        assert_eq!(ctx.tokens, 8 * 8);
+    fn no_limit_returns_every_entry_raw() {
+        let ctx = cover(&mut Fake::eight([true, true], true), tokens(0)).expect("cover");
+        assert_eq!(shape(&ctx), (1..=16).map(|s| (s, s, 0)).collect::<Vec<_>>());
+        assert!(!ctx.truncated);
+        assert_eq!(ctx.tokens, 160);
     }
 
     #[test]
-    fn a_tight_budget_zooms_out_the_oldest_first() {
-        // The top alone costs 5; both level-2 nodes 12; one level-2 and four
-        // level-1 summaries 6 + 32 = 38; everything at level 1, 64.
-        let cases = [
-            (5, vec![(1, 16, 3)]),
-            (36, vec![(1, 8, 2), (9, 16, 2)]),
-            (37, vec![(1, 8, 2), (9, 16, 2)]),
-            (
-                38,
-                vec![(1, 8, 2), (9, 10, 1), (11, 12, 1), (13, 14, 1), (15, 16, 1)],
-            ),
-            (
-                63,
-                vec![(1, 8, 2), (9, 10, 1), (11, 12, 1), (13, 14, 1), (15, 16, 1)],
-            ),
-        ];
-        for (budget, want) in cases {
-            let ctx =
-                cover(&mut Fake::eight([true, true], true), budget, usize::MAX).expect("cover");
-            assert_eq!(shape(&ctx), want, "budget {budget}");
-            assert!(!ctx.truncated && ctx.tokens <= budget, "budget {budget}");
-        }
+    fn the_newest_entries_come_raw_though_their_segment_is_summarised() {
+        // A quarter of 80 is two entries; the level-1 recap they belong to
+        // also covers them, and the rest zooms down to level-1 recaps.
+        let ctx = cover(&mut Fake::eight([true, true], true), tokens(80)).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
+        let items = shape(&ctx);
+        assert_eq!(items[items.len() - 2..], [(15, 15, 0), (16, 16, 0)]);
+        assert!(items.iter().all(|i| i.2 <= 1), "{items:?}");
+        assert!(ctx.tokens <= 80 && ctx.tokens + 10 > 80, "{}", ctx.tokens);
+        // The window's share is a setting.
+        let mut budget = tokens(80);
+        budget.recent_tokens = 40;
+        let ctx = cover(&mut Fake::eight([true, true], true), budget).expect("cover");
+        let raw = shape(&ctx).iter().rev().take_while(|i| i.2 == 0).count();
+        assert!(raw >= 4, "{:?}", shape(&ctx));
+    }
+
+    #[test]
+    fn the_budget_is_spent_zooming_level_by_level_then_on_raw_entries() {
+        // Every level-1 recap (8 × 8) and the window (2 entries of 10).
+        let ctx = cover(&mut Fake::eight([true, true], true), tokens(90)).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
+        // The window holds the newest segment's two entries; the rest zooms
+        // to level 1, and the newest recap that fits gives way to its
+        // entries.
+        let levels: Vec<u32> = shape(&ctx).iter().map(|i| i.2).collect();
+        assert_eq!(levels, [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(ctx.tokens, 6 * 8 + 4 * 10);
+        // Enough for all raw: all raw, not truncated.
+        let ctx = cover(&mut Fake::eight([true, true], true), tokens(160)).expect("cover");
+        assert_eq!(shape(&ctx).len(), 16);
+        assert!(shape(&ctx).iter().all(|i| i.2 == 0));
     }
 
     #[test]
     fn a_node_without_a_summary_stands_as_its_children() {
         // The top and the first level-2 node failed: the coarsest cover is
         // four level-1 recaps and the second level-2 node.
-        let ctx = cover(&mut Fake::eight([false, true], false), 38, usize::MAX).expect("cover");
+        let ctx = cover(&mut Fake::eight([false, true], false), tokens(38)).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
         assert_eq!(
-            shape(&ctx),
-            vec![(1, 2, 1), (3, 4, 1), (5, 6, 1), (7, 8, 1), (9, 16, 2)]
+            shape(&ctx)[..4],
+            [(1, 2, 1), (3, 4, 1), (5, 6, 1), (7, 8, 1)]
         );
-        assert!(contiguous(&ctx, 1, 16) && !ctx.truncated);
         // And a level-1 segment without one, as its raw entries.
         let mut f = Fake::eight([false, true], false);
         if let Some(n) = f.nodes.get_mut(&1) {
             n.summary = None;
             n.state = SegmentState::Pending;
         }
-        let ctx = cover(&mut f, 0, usize::MAX).expect("cover");
+        let ctx = cover(&mut f, tokens(60)).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
         assert_eq!(shape(&ctx)[..3], [(1, 1, 0), (2, 2, 0), (3, 4, 1)]);
-        assert!(contiguous(&ctx, 1, 16));
+    }
+
+    /// Whatever the budget and whichever nodes have summaries: a cover of
+    /// the rule's order within the budget, nothing left unspent that one
+    /// more entry would fill, and a refusal only for a budget below the
+    /// newest entry.
+    #[test]
+    fn every_budget_gives_a_well_formed_cover_that_spends_it() {
+        // Each tree, and the cheapest of the items that end at its last
+        // seq (the newest recap at some level, or the newest entry).
+        let trees: [(fn() -> Fake, u32); 4] = [
+            (|| Fake::eight([true, true], true), 5),
+            (|| Fake::eight([false, true], false), 6),
+            (|| Fake::eight([true, false], false), 8),
+            (Fake::eight_raw, 10),
+        ];
+        for (t, (tree, smallest)) in trees.iter().enumerate() {
+            for budget in 1..=200u32 {
+                for recent in [0, 1, 25, 1000] {
+                    let mut b = tokens(budget);
+                    b.recent_tokens = recent;
+                    let case = format!("tree {t}, budget {budget}, recent {recent}");
+                    let ctx = match cover(&mut tree(), b) {
+                        Err(StoreError::BudgetTooSmall { needed }) => {
+                            assert!(budget < *smallest && needed == *smallest, "{case}");
+                            continue;
+                        }
+                        other => other.expect("cover"),
+                    };
+                    assert!(budget >= *smallest, "{case}");
+                    well_formed(&ctx, 16).unwrap_or_else(|e| panic!("{case}: {e}"));
+                    assert!(ctx.tokens <= budget, "{case}: {}", ctx.tokens);
+                    let all_raw = ctx.items.len() == 16;
+                    assert!(
+                        all_raw || ctx.tokens + 10 > budget,
+                        "{case}: {} unspent: {:?}",
+                        budget - ctx.tokens,
+                        shape(&ctx)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_root_too_large_gives_way_to_the_children_that_fit() {
+        // The top's recap alone is larger than the budget; the level-2
+        // nodes beneath it fit: they are kept, not nothing.
+        let mut f = Fake::eight([true, true], true);
+        if let Some(top) = f.nodes.get_mut(&200)
+            && let Some(s) = top.summary.as_mut()
+        {
+            s.text = "y".repeat(400);
+        }
+        let ctx = cover(&mut f, tokens(30)).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
+        assert!(!ctx.truncated);
+        assert_eq!(shape(&ctx)[0], (1, 8, 2));
+    }
+
+    #[test]
+    fn a_budget_below_the_newest_entry_names_the_smallest_that_returns_something() {
+        // An open segment after the tree, its one entry of 40 tokens.
+        let with_open = || {
+            let mut f = Fake::eight([true, true], true);
+            let mut open = node(9, 1, (17, 17), None);
+            open.token_estimate = 40;
+            f.nodes.insert(9, open);
+            f.roots.push(9);
+            f.entries.insert(17, entry(17, "z", 40));
+            f
+        };
+        match cover(&mut with_open(), tokens(39)) {
+            Err(StoreError::BudgetTooSmall { needed }) => assert_eq!(needed, 40),
+            other => panic!("{other:?}"),
+        }
+        let ctx = cover(&mut with_open(), tokens(40)).expect("cover");
+        assert_eq!(shape(&ctx), [(17, 17, 0)]);
+        assert!(ctx.truncated);
+        well_formed(&ctx, 17).expect("well formed");
     }
 
     /// On the wire a summary carries its text, the provider, the model and
@@ -488,12 +860,20 @@ mod tests {
         }
         f.nodes.insert(1, n);
         f.roots = vec![1];
+        // Entries too large for the window, whose recap stands for them.
+        for seq in 1..=2 {
+            f.entries.insert(seq, entry(seq, &"e".repeat(400), 104));
+        }
         let carried = 128 + 20 + 3 + 5 + 7;
-        let ctx = cover(&mut f, 0, carried).expect("cover");
+        let budget = |bytes| Budget {
+            max_tokens: 100,
+            max_bytes: bytes,
+            recent_tokens: 0,
+        };
+        let ctx = cover(&mut f, budget(carried)).expect("cover");
         assert_eq!(shape(&ctx), vec![(1, 2, 1)]);
         assert!(!ctx.truncated);
-        let ctx = cover(&mut f, 0, carried - 1).expect("cover");
-        assert!(ctx.items.is_empty() && ctx.truncated, "{:?}", shape(&ctx));
+        assert!(cover(&mut f, budget(carried - 1)).is_err());
     }
 
     /// One level-1 segment, not summarised, of `contents` as entries of 10
@@ -501,19 +881,11 @@ mod tests {
     fn raw(contents: &[&str], client_id: Option<&str>) -> Fake {
         let mut f = Fake::default();
         let n = node(1, 1, (1, contents.len() as u64), None);
-        let entries = contents
-            .iter()
-            .zip(1..)
-            .map(|(content, seq)| Entry {
-                seq,
-                client_entry_id: client_id.map(str::to_owned),
-                role: Role::User,
-                content: (*content).to_owned(),
-                created_at: Millis(0),
-                tokens: 10,
-            })
-            .collect();
-        f.entries.insert(1, entries);
+        for (content, seq) in contents.iter().zip(1..) {
+            let mut e = entry(seq, content, 10);
+            e.client_entry_id = client_id.map(str::to_owned);
+            f.entries.insert(seq, e);
+        }
         f.nodes.insert(1, n);
         f.roots = vec![1];
         f
@@ -525,15 +897,10 @@ mod tests {
     #[test]
     fn a_byte_limit_counts_an_entrys_content_and_its_client_id() {
         let carried = 128 + 24 + 8;
-        let ctx = cover(&mut raw(&[&"x".repeat(24)], Some("id-12345")), 0, carried).expect("cover");
+        let one = || raw(&[&"x".repeat(24)], Some("id-12345"));
+        let ctx = cover(&mut one(), Budget::bytes(carried)).expect("cover");
         assert_eq!(shape(&ctx), vec![(1, 1, 0)]);
-        let ctx = cover(
-            &mut raw(&[&"x".repeat(24)], Some("id-12345")),
-            0,
-            carried - 1,
-        )
-        .expect("cover");
-        assert!(ctx.items.is_empty() && ctx.truncated, "{:?}", shape(&ctx));
+        assert!(cover(&mut one(), Budget::bytes(carried - 1)).is_err());
     }
 
     /// Whatever the byte limit, a cover never carries more than it (each
@@ -543,8 +910,8 @@ mod tests {
     fn a_cover_of_raw_entries_never_carries_more_bytes_than_the_limit() {
         let content = "x".repeat(24);
         let contents = [content.as_str(); 2];
-        for limit in 0..=700 {
-            let ctx = cover(&mut raw(&contents, None), 0, limit).expect("cover");
+        for limit in 128 + 24..=700 {
+            let ctx = cover(&mut raw(&contents, None), Budget::bytes(limit)).expect("cover");
             let carried = ctx.items.len() * (128 + 24);
             assert!(carried <= limit, "{limit}: {carried} bytes");
             assert_eq!(
@@ -552,26 +919,21 @@ mod tests {
                 [(1, 1, 0), (2, 2, 0)][2 - ctx.items.len()..],
                 "{limit}: the newest kept"
             );
-            // Twice what the two entries carry.
-            if limit >= 2 * 2 * (128 + 24) {
+            if limit >= 2 * (128 + 24) {
                 assert!(ctx.items.len() == 2 && !ctx.truncated, "{limit}");
             }
         }
     }
 
     #[test]
-    fn only_a_cover_too_long_at_its_coarsest_is_truncated_and_reads_little() {
+    fn a_cover_reads_what_its_budget_returns_not_the_session() {
         // Nothing summarised: sixteen raw entries of 10 tokens each.
-        let mut f = Fake::eight([false, false], false);
-        for n in f.nodes.values_mut() {
-            n.summary = None;
-            n.state = SegmentState::Pending;
-        }
-        let ctx = cover(&mut f, 35, usize::MAX).expect("cover");
+        let mut f = Fake::eight_raw();
+        let ctx = cover(&mut f, tokens(35)).expect("cover");
         assert!(ctx.truncated);
         assert_eq!(shape(&ctx), vec![(14, 14, 0), (15, 15, 0), (16, 16, 0)]);
-        // The three entries kept and the one that did not fit, plus the
-        // tree's nodes: not the other twelve entries.
-        assert!(f.reads <= 4 + 11, "{} reads", f.reads);
+        // The window's entry and the one past it, the three kept and the
+        // one that did not fit, and the tree's nodes: not all sixteen.
+        assert!(f.reads <= 2 + 4 + 11, "{} reads", f.reads);
     }
 }

@@ -34,6 +34,11 @@ pub enum StoreError {
     SessionNotFound(String),
     #[error("segment {0} not found")]
     SegmentNotFound(SegmentId),
+    /// Not even the session's newest entry fits the context budget.
+    #[error(
+        "max_tokens is too small for the session's newest entry: the smallest budget that returns anything is {needed} tokens"
+    )]
+    BudgetTooSmall { needed: u32 },
     #[error("cannot open the database at {path}")]
     Open {
         path: PathBuf,
@@ -385,6 +390,7 @@ pub struct Store {
     backend: Backend,
 }
 
+pub use context::Budget;
 pub(crate) use postgres::Notes;
 pub(crate) use sqlite::ServingClaim;
 
@@ -697,17 +703,16 @@ impl Store {
         on_backend!(self, b => b.flushed(tenant, session, max_bytes).await)
     }
 
-    /// What an agent puts in its prompt (the rule is `context.rs`'s): at
-    /// most `max_tokens` (0: no limit) estimated tokens and `max_bytes` bytes
-    /// of items; reads from the newest end only as far as the budget goes.
+    /// What an agent puts in its prompt (the rule is `context.rs`'s),
+    /// within `budget`; reads from the newest end only as far as the budget
+    /// goes.
     pub async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
-        max_tokens: u32,
-        max_bytes: usize,
+        budget: Budget,
     ) -> Result<Context, StoreError> {
-        on_backend!(self, b => b.context(tenant, session, max_tokens, max_bytes).await)
+        on_backend!(self, b => b.context(tenant, session, budget).await)
     }
 
     /// Counts per state, the oldest PENDING age and parked counts per class;

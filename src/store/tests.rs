@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::failure::FailureClass;
-use crate::model::{ContextItem, Role};
+use crate::model::{Context, ContextItem, Role};
 
 const POLICY: SegmentPolicy = SegmentPolicy {
     max_entries: 1000,
@@ -353,45 +353,79 @@ async fn context_keeps_the_newest_that_fits() {
             .await
             .expect("append");
 
-        let all = store.context(&t, &s, 0, usize::MAX).await.expect("context");
+        // No limit: every entry raw, the summarised ones too.
+        let all = store
+            .context(&t, &s, Budget::bytes(usize::MAX))
+            .await
+            .expect("context");
         assert!(!all.truncated);
-        assert_eq!(all.items.len(), 3);
-        assert!(
-            matches!(all.items[0], ContextItem::Summary { segment_id, .. } if segment_id == id)
-        );
-        let texts: Vec<&str> = all.items[1..]
-            .iter()
-            .map(|i| match i {
-                ContextItem::Entry(e) => e.content.as_str(),
-                ContextItem::Summary { .. } => "summary",
-            })
-            .collect();
-        assert_eq!(texts, ["new one", "new two"]);
+        let texts = |ctx: &Context| -> Vec<String> {
+            ctx.items
+                .iter()
+                .map(|i| match i {
+                    ContextItem::Entry(e) => e.content.clone(),
+                    ContextItem::Summary { summary, .. } => format!("summary {}", summary.text),
+                })
+                .collect()
+        };
+        assert_eq!(texts(&all), ["old one", "old two", "new one", "new two"]);
         assert_eq!(
             all.tokens,
             all.items.iter().map(ContextItem::tokens).sum::<u32>()
         );
 
+        // Room for the recap and the two newest raw: that, the window
+        // holding exactly the two.
+        let window = all.items[2].tokens() + all.items[3].tokens();
+        let recap = crate::model::estimate_tokens("recap");
+        let budget = Budget {
+            max_tokens: window + recap,
+            max_bytes: usize::MAX,
+            recent_tokens: window,
+        };
+        let two = store.context(&t, &s, budget).await.expect("context");
+        assert!(!two.truncated);
+        assert_eq!(texts(&two), ["summary recap", "new one", "new two"]);
+        assert!(
+            matches!(two.items[0], ContextItem::Summary { segment_id, .. } if segment_id == id)
+        );
+
         // A budget for one entry keeps the newest one only.
-        let newest = all.items[2].tokens();
+        let newest = all.items[3].tokens();
         let one = store
-            .context(&t, &s, newest, usize::MAX)
+            .context(
+                &t,
+                &s,
+                Budget {
+                    max_tokens: newest,
+                    ..budget
+                },
+            )
             .await
             .expect("context");
         assert!(one.truncated);
-        assert_eq!(one.items, all.items[2..]);
+        assert_eq!(one.items, all.items[3..]);
+        // One token less returns nothing, and says what would.
+        assert!(matches!(
+            store
+                .context(&t, &s, Budget { max_tokens: newest - 1, ..budget })
+                .await,
+            Err(StoreError::BudgetTooSmall { needed }) if needed == newest
+        ));
 
         // So does a byte budget for one entry (its text and 128 bytes of
         // framing), whatever the token budget.
         let one = store
-            .context(&t, &s, 0, "new two".len() + 128)
+            .context(&t, &s, Budget::bytes("new two".len() + 128))
             .await
             .expect("context");
         assert!(one.truncated);
-        assert_eq!(one.items, all.items[2..]);
+        assert_eq!(one.items, all.items[3..]);
 
         assert!(matches!(
-            store.context(&t, &session("nosuch"), 0, usize::MAX).await,
+            store
+                .context(&t, &session("nosuch"), Budget::bytes(usize::MAX))
+                .await,
             Err(StoreError::SessionNotFound(_))
         ));
     }

@@ -165,6 +165,16 @@ impl TestServer {
     }
 
     pub async fn context(&self, session: &str, max_tokens: u32) -> pb::GetContextResponse {
+        self.try_context(session, max_tokens)
+            .await
+            .expect("context")
+    }
+
+    pub async fn try_context(
+        &self,
+        session: &str,
+        max_tokens: u32,
+    ) -> Result<pb::GetContextResponse, tonic::Status> {
         self.client
             .clone()
             .get_context(pb::GetContextRequest {
@@ -172,8 +182,33 @@ impl TestServer {
                 max_tokens,
             })
             .await
-            .expect("context")
-            .into_inner()
+            .map(tonic::Response::into_inner)
+    }
+}
+
+/// Every node of `session` at `levels`, through every page.
+pub async fn levels(server: &TestServer, session: &str, levels: Vec<u32>) -> Vec<pb::Segment> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = server
+            .client
+            .clone()
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: session.to_owned(),
+                levels: levels.clone(),
+                page_size: 100,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner();
+        out.extend(page.segments);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
     }
 }
 

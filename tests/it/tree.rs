@@ -9,7 +9,7 @@ use std::time::Duration;
 use archivist::pb;
 use wiremock::{Request, Respond, ResponseTemplate};
 
-use crate::harness::{TestServer, eventually, state};
+use crate::harness::{TestServer, eventually, levels, state};
 use crate::provider::{completion, error_json, fast, provider};
 
 /// A provider that answers level-1 recaps with a long text naming the
@@ -97,30 +97,6 @@ async fn append_entries(server: &TestServer, session: &str, n: u32) {
     }
 }
 
-async fn levels(server: &TestServer, session: &str, levels: Vec<u32>) -> Vec<pb::Segment> {
-    let mut client = server.client.clone();
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_segments(pb::ListSegmentsRequest {
-                session_id: session.to_owned(),
-                levels: levels.clone(),
-                page_size: 100,
-                page_token: token,
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
-        out.extend(page.segments);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
-    }
-}
-
 /// The seq ranges of a cover's items, oldest first.
 fn ranges(ctx: &pb::GetContextResponse) -> Vec<(u64, u64, u32)> {
     ctx.items
@@ -132,16 +108,38 @@ fn ranges(ctx: &pb::GetContextResponse) -> Vec<(u64, u64, u32)> {
         .collect()
 }
 
-/// Asserts the cover runs from seq 1 to `last` with no gap and no overlap.
+/// Asserts the cover runs from seq 1 to `last` with no gap, and overlaps
+/// only where the raw entries at its end reach back into the summary
+/// before them (the recent window inside that node).
 fn assert_full_cover(ctx: &pb::GetContextResponse, last: u64) {
     let ranges = ranges(ctx);
     assert!(!ctx.truncated, "{ranges:?}");
     let mut next = 1;
-    for (first, end, _) in &ranges {
-        assert_eq!(*first, next, "gap or overlap in {ranges:?}");
+    let mut overlapped = false;
+    for (i, (first, end, level)) in ranges.iter().enumerate() {
+        let after_summary = i > 0 && ranges[i - 1].2 > 0;
+        if *level == 0 && after_summary && *first < next && !overlapped {
+            overlapped = true;
+        } else {
+            assert_eq!(*first, next, "gap or overlap in {ranges:?}");
+            assert!(
+                !(overlapped && *level > 0),
+                "a summary after raw: {ranges:?}"
+            );
+        }
         next = end + 1;
     }
     assert_eq!(next, last + 1, "the cover ends at the last seq: {ranges:?}");
+}
+
+/// Estimated tokens of the level-1 recaps of `session`, all together.
+async fn level_one_tokens(server: &TestServer, session: &str) -> u32 {
+    levels(server, session, vec![1])
+        .await
+        .iter()
+        .filter_map(|s| s.summary.as_ref())
+        .map(|s| (s.text.len() as u32).div_ceil(4) + 4)
+        .sum()
 }
 
 #[tokio::test]
@@ -181,7 +179,7 @@ async fn sixty_four_entries_make_a_tree_and_each_node_is_summarised_once() {
     assert_eq!((top.first_seq, top.last_seq, top.entry_count), (1, 64, 64));
     assert_eq!(top.level, 3);
     let got = server.segment(top.id).await;
-    assert_eq!(got.summary.expect("summary").prompt_version, "rollup-v1");
+    assert_eq!(got.summary.expect("summary").prompt_version, "rollup-v2");
 
     // Sixteen recaps and five roll-ups, each sent once.
     let recaps = responder.recaps.lock().expect("lock").clone();
@@ -249,11 +247,14 @@ async fn a_tight_budget_zooms_out_instead_of_forgetting() {
         })
         .await
     );
-    // Level-1 recaps alone do not fit.
+    // With room for all, every entry comes raw.
     let everything = server.context("s", 0).await;
-    let level_one: u32 = everything.estimated_tokens;
-    assert_eq!(everything.items.len(), 16);
-    assert_full_cover(&everything, 64);
+    assert_eq!(
+        ranges_of_entries(&everything),
+        (1..=64).collect::<Vec<u64>>()
+    );
+    // Level-1 recaps alone do not fit.
+    let level_one = level_one_tokens(&server, "s").await;
     let budget = level_one / 3;
     let ctx = server.context("s", budget).await;
     assert_full_cover(&ctx, 64);
@@ -263,17 +264,20 @@ async fn a_tight_budget_zooms_out_instead_of_forgetting() {
         ranges.iter().any(|(_, _, level)| *level >= 2),
         "zoomed out: {ranges:?}"
     );
-    // The newest history is the finest.
-    assert_eq!(ranges.last().map(|r| r.2), Some(1), "{ranges:?}");
-    // The coarsest cover is one summary: anything smaller is truncated.
-    let one = server.context("s", 5).await;
-    assert!(one.truncated);
+    // The newest history is the finest: raw.
+    assert_eq!(ranges.last().map(|r| r.2), Some(0), "{ranges:?}");
+    // The coarsest cover is one summary ("Roll-up of 4 recaps.", 9
+    // tokens): a budget below it has nothing to return, and says so.
+    let one = server.context("s", 9).await;
+    assert_eq!(self::ranges(&one), [(1, 64, 3)]);
+    let none = server.try_context("s", 8).await.expect_err("too small");
+    assert_eq!(none.code(), tonic::Code::InvalidArgument);
 
     // Raw entries of the open segment come after the tree, newest kept.
     append_entries_from(&server, "s", 65, 2).await;
     let ctx = server.context("s", budget + 40).await;
     assert_full_cover(&ctx, 66);
-    assert_eq!(ranges_of_entries(&ctx), vec![65, 66]);
+    assert!(ranges_of_entries(&ctx).ends_with(&[65, 66]), "{ctx:?}");
 }
 
 async fn append_entries_from(server: &TestServer, session: &str, from: u32, n: u32) {
@@ -339,9 +343,11 @@ async fn failed_roll_ups_leave_no_hole_and_are_completed_later() {
         Some(pb::failure::Kind::Unavailable(_))
     ));
     // The cover falls back to level-1 recaps: complete, no hole.
-    let ctx = server.context("s", 0).await;
+    let ctx = server
+        .context("s", 2 * level_one_tokens(&server, "s").await)
+        .await;
     assert_full_cover(&ctx, 64);
-    assert!(ranges(&ctx).iter().all(|(_, _, level)| *level == 1));
+    assert!(ranges(&ctx).iter().all(|(_, _, level)| *level <= 1));
 
     // Once the provider recovers, the reconciler completes the tree.
     responder.fail_rollups.store(false, Ordering::SeqCst);
@@ -418,11 +424,14 @@ async fn the_terminal_client_shows_the_tree_and_each_items_level() {
         "{tree}"
     );
     assert!(lines[5].starts_with("L2 #2 "), "{tree}");
+    // With room for everything, everything comes raw.
     let context = session_cli(&server, &["context", "s"]).await;
     assert!(
-        context.contains("[level 1 summary of seq 1..4"),
+        context.contains("Message entry-1 of the conversation.")
+            && context.contains("Message entry-32 of the conversation."),
         "{context}"
     );
+    assert!(!context.contains("summary of seq"), "{context}");
     let zoomed = session_cli(&server, &["context", "s", "--max-tokens", "100"]).await;
     assert!(zoomed.contains("[level 2 summary of seq 1..16"), "{zoomed}");
 }

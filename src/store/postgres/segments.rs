@@ -10,7 +10,7 @@ use super::{DB_NOW, Postgres, signed, transact, unsigned};
 use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
-use crate::store::context::{Tree, cover};
+use crate::store::context::{Budget, Tree, cover};
 use crate::store::{BackfillFilter, BytesBound, SegmentFilter, StoreError, state_codes};
 
 /// The advisory lock the folding of count deltas holds, so that one
@@ -138,31 +138,43 @@ impl Tree for PgTree<'_> {
 
     fn entries(
         &mut self,
-        segment: &Segment,
+        first: u64,
+        mut last: u64,
         visit: &mut dyn FnMut(Entry) -> bool,
     ) -> Result<(), StoreError> {
-        // A level-1 segment holds at most segment.max_entries entries:
-        // they are read in one go, and handed over newest first.
-        let mut all = Vec::new();
-        self.runtime.block_on(entries_between(
-            self.client,
-            self.session_id,
-            segment.first_seq,
-            segment.last_seq,
-            true,
-            &mut |e| {
-                all.push(e);
-                true
-            },
-        ))?;
-        for entry in all {
-            if !visit(entry) {
-                break;
+        // Read in pages, newest first, so that a walk that stops early (the
+        // budget is spent) reads little more than it returns, however long
+        // the range.
+        let sql = format!(
+            "SELECT {ENTRY_COLUMNS} FROM entries WHERE session_id = $1 AND seq BETWEEN $2 AND $3 \
+             ORDER BY seq DESC LIMIT {ENTRY_PAGE}"
+        );
+        while first <= last {
+            let rows = self.runtime.block_on(async {
+                let stmt = self.client.prepare_cached(&sql).await?;
+                self.client
+                    .query(&stmt, &[&self.session_id, &signed(first), &signed(last)])
+                    .await
+            })?;
+            let Some(oldest) = rows.last().map(rows::entry).transpose()? else {
+                return Ok(());
+            };
+            for row in &rows {
+                if !visit(rows::entry(row)?) {
+                    return Ok(());
+                }
+            }
+            match oldest.seq.checked_sub(1) {
+                Some(before) if rows.len() as i64 == ENTRY_PAGE => last = before,
+                _ => return Ok(()),
             }
         }
         Ok(())
     }
 }
+
+/// Entries one read of the cover fetches.
+const ENTRY_PAGE: i64 = 64;
 
 impl Postgres {
     pub(crate) async fn segment(
@@ -297,8 +309,7 @@ impl Postgres {
         &self,
         tenant: &Tenant,
         session: &SessionName,
-        max_tokens: u32,
-        max_bytes: usize,
+        budget: Budget,
     ) -> Result<Context, StoreError> {
         let client = self.client().await?;
         let tenant = tenant.0.clone();
@@ -321,8 +332,7 @@ impl Postgres {
                         session_id: id,
                         runtime: runtime.clone(),
                     },
-                    max_tokens,
-                    max_bytes,
+                    budget,
                 )
             })();
             let end = runtime.block_on(client.batch_execute("COMMIT"));

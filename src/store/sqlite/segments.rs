@@ -11,7 +11,7 @@ use super::sessions::session_row;
 use crate::model::{
     Backlog, Context, Entry, Millis, Segment, SegmentId, SegmentState, SessionName, Tenant,
 };
-use crate::store::context::{Tree, cover};
+use crate::store::context::{Budget, Tree, cover};
 use crate::store::{BackfillFilter, BytesBound, SegmentFilter, StoreError, state_codes};
 
 /// Oldest first or newest first.
@@ -72,17 +72,13 @@ impl Tree for SqliteTree<'_> {
 
     fn entries(
         &mut self,
-        segment: &Segment,
+        first: u64,
+        last: u64,
         visit: &mut dyn FnMut(Entry) -> bool,
     ) -> Result<(), StoreError> {
-        entries_between(
-            self.conn,
-            self.session_id,
-            segment.first_seq,
-            segment.last_seq,
-            Order::Desc,
-            visit,
-        )
+        // Rows are read as they are visited: the walk stops where the
+        // budget does.
+        entries_between(self.conn, self.session_id, first, last, Order::Desc, visit)
     }
 }
 
@@ -242,8 +238,7 @@ impl Sqlite {
         &self,
         tenant: &Tenant,
         session: &SessionName,
-        max_tokens: u32,
-        max_bytes: usize,
+        budget: Budget,
     ) -> Result<Context, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
@@ -256,8 +251,7 @@ impl Sqlite {
                     conn,
                     session_id: row.id,
                 },
-                max_tokens,
-                max_bytes,
+                budget,
             )
         })
         .await

@@ -4,7 +4,8 @@
 //! equal a recount, and its log is checkpointed beside the writer.
 
 use super::*;
-use crate::model::{SegmentPolicy, SegmentState, Tenant};
+use crate::model::{ContextItem, SegmentPolicy, SegmentState, Tenant};
+use crate::store::Budget;
 use crate::store::tests::{entries, session};
 
 const POLICY: SegmentPolicy = SegmentPolicy {
@@ -35,7 +36,11 @@ async fn append(store: &Sqlite, name: &str, texts: &[&str]) -> bool {
 
 async fn count_entries(store: &Sqlite, name: &str) -> usize {
     match store
-        .context(&Tenant::default(), &session(name), 0, usize::MAX)
+        .context(
+            &Tenant::default(),
+            &session(name),
+            Budget::bytes(usize::MAX),
+        )
         .await
     {
         Ok(ctx) => ctx.items.len(),
@@ -92,7 +97,11 @@ async fn a_failing_job_undoes_only_itself() {
     assert!(matches!(result, Err(StoreError::Corrupt(_))));
     assert!(matches!(
         store
-            .context(&Tenant::default(), &session("ghost"), 0, usize::MAX)
+            .context(
+                &Tenant::default(),
+                &session("ghost"),
+                Budget::bytes(usize::MAX)
+            )
             .await,
         Err(StoreError::SessionNotFound(_))
     ));
@@ -210,10 +219,31 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
     // Appends go on after it, at the next ordinal.
     assert!(append(&store, "old", &["third"]).await);
     let ctx = store
-        .context(&Tenant::default(), &session("old"), 0, usize::MAX)
+        .context(
+            &Tenant::default(),
+            &session("old"),
+            Budget::bytes(usize::MAX),
+        )
         .await
         .expect("context");
-    assert_eq!(ctx.items.len(), 2);
+    assert_eq!(ctx.items.len(), 3);
+    // Room for the old recap and the new entry, not for the entries it
+    // stands for: the recap.
+    let third = crate::model::estimate_tokens("third");
+    let budget = Budget {
+        max_tokens: third + crate::model::estimate_tokens("old recap") + 2,
+        max_bytes: usize::MAX,
+        recent_tokens: third,
+    };
+    let ctx = store
+        .context(&Tenant::default(), &session("old"), budget)
+        .await
+        .expect("context");
+    assert_eq!(ctx.items.len(), 2, "{ctx:?}");
+    assert!(
+        matches!(&ctx.items[0], ContextItem::Summary { summary, .. } if summary.text == "old recap"),
+        "{ctx:?}"
+    );
     // Every reference still points at the live tables.
     let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
     let dangling: i64 = conn
