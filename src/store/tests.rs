@@ -89,6 +89,22 @@ async fn closed_segment(store: &Store, texts: &[&str]) -> SegmentId {
 
 const LEASE: Duration = Duration::from_secs(60);
 
+/// Claims the PENDING segment `id` and writes `text` as its summary.
+async fn summarise(store: &Store, id: SegmentId, text: &str) {
+    let (claim, _) = store
+        .claim(id, "w", LEASE)
+        .await
+        .expect("claim")
+        .expect("free");
+    assert!(
+        store
+            .complete(&claim, summary(text), 1, 0)
+            .await
+            .expect("complete")
+            .held
+    );
+}
+
 #[tokio::test]
 async fn claims_are_exclusive_and_fenced() {
     for (_db, store) in stores().await {
@@ -336,18 +352,7 @@ async fn context_keeps_the_newest_that_fits() {
         let t = Tenant::default();
         let s = session("s");
         let id = closed_segment(&store, &["old one", "old two"]).await;
-        let (claim, _) = store
-            .claim(id, "w", LEASE)
-            .await
-            .expect("claim")
-            .expect("free");
-        assert!(
-            store
-                .complete(&claim, summary("recap"), 1, 0)
-                .await
-                .expect("complete")
-                .held
-        );
+        summarise(&store, id, "recap").await;
         store
             .append(&t, &s, entries(&["new one", "new two"]), POLICY, 0)
             .await
@@ -407,19 +412,7 @@ async fn listings_and_flushes_read_only_what_an_answer_carries() {
         for i in 0..5 {
             let id = closed_segment(&store, &[&format!("entry {i}")]).await;
             if i < 4 {
-                let (claim, _) = store
-                    .claim(id, "w", LEASE)
-                    .await
-                    .expect("claim")
-                    .expect("free");
-                let text = "y".repeat(10 * 1024);
-                assert!(
-                    store
-                        .complete(&claim, summary(&text), 1, 0)
-                        .await
-                        .expect("complete")
-                        .held
-                );
+                summarise(&store, id, &"y".repeat(10 * 1024)).await;
             }
             ids.push(id);
         }
@@ -681,18 +674,7 @@ async fn erasure_removes_everything_of_one_session_and_expiry_takes_the_old() {
     for (_db, store) in stores().await {
         let t = Tenant::default();
         let id = closed_segment(&store, &["a", "b"]).await;
-        let (claim, _) = store
-            .claim(id, "w", LEASE)
-            .await
-            .expect("claim")
-            .expect("free");
-        assert!(
-            store
-                .complete(&claim, summary("r"), 1, 0)
-                .await
-                .expect("complete")
-                .held
-        );
+        summarise(&store, id, "r").await;
         store
             .append(&t, &session("s"), entries(&["c"]), POLICY, 0)
             .await
