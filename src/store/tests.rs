@@ -460,6 +460,87 @@ async fn listings_and_flushes_read_only_what_an_answer_carries() {
 }
 
 #[tokio::test]
+async fn entries_read_back_in_pages_summarised_or_not_for_their_tenant_only() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        // Seqs 1-3 in a summarised segment, 4-5 in the open one; seq 2 with
+        // an idempotency key and another role.
+        let id = closed_segment(&store, &["one", "two", "three"]).await;
+        summarise(&store, id, "recap").await;
+        store
+            .append(&t, &s, entries(&["four", "five"]), POLICY, 0)
+            .await
+            .expect("append");
+        let keyed = NewEntry {
+            client_entry_id: Some("k6".to_owned()),
+            role: Role::Assistant,
+            content: "six".to_owned(),
+        };
+        store
+            .append(&t, &s, vec![keyed], POLICY, 0)
+            .await
+            .expect("append");
+        let page = |after: u64, limit: u32, max_bytes: usize| {
+            let (store, t, s) = (store.clone(), t.clone(), s.clone());
+            async move {
+                let (entries, cut) = store
+                    .entries(&t, &s, after, limit, max_bytes)
+                    .await
+                    .expect("entries");
+                let texts: Vec<String> = entries.iter().map(|e| e.content.clone()).collect();
+                let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+                (seqs, texts, cut, entries)
+            }
+        };
+
+        let (seqs, texts, cut, _) = page(0, 2, usize::MAX).await;
+        assert_eq!(
+            (seqs, texts, cut),
+            (vec![1, 2], vec!["one".into(), "two".into()], false)
+        );
+        // From the middle, across the summarised segment into the open one.
+        let (seqs, texts, cut, all) = page(2, 100, usize::MAX).await;
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        assert_eq!(texts, ["three", "four", "five", "six"]);
+        assert!(!cut);
+        let six = &all[3];
+        assert_eq!(six.client_entry_id.as_deref(), Some("k6"));
+        assert_eq!(six.role, Role::Assistant);
+        assert_eq!(all[0].role, Role::User);
+        // Past the end, however far: nothing, and no error.
+        for after in [6, 7, i64::MAX as u64, u64::MAX] {
+            let (seqs, _, cut, _) = page(after, 100, usize::MAX).await;
+            assert!(seqs.is_empty() && !cut, "after {after}: {seqs:?}");
+        }
+        // The bytes bound: room for two, then for none (the first is always
+        // given), each saying it was cut.
+        let two = entry_bytes(&all[0]) + entry_bytes(&all[1]);
+        let (seqs, _, cut, _) = page(2, 100, two).await;
+        assert_eq!((seqs, cut), (vec![3, 4], true));
+        let (seqs, _, cut, _) = page(0, 100, 1).await;
+        assert_eq!((seqs, cut), (vec![1], true));
+
+        // Another tenant's session of that name, a missing one, an erased
+        // one: not found.
+        let other = Tenant("other".to_owned());
+        for (tenant, name) in [(&other, "s"), (&t, "nosuch")] {
+            assert!(matches!(
+                store
+                    .entries(tenant, &session(name), 0, 10, usize::MAX)
+                    .await,
+                Err(StoreError::SessionNotFound(_))
+            ));
+        }
+        store.delete_session(&t, &s).await.expect("erase");
+        assert!(matches!(
+            store.entries(&t, &s, 0, 10, usize::MAX).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+    }
+}
+
+#[tokio::test]
 async fn idle_open_segments_close_and_busy_ones_do_not() {
     for (_db, store) in stores().await {
         let t = Tenant::default();
