@@ -1,5 +1,6 @@
 //! ListEntries: the transcript read back page by page, summarised or not,
-//! within the message limit, for its own tenant only.
+//! within the message limit, for its own tenant only; and `archivist
+//! session entries`, which reads it from a terminal.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 use crate::harness::{TestServer, entry, eventually, reason, state};
+use crate::operator::archivist;
 use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
 
 fn request(session: &str, after_seq: u64, page_size: u32) -> pb::ListEntriesRequest {
@@ -273,4 +275,77 @@ async fn a_bad_session_id_is_invalid_argument_naming_the_field() {
         let violations = &details.bad_request().expect("bad request").field_violations;
         assert_eq!(violations[0].field, "session_id");
     }
+}
+
+#[tokio::test]
+async fn the_terminal_client_prints_the_transcript_through_every_page() {
+    // Small messages, so the transcript takes several pages.
+    let server = TestServer::start_with(|c| {
+        c.limits.max_message_bytes = 8 * 1024;
+        c.segment.max_entries = 5;
+    })
+    .await;
+    let address = format!("http://{}", server.addr);
+    let said: Vec<String> = (1..=40)
+        .map(|i| format!("turn {i} {}", "y".repeat(900)))
+        .collect();
+    for text in &said {
+        server.append("demo", &[text]).await;
+    }
+    let run = |args: &[&str]| {
+        let mut all = vec!["session", "--server", address.as_str(), "entries"];
+        all.extend_from_slice(args);
+        all.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>()
+    };
+    let cli = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        archivist(&args, &[], None).await
+    };
+
+    let ran = cli(run(&["demo"])).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let want: Vec<String> = said
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{} user: {t}", i + 1))
+        .collect();
+    assert_eq!(ran.stdout.lines().collect::<Vec<_>>(), want);
+
+    let ran = cli(run(&["demo", "--after", "10", "--limit", "5"])).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.stdout.lines().collect::<Vec<_>>(), want[10..15]);
+
+    // One JSON object per line, every field of the entry.
+    let ran = cli(run(&["demo", "--after", "35", "--json"])).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let objects: Vec<serde_json::Value> = ran
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON object per line"))
+        .collect();
+    assert_eq!(objects.len(), 5);
+    for (object, i) in objects.iter().zip(36..) {
+        assert_eq!(object["seq"], i);
+        assert_eq!(object["role"], "user");
+        assert_eq!(object["content"], said[i as usize - 1]);
+        assert_eq!(object["client_entry_id"], "");
+        assert!(object["created_at"].as_str().is_some(), "{object}");
+    }
+
+    // Past the end: nothing printed, said on standard error; exit 0.
+    let ran = cli(run(&["demo", "--after", "40"])).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(ran.stdout.is_empty(), "{}", ran.stdout);
+    assert!(
+        ran.stderr.contains("no entries after seq 40"),
+        "{}",
+        ran.stderr
+    );
+
+    // A missing session is NOT_FOUND (exit 1); --limit 0 is a usage error.
+    let ran = cli(run(&["nosuch"])).await;
+    assert_eq!(ran.code, 1, "{}", ran.stdout);
+    assert!(ran.stderr.contains("SESSION_NOT_FOUND"), "{}", ran.stderr);
+    let ran = cli(run(&["demo", "--limit", "0"])).await;
+    assert_eq!(ran.code, 64, "{}", ran.stderr);
 }
