@@ -33,8 +33,8 @@
 //! - `store/`: the backend-neutral store (`mod.rs`), the GetContext cover
 //!   over the memory tree (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
-//!   idle closing and the session listing, `segments.rs` reads, `claims.rs`
-//!   claims, `runs.rs` the provider each kind of run last used), the
+//!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
+//!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
 //!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
 //!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and

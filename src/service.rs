@@ -15,7 +15,7 @@ use crate::config::LimitsConfig;
 use crate::events::{Event, EventKind, Hub};
 use crate::failure::Failure;
 use crate::model::{
-    AppendOutcome, Backlog, Context, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
+    AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionInfo, SessionName, Tenant,
 };
 use crate::pass::{PassOutcome, Summariser};
@@ -61,10 +61,23 @@ pub(crate) struct Service {
     flush_concurrency: usize,
 }
 
-/// A page of segments and the id to continue after, if there is more.
-pub(crate) struct SegmentPage {
-    pub(crate) segments: Vec<Segment>,
-    pub(crate) next_after: Option<SegmentId>,
+/// A page of a listing (segments by id, entries by seq) and the key to
+/// continue after, if there is more.
+pub(crate) struct Page<T> {
+    pub(crate) items: Vec<T>,
+    pub(crate) next_after: Option<u64>,
+}
+
+impl<T> Page<T> {
+    /// The page of `page_size` from a read of one more than that: the one
+    /// more tells whether another page follows, and so does a read `cut`
+    /// short to fit the message limit.
+    fn of(mut items: Vec<T>, cut: bool, page_size: u32, key: impl Fn(&T) -> u64) -> Page<T> {
+        let more = cut || items.len() > page_size as usize;
+        items.truncate(page_size as usize);
+        let next_after = if more { items.last().map(key) } else { None };
+        Page { items, next_after }
+    }
 }
 
 /// A flushed session's segments (those still owed a recap, then the newest
@@ -287,25 +300,31 @@ impl Service {
         filter: SegmentFilter,
         after: SegmentId,
         page_size: u32,
-    ) -> Result<SegmentPage, ServiceError> {
-        // One more than asked tells whether another page follows; so does a
-        // page cut short to fit the message limit.
+    ) -> Result<Page<Segment>, ServiceError> {
         let max_bytes = self.limits.max_message_bytes as usize;
-        let (mut segments, cut) = self
+        let (segments, cut) = self
             .store
             .list_segments(tenant, filter, after, page_size + 1, max_bytes)
             .await?;
-        let more = cut || segments.len() > page_size as usize;
-        segments.truncate(page_size as usize);
-        let next_after = if more {
-            segments.last().map(|s| s.id)
-        } else {
-            None
-        };
-        Ok(SegmentPage {
-            segments,
-            next_after,
-        })
+        Ok(Page::of(segments, cut, page_size, |s| s.id))
+    }
+
+    /// A page of the session's transcript: its entries after the seq
+    /// `after`, oldest first, summarised or not, within `page_size` and the
+    /// message limit.
+    pub(crate) async fn entries(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        after: u64,
+        page_size: u32,
+    ) -> Result<Page<Entry>, ServiceError> {
+        let max_bytes = self.limits.max_message_bytes as usize;
+        let (entries, cut) = self
+            .store
+            .entries(tenant, session, after, page_size + 1, max_bytes)
+            .await?;
+        Ok(Page::of(entries, cut, page_size, |e| e.seq))
     }
 
     /// The context within `max_tokens`, which 0 (or anything larger than

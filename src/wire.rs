@@ -92,7 +92,7 @@ fn summary_to_pb(s: Summary) -> pb::Summary {
     }
 }
 
-fn entry_to_pb(e: Entry) -> pb::Entry {
+pub(crate) fn entry_to_pb(e: Entry) -> pb::Entry {
     pb::Entry {
         seq: e.seq,
         client_entry_id: e.client_entry_id.unwrap_or_default(),

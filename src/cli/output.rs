@@ -243,6 +243,22 @@ pub(super) fn append_json(session: &str, resp: &pb::AppendEntriesResponse) -> Va
     })
 }
 
+/// An entry as a person reads it: "seq role: content".
+pub(super) fn entry_line(e: &pb::Entry) -> String {
+    format!("{} {}: {}", e.seq, role_name(e.role), e.content)
+}
+
+/// Every field of an entry.
+pub(super) fn entry_json(e: &pb::Entry) -> Value {
+    json!({
+        "seq": e.seq,
+        "role": role_name(e.role),
+        "content": e.content,
+        "client_entry_id": e.client_entry_id,
+        "created_at": timestamp_json(&e.created_at),
+    })
+}
+
 pub(super) fn context_json(resp: &pb::GetContextResponse) -> Value {
     let items: Vec<Value> = resp
         .items
@@ -259,13 +275,7 @@ pub(super) fn context_json(resp: &pb::GetContextResponse) -> Value {
                     "model": summary.model,
                 }}))
             }
-            Some(pb::context_item::Item::Entry(e)) => Some(json!({ "entry": {
-                "seq": e.seq,
-                "role": role_name(e.role),
-                "content": e.content,
-                "client_entry_id": e.client_entry_id,
-                "created_at": timestamp_json(&e.created_at),
-            }})),
+            Some(pb::context_item::Item::Entry(e)) => Some(json!({ "entry": entry_json(e) })),
             None => None,
         })
         .collect();

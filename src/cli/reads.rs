@@ -1,6 +1,8 @@
-//! The client commands that only read: a session's segments (`show`), the
-//! tenant's sessions (`archivist sessions`) and the backlog.
+//! The client commands that only read: a session's segments (`show`) and
+//! transcript (`entries`), the tenant's sessions (`archivist sessions`)
+//! and the backlog.
 
+use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use serde_json::{Value, json};
@@ -29,6 +31,64 @@ pub(super) async fn show(
     }
     for seg in &segments {
         print_segment(seg);
+    }
+    Ok(())
+}
+
+/// The most entries one page asks for: the server's cap.
+const ENTRIES_PAGE: u64 = 1000;
+
+/// `session entries`: the transcript after the seq `after`, page by page,
+/// each page printed as it comes (a line per entry, or a JSON object per
+/// line), `limit` entries at most. A reader that goes away (`| head`) ends
+/// it quietly.
+pub(super) async fn list_entries(
+    client: &mut Client,
+    flags: &ClientFlags,
+    session: &str,
+    after: u64,
+    limit: Option<u64>,
+) -> Result<(), Failed> {
+    let mut next = after;
+    let mut left = limit.unwrap_or(u64::MAX);
+    let mut printed = 0u64;
+    while left > 0 {
+        let resp = client
+            .list_entries(request(
+                flags,
+                pb::ListEntriesRequest {
+                    session_id: session.to_owned(),
+                    after_seq: next,
+                    page_size: left.min(ENTRIES_PAGE) as u32,
+                },
+            ))
+            .await?
+            .into_inner();
+        let mut out = std::io::stdout().lock();
+        for e in resp
+            .entries
+            .iter()
+            .take(usize::try_from(left).unwrap_or(usize::MAX))
+        {
+            let line = match flags.json {
+                true => entry_json(e).to_string(),
+                false => entry_line(e),
+            };
+            match writeln!(out, "{line}") {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                Err(e) => return Err(Failed::Error(format!("cannot print: {e}"))),
+            }
+            printed += 1;
+            left -= 1;
+        }
+        if resp.next_after_seq == 0 {
+            break;
+        }
+        next = resp.next_after_seq;
+    }
+    if printed == 0 && !flags.json {
+        eprintln!("{session} has no entries after seq {after}");
     }
     Ok(())
 }

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 pub use super::output::describe;
 use super::output::*;
-use super::reads::{list_sessions, show, show_backlog};
+use super::reads::{list_entries, list_sessions, show, show_backlog};
 use super::waits::{close, flush};
 use crate::client::{Client, ClientOptions, DEFAULT_SERVER, connect_with};
 use crate::model::Role;
@@ -120,6 +120,19 @@ pub enum SessionCommand {
     Tree {
         /// The session id: 1 to 128 characters of letters, digits and . _ : -
         session: String,
+    },
+    /// The session's transcript: its entries as they were appended, oldest
+    /// first, summarised or not; one line each ("seq role: content"), or
+    /// with --json one JSON object per line.
+    Entries {
+        /// The session id: 1 to 128 characters of letters, digits and . _ : -
+        session: String,
+        /// Only the entries after this seq.
+        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        after: u64,
+        /// At most this many entries (default: every one).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        limit: Option<u64>,
     },
     /// What an agent would put in its prompt.
     Context {
@@ -234,6 +247,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
         | SessionCommand::Delete { session, .. }
         | SessionCommand::Watch { session }
         | SessionCommand::Tree { session }
+        | SessionCommand::Entries { session, .. }
         | SessionCommand::Context { session, .. } => check_session(session)?,
         SessionCommand::Requeue { session, .. } => {
             if let Some(session) = session {
@@ -355,6 +369,11 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             }
             Ok(())
         }
+        SessionCommand::Entries {
+            session,
+            after,
+            limit,
+        } => list_entries(&mut client, flags, &session, after, limit).await,
         SessionCommand::Context {
             session,
             max_tokens,
@@ -385,9 +404,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                             s.level, s.first_seq, s.last_seq, summary.provider, summary.text
                         );
                     }
-                    Some(pb::context_item::Item::Entry(e)) => {
-                        println!("{} {}: {}", e.seq, role_name(e.role), e.content);
-                    }
+                    Some(pb::context_item::Item::Entry(e)) => println!("{}", entry_line(&e)),
                     None => {}
                 }
             }

@@ -1,9 +1,11 @@
 //! Every answer within the message limit (`limits.max_message_bytes`), so
 //! that any client that can send to this server can read what it says: a
-//! page of segments ends early (its page token says where to go on), a
-//! context drops its oldest items (`truncated`), a flush keeps the segments
-//! still owed a recap first, and a lone segment's summary, from a build that
-//! stored whatever the provider sent, is clipped with a marker. Only an
+//! page of segments or entries ends early (its page token or next seq says
+//! where to go on), a context drops its oldest items (`truncated`), a flush
+//! keeps the segments still owed a recap first, and a lone segment's
+//! summary, from a build that stored whatever the provider sent, is clipped
+//! with a marker (as is a lone entry stored before the limit was lowered).
+//! Only an
 //! answer that would pass the limit is touched; the store's own bounds
 //! (the context budget, summaries checked against `max_output_tokens`) keep
 //! that rare.
@@ -32,6 +34,15 @@ fn budget(limit: usize) -> usize {
     limit.saturating_sub(MARGIN)
 }
 
+/// Shortens `text` by at least `over` bytes (on a character boundary) and
+/// marks it clipped.
+fn clip(text: &mut String, over: usize) {
+    let keep = text.len().saturating_sub(over + CLIPPED.len());
+    let cut = prefix(text, keep).len();
+    text.truncate(cut);
+    text.push_str(CLIPPED);
+}
+
 /// Clips the summary of a segment that alone would not fit the limit.
 pub(super) fn fit_segment(segment: &mut pb::Segment, limit: usize) {
     let over = segment.encoded_len().saturating_sub(budget(limit));
@@ -39,29 +50,42 @@ pub(super) fn fit_segment(segment: &mut pb::Segment, limit: usize) {
         return;
     }
     if let Some(summary) = &mut segment.summary {
-        let keep = summary.text.len().saturating_sub(over + CLIPPED.len());
-        let cut = prefix(&summary.text, keep).len();
-        summary.text.truncate(cut);
-        summary.text.push_str(CLIPPED);
+        clip(&mut summary.text, over);
     }
 }
 
-/// Keeps the longest run of `segments`, from the first, that fits the
-/// limit (always the first, clipped if need be). True when some were cut
-/// off: the page then ends at the last one kept.
-pub(super) fn fit_page(segments: &mut Vec<pb::Segment>, limit: usize) -> bool {
+/// Clips the content of an entry that alone would not fit the limit.
+pub(super) fn fit_entry(entry: &mut pb::Entry, limit: usize) {
+    let over = entry.encoded_len().saturating_sub(budget(limit));
+    if over > 0 {
+        clip(&mut entry.content, over);
+    }
+}
+
+/// A listing's page that the store read, made to fit the limit: the
+/// longest run of `items`, from the first, that fits (always the first,
+/// made to fit alone by `fit_one`). Returns where the next page starts:
+/// after the last one kept when some were cut off here, else the store's
+/// own `next_after`.
+pub(super) fn fit_page<M: Message>(
+    items: &mut Vec<M>,
+    limit: usize,
+    fit_one: impl Fn(&mut M, usize),
+    key: impl Fn(&M) -> u64,
+    next_after: Option<u64>,
+) -> Option<u64> {
     let budget = budget(limit);
     let mut used = 0usize;
-    for (i, segment) in segments.iter_mut().enumerate() {
-        fit_segment(segment, limit);
-        let n = field_len(segment);
+    for (i, item) in items.iter_mut().enumerate() {
+        fit_one(item, limit);
+        let n = field_len(item);
         if i > 0 && used + n > budget {
-            segments.truncate(i);
-            return true;
+            items.truncate(i);
+            return items.last().map(key);
         }
         used += n;
     }
-    false
+    next_after
 }
 
 /// Keeps, of a session's segments (ordinal order), those still owed a
@@ -146,19 +170,47 @@ mod tests {
     #[test]
     fn a_page_ends_where_the_limit_is() {
         let limit = 64 * 1024;
+        let fit =
+            |page: &mut Vec<pb::Segment>, next| fit_page(page, limit, fit_segment, |s| s.id, next);
         let mut page: Vec<pb::Segment> = (1..=100)
             .map(|i| segment(i, pb::SegmentState::Summarised, 4000))
             .collect();
-        assert!(fit_page(&mut page, limit));
+        let next = fit(&mut page, None);
         let size: usize = page.iter().map(field_len).sum();
         assert!(size <= limit, "{size}");
         assert!(page.len() > 10, "{}", page.len());
         assert_eq!(page[0].id, 1);
+        assert_eq!(
+            next,
+            page.last().map(|s| s.id),
+            "goes on after the last sent"
+        );
         let mut small: Vec<pb::Segment> = (1..=3)
             .map(|i| segment(i, pb::SegmentState::Summarised, 100))
             .collect();
-        assert!(!fit_page(&mut small, limit));
+        assert_eq!(fit(&mut small, Some(3)), Some(3), "the store's own next");
         assert_eq!(small.len(), 3);
+        assert_eq!(fit(&mut small, None), None);
+    }
+
+    #[test]
+    fn a_lone_oversized_entry_is_clipped_and_the_page_goes_on() {
+        let limit = 64 * 1024;
+        let entry = |seq: u64, bytes: usize| pb::Entry {
+            seq,
+            content: "é".repeat(bytes / 2),
+            ..Default::default()
+        };
+        let mut page = vec![entry(7, 200 * 1024), entry(8, 100)];
+        let next = fit_page(&mut page, limit, fit_entry, |e| e.seq, None);
+        assert_eq!(next, Some(7));
+        assert_eq!(page.len(), 1);
+        assert!(page[0].encoded_len() <= limit);
+        assert!(page[0].content.ends_with(CLIPPED));
+        let mut fits = vec![entry(1, 100)];
+        let before = fits.clone();
+        assert_eq!(fit_page(&mut fits, limit, fit_entry, |e| e.seq, None), None);
+        assert_eq!(fits, before, "what fits is untouched");
     }
 
     #[test]

@@ -52,22 +52,26 @@ const TONIC_TRUNCATED: [&str; 2] = [
     "Missing request message.",
 ];
 
+/// Every method of `archivist.v1.Archivist`, each a metrics label of its
+/// own (a test checks the list against the service's descriptor).
+const METHODS: [&str; 12] = [
+    "AppendEntries",
+    "CloseSegment",
+    "FlushSession",
+    "GetSegment",
+    "ListSegments",
+    "GetContext",
+    "RequeueSegments",
+    "GetBacklog",
+    "DeleteSession",
+    "WatchSession",
+    "ListSessions",
+    "ListEntries",
+];
+
 /// The metrics label for a request path: one of ours, or "other", so that
 /// callers (even unauthenticated ones) cannot mint label values.
 fn method_label(path: &str) -> &'static str {
-    const METHODS: [&str; 11] = [
-        "AppendEntries",
-        "CloseSegment",
-        "FlushSession",
-        "GetSegment",
-        "ListSegments",
-        "GetContext",
-        "RequeueSegments",
-        "GetBacklog",
-        "DeleteSession",
-        "WatchSession",
-        "ListSessions",
-    ];
     match path.strip_prefix(ARCHIVIST_PATH) {
         Some(name) => METHODS.into_iter().find(|m| *m == name).unwrap_or("other"),
         None if path.starts_with("/grpc.health.") => "health",
@@ -724,6 +728,25 @@ mod tests {
             "GetContext"
         );
         assert_eq!(method_label("/archivist.v1.Archivist/Nope"), "other");
+        // Every method the service has is labelled by its name.
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(crate::pb::FILE_DESCRIPTOR_SET)
+            .expect("descriptor set");
+        let service = set
+            .file
+            .iter()
+            .flat_map(|f| &f.service)
+            .find(|s| s.name() == "Archivist")
+            .expect("the Archivist service");
+        let mut names: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
+        names.sort_unstable();
+        let mut labelled = METHODS.to_vec();
+        labelled.sort_unstable();
+        assert_eq!(names, labelled);
+        for name in names {
+            let path = format!("/archivist.v1.Archivist/{name}");
+            assert_eq!(method_label(&path), name);
+        }
         assert_eq!(method_label("/grpc.health.v1.Health/Check"), "health");
         assert_eq!(method_label("/x"), "other");
     }

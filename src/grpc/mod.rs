@@ -34,17 +34,18 @@ use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
 use crate::wire::{
-    append_to_pb, backlog_to_pb, event_to_pb, gap_to_pb, segment_to_pb, session_info_to_pb,
+    append_to_pb, backlog_to_pb, entry_to_pb, event_to_pb, gap_to_pb, segment_to_pb,
+    session_info_to_pb,
 };
 pub(crate) use conn::Incoming;
-use fit::{fit_context, fit_flush, fit_page, fit_segment};
+use fit::{fit_context, fit_entry, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls};
 use gate::{Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{
-    call_deadline, page_token, parse_append, parse_list, parse_list_sessions, parse_requeue,
-    parse_session, session_page_token,
+    call_deadline, page_token, parse_append, parse_list, parse_list_entries, parse_list_sessions,
+    parse_requeue, parse_session, session_page_token,
 };
 
 pub(crate) struct GrpcService {
@@ -221,12 +222,14 @@ impl pb::archivist_server::Archivist for GrpcService {
             .list_segments(&tenant, filter, after, page_size)
             .await
             .map_err(service_status)?;
-        let mut segments: Vec<pb::Segment> = page.segments.into_iter().map(segment_to_pb).collect();
-        let next_after = match fit_page(&mut segments, self.response_limit()) {
-            // Cut short to fit: the next page starts after the last sent.
-            true => segments.last().map(|s| s.id),
-            false => page.next_after,
-        };
+        let mut segments: Vec<pb::Segment> = page.items.into_iter().map(segment_to_pb).collect();
+        let next_after = fit_page(
+            &mut segments,
+            self.response_limit(),
+            fit_segment,
+            |s| s.id,
+            page.next_after,
+        );
         Ok(Response::new(pb::ListSegmentsResponse {
             segments,
             next_page_token: next_after.map(page_token).unwrap_or_default(),
@@ -308,6 +311,31 @@ impl pb::archivist_server::Archivist for GrpcService {
         Ok(Response::new(pb::DeleteSessionResponse {
             entries_deleted: erased.entries,
             segments_deleted: erased.segments,
+        }))
+    }
+
+    async fn list_entries(
+        &self,
+        request: Request<pb::ListEntriesRequest>,
+    ) -> Result<Response<pb::ListEntriesResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let (session, after, page_size) = parse_list_entries(request.get_ref())?;
+        let page = self
+            .service
+            .entries(&tenant, &session, after, page_size)
+            .await
+            .map_err(service_status)?;
+        let mut entries: Vec<pb::Entry> = page.items.into_iter().map(entry_to_pb).collect();
+        let next_after = fit_page(
+            &mut entries,
+            self.response_limit(),
+            fit_entry,
+            |e| e.seq,
+            page.next_after,
+        );
+        Ok(Response::new(pb::ListEntriesResponse {
+            entries,
+            next_after_seq: next_after.unwrap_or(0),
         }))
     }
 

@@ -16,6 +16,9 @@ use crate::store::SegmentFilter;
 use crate::wire::{role_from_pb, state_from_pb};
 
 const DEFAULT_PAGE_SIZE: u32 = 50;
+/// Entries are small beside segments (no summaries, no failures): a
+/// transcript's default page holds more of them.
+const DEFAULT_ENTRIES_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 const MAX_CLIENT_ENTRY_ID: usize = 128;
 /// The deepest level ListSegments takes: with fanout 2, level 64 would
@@ -205,10 +208,7 @@ pub(super) fn parse_list(
     if !violations.is_empty() {
         return Err(invalid(violations));
     }
-    let page_size = match req.page_size {
-        0 => DEFAULT_PAGE_SIZE,
-        n => n.min(MAX_PAGE_SIZE),
-    };
+    let page_size = page_size(req.page_size, DEFAULT_PAGE_SIZE);
     let filter = SegmentFilter {
         session,
         states,
@@ -244,11 +244,26 @@ pub(super) fn parse_list_sessions(
             }
         },
     };
-    let page_size = match req.page_size {
-        0 => DEFAULT_PAGE_SIZE,
+    Ok((after, page_size(req.page_size, DEFAULT_PAGE_SIZE)))
+}
+
+/// A ListEntries request, checked: the session, the seq to continue after
+/// (any: past the newest entry the page is empty) and the page size.
+pub(super) fn parse_list_entries(
+    req: &pb::ListEntriesRequest,
+) -> Result<(SessionName, u64, u32), Status> {
+    let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+    let page_size = page_size(req.page_size, DEFAULT_ENTRIES_PAGE_SIZE);
+    Ok((session, req.after_seq, page_size))
+}
+
+/// A requested page size: 0 is the listing's default, and anything past
+/// the cap is read as the cap.
+fn page_size(requested: u32, default: u32) -> u32 {
+    match requested {
+        0 => default,
         n => n.min(MAX_PAGE_SIZE),
-    };
-    Ok((after, page_size))
+    }
 }
 
 /// A RequeueSegments request, checked: the session (if named) and the ids.

@@ -153,6 +153,31 @@ pub(crate) fn segment_bytes(segment: &Segment) -> usize {
     FIXED + segment.session.len() + summary + failure
 }
 
+/// The most bytes an entry takes in an answer, near enough: its texts and
+/// a fixed share for its seq, role and timestamp (as `segment_bytes`).
+pub(crate) fn entry_bytes(entry: &Entry) -> usize {
+    const FIXED: usize = 64;
+    FIXED + entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len)
+}
+
+/// What one item of a listing takes in an answer (`segment_bytes`,
+/// `entry_bytes`).
+pub(crate) trait AnswerBytes {
+    fn answer_bytes(&self) -> usize;
+}
+
+impl AnswerBytes for Segment {
+    fn answer_bytes(&self) -> usize {
+        segment_bytes(self)
+    }
+}
+
+impl AnswerBytes for Entry {
+    fn answer_bytes(&self) -> usize {
+        entry_bytes(self)
+    }
+}
+
 /// Whether a write failed for want of room since the health probe last
 /// asked: the probe's own write may succeed in the room a refused one
 /// left, and must still report it.
@@ -214,31 +239,31 @@ pub(crate) fn is_current(found: i64, known: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Segments gathered up to a number of bytes (`segment_bytes`), and always
-/// the first: what one answer can carry, read no further.
-pub(crate) struct BytesBound {
+/// Segments or entries gathered up to a number of bytes (`AnswerBytes`),
+/// and always the first: what one answer can carry, read no further.
+pub(crate) struct BytesBound<T: AnswerBytes> {
     max_bytes: usize,
     used: usize,
-    pub(crate) segments: Vec<Segment>,
+    pub(crate) items: Vec<T>,
 }
 
-impl BytesBound {
-    pub(crate) fn new(max_bytes: usize) -> BytesBound {
+impl<T: AnswerBytes> BytesBound<T> {
+    pub(crate) fn new(max_bytes: usize) -> BytesBound<T> {
         BytesBound {
             max_bytes,
             used: 0,
-            segments: Vec::new(),
+            items: Vec::new(),
         }
     }
 
-    /// Keeps the segment if it fits; false (and it is dropped) if not.
-    pub(crate) fn take(&mut self, segment: Segment) -> bool {
-        let used = self.used.saturating_add(segment_bytes(&segment));
-        if used > self.max_bytes && !self.segments.is_empty() {
+    /// Keeps the item if it fits; false (and it is dropped) if not.
+    pub(crate) fn take(&mut self, item: T) -> bool {
+        let used = self.used.saturating_add(item.answer_bytes());
+        if used > self.max_bytes && !self.items.is_empty() {
             return false;
         }
         self.used = used;
-        self.segments.push(segment);
+        self.items.push(item);
         true
     }
 }
@@ -678,6 +703,22 @@ impl Store {
         max_bytes: usize,
     ) -> Result<(Vec<Segment>, bool), StoreError> {
         on_backend!(self, b => b.list_segments(tenant, filter, after, limit, max_bytes).await)
+    }
+
+    /// The session's entries after the seq `after`, oldest first: at most
+    /// `limit` of them, and no more than `max_bytes` take in an answer
+    /// (`entry_bytes`; the first is always given). True with them when the
+    /// bytes cut the page short. Reads through the (session, seq) key, so
+    /// a page costs what it holds, not what the session does.
+    pub(crate) async fn entries(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        after: u64,
+        limit: u32,
+        max_bytes: usize,
+    ) -> Result<(Vec<Entry>, bool), StoreError> {
+        on_backend!(self, b => b.entries(tenant, session, after, limit, max_bytes).await)
     }
 
     /// The session's PENDING segments, in ordinal order, each with when it

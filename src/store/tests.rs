@@ -89,6 +89,22 @@ async fn closed_segment(store: &Store, texts: &[&str]) -> SegmentId {
 
 const LEASE: Duration = Duration::from_secs(60);
 
+/// Claims the PENDING segment `id` and writes `text` as its summary.
+async fn summarise(store: &Store, id: SegmentId, text: &str) {
+    let (claim, _) = store
+        .claim(id, "w", LEASE)
+        .await
+        .expect("claim")
+        .expect("free");
+    assert!(
+        store
+            .complete(&claim, summary(text), 1, 0)
+            .await
+            .expect("complete")
+            .held
+    );
+}
+
 #[tokio::test]
 async fn claims_are_exclusive_and_fenced() {
     for (_db, store) in stores().await {
@@ -336,18 +352,7 @@ async fn context_keeps_the_newest_that_fits() {
         let t = Tenant::default();
         let s = session("s");
         let id = closed_segment(&store, &["old one", "old two"]).await;
-        let (claim, _) = store
-            .claim(id, "w", LEASE)
-            .await
-            .expect("claim")
-            .expect("free");
-        assert!(
-            store
-                .complete(&claim, summary("recap"), 1, 0)
-                .await
-                .expect("complete")
-                .held
-        );
+        summarise(&store, id, "recap").await;
         store
             .append(&t, &s, entries(&["new one", "new two"]), POLICY, 0)
             .await
@@ -441,19 +446,7 @@ async fn listings_and_flushes_read_only_what_an_answer_carries() {
         for i in 0..5 {
             let id = closed_segment(&store, &[&format!("entry {i}")]).await;
             if i < 4 {
-                let (claim, _) = store
-                    .claim(id, "w", LEASE)
-                    .await
-                    .expect("claim")
-                    .expect("free");
-                let text = "y".repeat(10 * 1024);
-                assert!(
-                    store
-                        .complete(&claim, summary(&text), 1, 0)
-                        .await
-                        .expect("complete")
-                        .held
-                );
+                summarise(&store, id, &"y".repeat(10 * 1024)).await;
             }
             ids.push(id);
         }
@@ -495,6 +488,87 @@ async fn listings_and_flushes_read_only_what_an_answer_carries() {
         assert_eq!(pending.iter().map(|p| p.0).collect::<Vec<_>>(), [ids[4]]);
         assert!(matches!(
             store.flushed(&t, &session("nosuch"), usize::MAX).await,
+            Err(StoreError::SessionNotFound(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn entries_read_back_in_pages_summarised_or_not_for_their_tenant_only() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        // Seqs 1-3 in a summarised segment, 4-5 in the open one; seq 2 with
+        // an idempotency key and another role.
+        let id = closed_segment(&store, &["one", "two", "three"]).await;
+        summarise(&store, id, "recap").await;
+        store
+            .append(&t, &s, entries(&["four", "five"]), POLICY, 0)
+            .await
+            .expect("append");
+        let keyed = NewEntry {
+            client_entry_id: Some("k6".to_owned()),
+            role: Role::Assistant,
+            content: "six".to_owned(),
+        };
+        store
+            .append(&t, &s, vec![keyed], POLICY, 0)
+            .await
+            .expect("append");
+        let page = |after: u64, limit: u32, max_bytes: usize| {
+            let (store, t, s) = (store.clone(), t.clone(), s.clone());
+            async move {
+                let (entries, cut) = store
+                    .entries(&t, &s, after, limit, max_bytes)
+                    .await
+                    .expect("entries");
+                let texts: Vec<String> = entries.iter().map(|e| e.content.clone()).collect();
+                let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+                (seqs, texts, cut, entries)
+            }
+        };
+
+        let (seqs, texts, cut, _) = page(0, 2, usize::MAX).await;
+        assert_eq!(
+            (seqs, texts, cut),
+            (vec![1, 2], vec!["one".into(), "two".into()], false)
+        );
+        // From the middle, across the summarised segment into the open one.
+        let (seqs, texts, cut, all) = page(2, 100, usize::MAX).await;
+        assert_eq!(seqs, [3, 4, 5, 6]);
+        assert_eq!(texts, ["three", "four", "five", "six"]);
+        assert!(!cut);
+        let six = &all[3];
+        assert_eq!(six.client_entry_id.as_deref(), Some("k6"));
+        assert_eq!(six.role, Role::Assistant);
+        assert_eq!(all[0].role, Role::User);
+        // Past the end, however far: nothing, and no error.
+        for after in [6, 7, i64::MAX as u64, u64::MAX] {
+            let (seqs, _, cut, _) = page(after, 100, usize::MAX).await;
+            assert!(seqs.is_empty() && !cut, "after {after}: {seqs:?}");
+        }
+        // The bytes bound: room for two, then for none (the first is always
+        // given), each saying it was cut.
+        let two = entry_bytes(&all[0]) + entry_bytes(&all[1]);
+        let (seqs, _, cut, _) = page(2, 100, two).await;
+        assert_eq!((seqs, cut), (vec![3, 4], true));
+        let (seqs, _, cut, _) = page(0, 100, 1).await;
+        assert_eq!((seqs, cut), (vec![1], true));
+
+        // Another tenant's session of that name, a missing one, an erased
+        // one: not found.
+        let other = Tenant("other".to_owned());
+        for (tenant, name) in [(&other, "s"), (&t, "nosuch")] {
+            assert!(matches!(
+                store
+                    .entries(tenant, &session(name), 0, 10, usize::MAX)
+                    .await,
+                Err(StoreError::SessionNotFound(_))
+            ));
+        }
+        store.delete_session(&t, &s).await.expect("erase");
+        assert!(matches!(
+            store.entries(&t, &s, 0, 10, usize::MAX).await,
             Err(StoreError::SessionNotFound(_))
         ));
     }
@@ -715,18 +789,7 @@ async fn erasure_removes_everything_of_one_session_and_expiry_takes_the_old() {
     for (_db, store) in stores().await {
         let t = Tenant::default();
         let id = closed_segment(&store, &["a", "b"]).await;
-        let (claim, _) = store
-            .claim(id, "w", LEASE)
-            .await
-            .expect("claim")
-            .expect("free");
-        assert!(
-            store
-                .complete(&claim, summary("r"), 1, 0)
-                .await
-                .expect("complete")
-                .held
-        );
+        summarise(&store, id, "r").await;
         store
             .append(&t, &session("s"), entries(&["c"]), POLICY, 0)
             .await

@@ -265,6 +265,16 @@ pub fn context_entries(ctx: &pb::GetContextResponse) -> Vec<(u64, String)> {
         .collect()
 }
 
+/// The ErrorInfo reason of a failed call ("" when it has none).
+pub fn reason(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
 pub fn state(seg: &pb::Segment) -> pb::SegmentState {
     pb::SegmentState::try_from(seg.state).expect("known state")
 }

@@ -14,7 +14,7 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 use crate::binary::Process;
-use crate::harness::{TestServer, eventually, state};
+use crate::harness::{TestServer, eventually, reason, state};
 use crate::provider::{Script, append_and_close, completion, error_json, fast};
 
 const KEY: &str = "sk-hostile-test-4b7e19c2d8";
@@ -128,14 +128,6 @@ async fn read_request(socket: &mut tokio::net::TcpStream) -> Option<()> {
             }
         }
     }
-}
-
-fn reason(status: &tonic::Status) -> String {
-    status
-        .get_error_details()
-        .error_info()
-        .map(|i| i.reason.clone())
-        .unwrap_or_default()
 }
 
 /// The class of a segment's last failure.

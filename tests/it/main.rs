@@ -4,6 +4,7 @@
 mod backfill;
 mod binary;
 mod context;
+mod entries;
 mod errors;
 mod failures;
 mod harness;

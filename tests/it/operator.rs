@@ -18,10 +18,10 @@ use crate::harness::{TestServer, eventually};
 use crate::provider::{Script, completion, error_json, fast};
 
 /// What a run of the binary left: exit code, standard output and error.
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Ran {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Ran {
@@ -34,7 +34,11 @@ impl Ran {
 /// Runs `archivist ARGS` with `env` set (`None` removes a variable), in
 /// `cwd` if given, on a blocking thread so that servers and fake providers
 /// on this runtime keep answering.
-async fn archivist(args: &[&str], env: &[(&str, Option<&str>)], cwd: Option<&Path>) -> Ran {
+pub(crate) async fn archivist(
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    cwd: Option<&Path>,
+) -> Ran {
     let mut command = Command::new(env!("CARGO_BIN_EXE_archivist"));
     command.args(args).stdin(Stdio::null());
     for (key, value) in env {
@@ -524,6 +528,7 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     for command in [
         vec!["show", "nosuch"],
         vec!["context", "nosuch"],
+        vec!["entries", "nosuch"],
         vec!["close", "nosuch"],
         vec!["flush", "nosuch"],
         vec!["requeue", "nosuch"],

@@ -9,7 +9,7 @@ use archivist::pb;
 use tonic::Code;
 use tonic_types::StatusExt;
 
-use crate::harness::TestServer;
+use crate::harness::{TestServer, reason};
 use crate::provider::{Script, completion, fast};
 
 pub const TOKEN_A: &str = "token-of-tenant-a-5f1e";
@@ -38,14 +38,6 @@ pub async fn client(server: &TestServer, token: Option<&str>) -> archivist::clie
     })
     .await
     .expect("connect")
-}
-
-fn reason(status: &tonic::Status) -> String {
-    status
-        .get_error_details()
-        .error_info()
-        .map(|i| i.reason.clone())
-        .unwrap_or_default()
 }
 
 fn append(session: &str, text: &str) -> pb::AppendEntriesRequest {

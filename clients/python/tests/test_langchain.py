@@ -131,6 +131,62 @@ def test_messages_are_summaries_then_raw_messages(server, session_id: str) -> No
         assert isinstance(history, BaseChatMessageHistory)
 
 
+def test_transcript_is_every_message_as_added_while_messages_stay_the_context(
+    server, session_id: str
+) -> None:
+    with Client(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        assert history.transcript() == []  # no session yet
+        history.add_messages(
+            [
+                SystemMessage("Answer briefly."),
+                HumanMessage("The cluster is called orion."),
+                AIMessage("Got it: orion.", id="run-1"),
+            ]
+        )
+        client.close(session_id, wait=True)
+        history.add_messages(
+            [HumanMessage("Restart it."), ToolMessage("restarted", tool_call_id="call-1")]
+        )
+        # The context: a recap of the first three, then the raw two.
+        assert [type(m).__name__ for m in history.messages] == [
+            "SystemMessage", "HumanMessage", "ChatMessage",
+        ]
+        transcript = history.transcript()
+        assert [(type(m).__name__, m.content) for m in transcript] == [
+            ("SystemMessage", "Answer briefly."),
+            ("HumanMessage", "The cluster is called orion."),
+            ("AIMessage", "Got it: orion."),
+            ("HumanMessage", "Restart it."),
+            ("ChatMessage", "restarted"),
+        ]
+        assert transcript[2].id == "run-1"
+        assert [m.response_metadata["archivist"]["seq"] for m in transcript] == [1, 2, 3, 4, 5]
+        assert [m.content for m in history.transcript(after_seq=1, limit=2)] == [
+            "The cluster is called orion.", "Got it: orion.",
+        ]
+        # Read back, they are already stored: adding them again is a no-op.
+        history.add_messages(transcript)
+        assert len(history.transcript()) == 5
+
+
+async def test_async_transcript_with_either_client(server, session_id: str) -> None:
+    async with AsyncClient(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        assert await history.atranscript() == []
+        await history.aadd_messages([HumanMessage("first"), AIMessage("second")])
+        await client.close(session_id, wait=True)
+        await history.aadd_messages([HumanMessage("third")])
+        transcript = await history.atranscript()
+        assert [m.content for m in transcript] == ["first", "second", "third"]
+        assert [m.content for m in await history.atranscript(after_seq=2)] == ["third"]
+        with pytest.raises(TypeError, match="AsyncClient"):
+            history.transcript()
+    with Client(server.address) as sync:
+        history = ArchivistChatMessageHistory(session_id, sync)
+        assert [m.content for m in await history.atranscript(limit=2)] == ["first", "second"]
+
+
 def test_clear_erases_the_session(server, session_id: str) -> None:
     with Client(server.address) as client:
         history = ArchivistChatMessageHistory(session_id, client)

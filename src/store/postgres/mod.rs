@@ -5,7 +5,7 @@
 //! live beside what they serve, as in `sqlite/`: `sessions.rs` (the append
 //! writer and its group commit, closing, erasure, the session listing),
 //! `segments.rs` (reads, listings, the backlog, requeues, the due scan),
-//! `claims.rs` (claims and what is written under them), `runs.rs` (the
+//! `entries.rs` (the transcript, paged), `claims.rs` (claims and what is written under them), `runs.rs` (the
 //! provider each kind of run last used), `notes.rs` (events between
 //! replicas, LISTEN/NOTIFY); `rows.rs` decodes rows and `schema.rs`
 //! migrates.
@@ -60,6 +60,7 @@
 //! flush, and the append writers share each flush among a batch.
 
 mod claims;
+mod entries;
 mod notes;
 mod rows;
 mod runs;

@@ -234,10 +234,10 @@ impl Postgres {
         let mut page = BytesBound::new(max_bytes);
         for row in client.query(&stmt, &refs(&values)).await? {
             if !page.take(rows::segment(&row)?) {
-                return Ok((page.segments, true));
+                return Ok((page.items, true));
             }
         }
-        Ok((page.segments, false))
+        Ok((page.items, false))
     }
 
     pub(crate) async fn pending_in_session(
@@ -300,7 +300,7 @@ impl Postgres {
                 }
             }
         }
-        let mut segments = kept.segments;
+        let mut segments = kept.items;
         segments.sort_by_key(|s| s.ordinal);
         Ok((segments, complete))
     }

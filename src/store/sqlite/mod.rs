@@ -4,7 +4,8 @@
 //! a small pool of read-only connections on tokio's blocking threads, so no
 //! SQLite call ever runs on an async thread. The queries live beside what
 //! they serve: `sessions.rs` (appends, closing, the session listing),
-//! `segments.rs` (reads, listings, the backlog, requeues), `claims.rs`
+//! `segments.rs` (reads, listings, the backlog, requeues), `entries.rs`
+//! (the transcript, paged), `claims.rs`
 //! (claims and the results written under them), `runs.rs` (the provider
 //! each kind of run last used); `rows.rs` decodes rows and `schema.rs`
 //! migrates. A serving process claims the data directory (a lock on the
@@ -21,6 +22,7 @@
 
 mod checkpoint;
 mod claims;
+mod entries;
 mod kept;
 mod rows;
 mod runs;

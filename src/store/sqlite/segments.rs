@@ -162,10 +162,10 @@ impl Sqlite {
             let mut page = BytesBound::new(max_bytes);
             for row in stmt.query_map(params_from_iter(values), rows::segment)? {
                 if !page.take(row??) {
-                    return Ok((page.segments, true));
+                    return Ok((page.items, true));
                 }
             }
-            Ok((page.segments, false))
+            Ok((page.items, false))
         })
         .await
     }
@@ -227,7 +227,7 @@ impl Sqlite {
                     }
                 }
             }
-            let mut segments = kept.segments;
+            let mut segments = kept.items;
             segments.sort_by_key(|s| s.ordinal);
             Ok((segments, complete))
         })

@@ -1,8 +1,8 @@
 """`Client` (blocking) and `AsyncClient` (`grpc.aio`) for archivist.v1.
 
 Both take the same arguments and have the same methods; the async ones are
-coroutines, `AsyncClient.segments` and `AsyncClient.sessions` are async
-iterators, and `watch` gives a `SessionWatch` (a generator of events) or an
+coroutines, `AsyncClient.segments`, `AsyncClient.sessions` and
+`AsyncClient.entries` are async iterators, and `watch` gives a `SessionWatch` (a generator of events) or an
 `AsyncSessionWatch` (an async iterator). Every failed call, and every
 stream that fails, raises an `ArchivistError` subclass (see
 `archivist_client.errors`).
@@ -28,6 +28,7 @@ from .types import (
     Backlog,
     Context,
     DeleteResult,
+    Entry,
     FlushResult,
     MessageLike,
     Segment,
@@ -145,6 +146,50 @@ def _requeue_request(
         segment_ids=list(segment_ids or ()),
         include_parked=include_parked,
     )
+
+
+class _EntryPages:
+    """Where a read of a session's transcript (ListEntries) stands: the
+    next page to ask for, and how many entries are still wanted. One pager
+    serves `Client.entries` and `AsyncClient.entries`."""
+
+    #: The most entries the server puts in a page.
+    MAX_PAGE = 1000
+
+    def __init__(
+        self, session_id: str, after_seq: int, limit: int | None, page_size: int
+    ) -> None:
+        for name, value in (("after_seq", after_seq), ("page_size", page_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int of 0 or more; got {value!r}")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
+            raise ValueError(f"limit must be None or an int of 0 or more; got {limit!r}")
+        self.session_id = session_id
+        self.after_seq = after_seq
+        self.left = limit
+        self.page_size = page_size
+        self.done = limit == 0
+
+    def request(self) -> pb.ListEntriesRequest:
+        """The next page's request: no larger than what is still wanted."""
+        page_size = self.page_size
+        if self.left is not None:
+            page_size = min(page_size or self.MAX_PAGE, self.left)
+        return pb.ListEntriesRequest(
+            session_id=self.session_id, after_seq=self.after_seq, page_size=page_size
+        )
+
+    def take(self, page: pb.ListEntriesResponse) -> list[Entry]:
+        """The entries of a page that are wanted; moves on to the next."""
+        wanted = page.entries if self.left is None else page.entries[: self.left]
+        entries = [Entry.from_pb(e) for e in wanted]
+        if self.left is not None:
+            self.left -= len(entries)
+        self.after_seq = page.next_after_seq
+        self.done = page.next_after_seq == 0 or self.left == 0
+        return entries
 
 
 def _task_cancelled() -> bool:
@@ -562,6 +607,33 @@ class Client(_Base):
                 return
             token = page.next_page_token
 
+    def entries(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        limit: int | None = None,
+        *,
+        page_size: int = 0,
+        timeout: float | None = DEFAULT,
+    ) -> Iterator[Entry]:
+        """Iterates over the session's transcript (ListEntries): its entries
+        with a seq after `after_seq`, oldest first, as they were appended,
+        whether or not a recap has replaced them in `context()`.
+
+        At most `limit` entries (None: every one there is). Each page is
+        fetched when the previous one is used up, each with its own deadline
+        (`page_size` 0: the server's default, 100; at most 1000). Raises
+        NotFound, when iteration starts, for a session that does not exist
+        (another tenant's, or an erased one); bad arguments raise ValueError
+        at once.
+        """
+        return self._entries(_EntryPages(session_id, after_seq, limit, page_size), timeout)
+
+    def _entries(self, pages: _EntryPages, timeout: float | None) -> Iterator[Entry]:
+        while not pages.done:
+            page = self._call(self._stub.ListEntries, pages.request(), timeout)
+            yield from pages.take(page)
+
     def delete_session(
         self, session_id: str, *, timeout: float | None = DEFAULT
     ) -> DeleteResult:
@@ -597,7 +669,7 @@ class Client(_Base):
 
 class AsyncClient(_Base):
     """The `grpc.aio` twin of `Client`: same arguments, same methods, as
-    coroutines (`segments` is an async iterator).
+    coroutines (`segments`, `sessions` and `entries` are async iterators).
 
     Create it inside the running event loop and use it as an async context
     manager, or `await client.disconnect()` when done.
@@ -736,6 +808,25 @@ class AsyncClient(_Base):
             if not page.next_page_token:
                 return
             token = page.next_page_token
+
+    def entries(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        limit: int | None = None,
+        *,
+        page_size: int = 0,
+        timeout: float | None = DEFAULT,
+    ) -> AsyncIterator[Entry]:
+        """Iterates (`async for`) over the session's transcript page by
+        page; see `Client.entries`."""
+        return self._entries(_EntryPages(session_id, after_seq, limit, page_size), timeout)
+
+    async def _entries(self, pages: _EntryPages, timeout: float | None) -> AsyncIterator[Entry]:
+        while not pages.done:
+            page = await self._call(self._stub.ListEntries, pages.request(), timeout)
+            for entry in pages.take(page):
+                yield entry
 
     async def delete_session(
         self, session_id: str, *, timeout: float | None = DEFAULT

@@ -6,6 +6,7 @@
     history = ArchivistChatMessageHistory("support-42", Client("127.0.0.1:50051"))
     history.add_messages([HumanMessage("My name is Ada.")])
     history.messages   # summaries as SystemMessage, then the raw messages
+    history.transcript()   # every message as it was added, none summarised
 
 Needs the `langchain` extra (langchain-core); nothing else in
 archivist_client imports LangChain.
@@ -26,6 +27,10 @@ object reuses its key. Messages read back from this session's `messages`
 carry their entry's key as `id` and, in `response_metadata["archivist"]`,
 where they came from; adding them to the same session again is a no-op.
 
+`transcript()` is the other way to read it back: every stored message,
+oldest first, as it was added, with none replaced by a recap (ListEntries,
+page by page); `messages` stays what belongs in a prompt.
+
 `clear()` erases the session in archivist (DeleteSession): its entries,
 recaps and roll-ups, for good.
 """
@@ -39,6 +44,7 @@ from typing import Any
 
 try:
     from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.runnables.config import run_in_executor
     from langchain_core.messages import (
         AIMessage,
         BaseMessage,
@@ -176,8 +182,9 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
 
     `messages` is the session's context: a SystemMessage per summary (of a
     segment or, for older history, a roll-up of several), then the raw
-    messages not yet summarised, oldest first. `clear()` erases the session
-    in archivist: its entries, recaps and roll-ups.
+    messages not yet summarised, oldest first. `transcript()` is every
+    stored message as it was added, summarised or not. `clear()` erases the
+    session in archivist: its entries, recaps and roll-ups.
     """
 
     def __init__(
@@ -219,6 +226,33 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
         except NotFound:
             return []
         return _to_messages(self.session_id, context, self.summary_prefix)
+
+    def transcript(self, after_seq: int = 0, limit: int | None = None) -> list[BaseMessage]:
+        """Every message stored in the session, oldest first, as it was
+        added: none replaced by a recap (unlike `messages`, which is the
+        context for a prompt). Read page by page (ListEntries); `after_seq`
+        and `limit` (None: all) pick a part. Each message carries its seq in
+        `response_metadata["archivist"]`, so adding it back stores nothing.
+        [] for a session that does not exist."""
+        client = self._sync_client()
+        try:
+            entries = list(client.entries(self.session_id, after_seq, limit))
+        except NotFound:
+            return []
+        return [_entry_message(self.session_id, e) for e in entries]
+
+    async def atranscript(
+        self, after_seq: int = 0, limit: int | None = None
+    ) -> list[BaseMessage]:
+        """`transcript()` through an AsyncClient (or, with a Client, in an
+        executor)."""
+        if not isinstance(self.client, AsyncClient):
+            return await run_in_executor(None, self.transcript, after_seq, limit)
+        try:
+            entries = [e async for e in self.client.entries(self.session_id, after_seq, limit)]
+        except NotFound:
+            return []
+        return [_entry_message(self.session_id, e) for e in entries]
 
     def _entries(self, messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
         entries = []

@@ -424,6 +424,24 @@ class DeleteSessionResponse(_message.Message):
     segments_deleted: int
     def __init__(self, entries_deleted: _Optional[int] = ..., segments_deleted: _Optional[int] = ...) -> None: ...
 
+class ListEntriesRequest(_message.Message):
+    __slots__ = ("session_id", "after_seq", "page_size")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    after_seq: int
+    page_size: int
+    def __init__(self, session_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListEntriesResponse(_message.Message):
+    __slots__ = ("entries", "next_after_seq")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    next_after_seq: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., next_after_seq: _Optional[int] = ...) -> None: ...
+
 class WatchSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -91,6 +91,11 @@ class ArchivistStub:
                 request_serializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.ListEntries = channel.unary_unary(
+                '/archivist.v1.Archivist/ListEntries',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.FromString,
+                _registered_method=True)
 
 
 class ArchivistServicer:
@@ -196,6 +201,16 @@ class ArchivistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEntries(self, request, context):
+        """The session's transcript: its entries as they were appended, oldest
+        first, paginated; whether or not a segment holding them has been
+        summarised (GetContext shows a recap in their place). NOT_FOUND for a
+        session that does not exist, another tenant's or an erased one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArchivistServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +268,11 @@ def add_ArchivistServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.FromString,
                     response_serializer=archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ListEntries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEntries,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -554,6 +574,33 @@ class Archivist:
             '/archivist.v1.Archivist/ListSessions',
             archivist_dot_v1_dot_archivist__pb2.ListSessionsRequest.SerializeToString,
             archivist_dot_v1_dot_archivist__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEntries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/archivist.v1.Archivist/ListEntries',
+            archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.FromString,
             options,
             channel_credentials,
             insecure,
