@@ -244,6 +244,9 @@ struct Cell {
     over_budget: bool,
 }
 
+/// Per server and budget, every fact's outcome: (server, budget, outcomes).
+type Outcomes = Vec<(String, u32, Vec<Outcome>)>;
+
 struct SuiteReport {
     suite: Suite,
     generate: BTreeMap<usize, Duration>,
@@ -252,7 +255,7 @@ struct SuiteReport {
     cells: Vec<Cell>,
     /// The first session of each size, for `--facts`: its facts and, per
     /// server and budget, their outcomes.
-    first: BTreeMap<usize, (Session, Vec<(String, u32, Vec<Outcome>)>)>,
+    first: BTreeMap<usize, (Session, Outcomes)>,
 }
 
 fn main() {
