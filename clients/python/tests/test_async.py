@@ -41,7 +41,7 @@ async def test_async_append_close_with_wait_and_context_round_trip(server, sessi
         assert closed.summary is not None and "5433" in closed.summary.text
 
         await client.append(session_id, [("user", "And production?")])
-        after = await client.context(session_id)
+        after = await client.context(session_id, max_tokens=40)
         assert [type(i) for i in after.items] == [ContextSummary, Entry]
         assert after.items[0].segment_id == closed.id
         assert after.items[1].content == "And production?"

@@ -67,7 +67,7 @@ def test_append_close_with_wait_and_context_round_trip(client: Client, session_i
     assert closed.closed_at is not None
 
     client.append(session_id, [("user", "Did it work this time?")])
-    after = client.context(session_id)
+    after = client.context(session_id, max_tokens=40)
     assert [type(i) for i in after.items] == [ContextSummary, Entry]
     summary, entry = after.items
     assert isinstance(summary, ContextSummary) and isinstance(entry, Entry)
