@@ -134,14 +134,6 @@ pub fn newest_verbatim(entries: &[Message], items: &[Returned], n: usize) -> usi
         .count()
 }
 
-/// Percentile `q` (0..=1) of sorted `xs`; 0 when empty.
-pub fn percentile(xs: &[f64], q: f64) -> f64 {
-    match xs.len() {
-        0 => 0.0,
-        n => xs[((n as f64 * q) as usize).min(n - 1)],
-    }
-}
-
 pub fn mean(xs: impl IntoIterator<Item = f64>) -> f64 {
     let (sum, n) = xs
         .into_iter()
