@@ -51,7 +51,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use archivist::pb;
 use prost::Message;
 
 mod common;

@@ -251,6 +251,9 @@ struct Cell {
     over_budget: bool,
 }
 
+/// A server's reading of a size's first session at a budget.
+type FirstReading = (String, u32, Reading);
+
 struct SuiteReport {
     suite: Suite,
     generate: BTreeMap<usize, Duration>,
@@ -259,7 +262,7 @@ struct SuiteReport {
     cells: Vec<Cell>,
     /// The first session of each size, for `--facts` and `--cover`: the
     /// session and, per server and budget, its reading.
-    first: BTreeMap<usize, (Session, Vec<(String, u32, Reading)>)>,
+    first: BTreeMap<usize, (Session, Vec<FirstReading>)>,
 }
 
 fn main() {
