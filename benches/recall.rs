@@ -695,6 +695,12 @@ fn print_report(o: &Options, r: &SuiteReport) {
             .collect();
         let used_min = used.iter().copied().fold(f64::INFINITY, f64::min);
         let truncated = c.context.iter().filter(|x| x.truncated).count();
+        // An OK answer with nothing in it, for a session that has entries.
+        let empty = c
+            .context
+            .iter()
+            .filter(|x| x.error.is_none() && x.items == 0)
+            .count();
         let errors: Vec<&str> = c
             .context
             .iter()
@@ -724,9 +730,10 @@ fn print_report(o: &Options, r: &SuiteReport) {
             format!("{truncated}/{}", n as usize),
             common::percentile(&c.took_us, 0.5) / 1000.0,
             common::percentile(&c.took_us, 0.99) / 1000.0,
-            match errors.first() {
-                Some(e) => format!("  ({} error(s): {e})", errors.len()),
-                None => String::new(),
+            match (errors.first(), empty) {
+                (Some(e), _) => format!("  ({} error(s): {e})", errors.len()),
+                (None, 0) => String::new(),
+                (None, n) => format!("  ({n} empty OK answer(s))"),
             }
         );
     }
