@@ -51,7 +51,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use archivist::pb;
 use prost::Message;
 
 mod common;
@@ -182,19 +181,11 @@ async fn stored(server: &Server, session: &str) -> u64 {
     let mut client = archivist::client::connect(&server.address)
         .await
         .expect("connect");
-    let segments = client
-        .list_segments(pb::ListSegmentsRequest {
-            session_id: session.to_owned(),
-            states: Vec::new(),
-            page_size: 1000,
-            page_token: String::new(),
-            levels: Vec::new(),
-        })
+    common::list_nodes(&mut client, session, &[])
         .await
-        .expect("list segments")
-        .into_inner()
-        .segments;
-    segments.iter().map(|s| u64::from(s.entry_count)).sum()
+        .iter()
+        .map(|s| u64::from(s.entry_count))
+        .sum()
 }
 
 /// A warm-up round, then a measured one of about `seconds` (sized by the
@@ -306,8 +297,8 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
                 "  {name:<8} {CONNECTIONS}×{streams:<3} {:<30} {r:>9.0} {:>7.1} % {:>8.0} {:>8.0} {server_cpu:>8} {:>8.1}",
                 call.label(),
                 100.0 * r / baseline,
-                at(&took, 0.5),
-                at(&took, 0.99),
+                common::percentile(&took, 0.5),
+                common::percentile(&took, 0.99),
                 median(of(call).map(|r| r.h2load_cpu_us).collect()),
             );
         }
@@ -374,11 +365,6 @@ async fn run_and_print(before: &[PathBuf], plan: &Plan<'_>) -> Vec<(String, Figu
         .map(|(name, _)| name.clone())
         .zip(figures)
         .collect()
-}
-
-/// Percentile `q` of sorted `took`.
-fn at(took: &[f64], q: f64) -> f64 {
-    took[((took.len() as f64 * q) as usize).min(took.len() - 1)]
 }
 
 /// `--stages`: calls that stop at successive stages, at 8×1, then the
@@ -475,8 +461,8 @@ async fn store_alone(seconds: f64, repeat: usize) {
     println!(
         "  store alone, in process, {CONNECTIONS} tasks: {:.0} appends/s, p50 {:.0} µs, p99 {:.0} µs",
         median(rates),
-        at(&took, 0.5),
-        at(&took, 0.99)
+        common::percentile(&took, 0.5),
+        common::percentile(&took, 0.99)
     );
 }
 

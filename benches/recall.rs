@@ -2,7 +2,7 @@
 //! real `archivist` binary in its own process.
 //!
 //! Run: `cargo bench --bench recall` (sessions of 1,000, 10,000 and
-//! 100,000 entries, 3 of each, budgets of 400, 1,000, 2,000 and 4,000
+//! 100,000 entries, 5 of each, budgets of 400, 1,000, 2,000 and 4,000
 //! tokens). Options after `--`:
 //!
 //! - `--sizes 1000,10000` the session lengths (1000000 for the latency of a
@@ -16,7 +16,8 @@
 //!   in the order given, then `this`;
 //! - `--json`: one JSON document on stdout instead of the tables (progress
 //!   still goes to stderr); `--facts`: every fact's outcome in the first
-//!   session of each size;
+//!   session of each size; `--cover`: the cover itself (each item's
+//!   level, seqs, tokens and text) of that session at each budget;
 //! - `--wait-seconds S`: how long to wait for every recap (default 1800);
 //! - `--show N`: print the first session of N entries (its facts, then
 //!   every entry with its estimated tokens) and exit, starting no server.
@@ -68,6 +69,7 @@ struct Options {
     before: Vec<PathBuf>,
     json: bool,
     facts: bool,
+    cover: bool,
     llm_only: bool,
     wait: Duration,
     show: Option<usize>,
@@ -98,12 +100,13 @@ impl Options {
             sizes: vec![1_000, 10_000, 100_000],
             llm_sizes: vec![200],
             budgets: vec![400, 1_000, 2_000, 4_000],
-            sessions: 3,
+            sessions: 5,
             seed: 1,
             calls: 50,
             before: Vec::new(),
             json: false,
             facts: false,
+            cover: false,
             llm_only: false,
             wait: Duration::from_secs(1800),
             show: None,
@@ -121,6 +124,7 @@ impl Options {
                 "--before" => o.before.push(args.next().expect("--before PATH").into()),
                 "--json" => o.json = true,
                 "--facts" => o.facts = true,
+                "--cover" => o.cover = true,
                 "--llm-only" => o.llm_only = true,
                 "--show" => o.show = Some(number(&a, args.next())),
                 // cargo bench passes --bench.
@@ -219,6 +223,7 @@ struct Load {
 }
 
 /// One reading of one session at one budget.
+#[derive(Clone)]
 struct Reading {
     outcomes: Vec<Outcome>,
     tally: Tally,
@@ -229,6 +234,8 @@ struct Reading {
     items: usize,
     truncated: bool,
     error: Option<String>,
+    /// The items, one line each, for `--cover`.
+    cover: Vec<String>,
 }
 
 /// Every reading of one server, size and budget, over the sessions.
@@ -244,8 +251,8 @@ struct Cell {
     over_budget: bool,
 }
 
-/// Per server and budget, every fact's outcome: (server, budget, outcomes).
-type Outcomes = Vec<(String, u32, Vec<Outcome>)>;
+/// A server's reading of a size's first session at a budget.
+type FirstReading = (String, u32, Reading);
 
 struct SuiteReport {
     suite: Suite,
@@ -253,9 +260,9 @@ struct SuiteReport {
     mean_entry_tokens: BTreeMap<usize, f64>,
     loads: Vec<Load>,
     cells: Vec<Cell>,
-    /// The first session of each size, for `--facts`: its facts and, per
-    /// server and budget, their outcomes.
-    first: BTreeMap<usize, (Session, Outcomes)>,
+    /// The first session of each size, for `--facts` and `--cover`: the
+    /// session and, per server and budget, its reading.
+    first: BTreeMap<usize, (Session, Vec<FirstReading>)>,
 }
 
 fn main() {
@@ -312,6 +319,7 @@ async fn run_suite(o: &Options, suite: Suite) -> SuiteReport {
             })
             .collect();
         report.generate.insert(size, started.elapsed());
+        sessions.iter().for_each(check_scoring);
         let entries = sessions.iter().flat_map(|s| &s.entries);
         report.mean_entry_tokens.insert(
             size,
@@ -340,7 +348,7 @@ async fn run_suite(o: &Options, suite: Suite) -> SuiteReport {
         for (name, server) in &servers {
             for &budget in &o.budgets {
                 let cell = measure(server, name, size, budget, &sessions, o.calls).await;
-                first.push((name.clone(), budget, cell.context[0].outcomes.clone()));
+                first.push((name.clone(), budget, cell.context[0].clone()));
                 report.cells.push(cell);
             }
         }
@@ -348,6 +356,41 @@ async fn run_suite(o: &Options, suite: Suite) -> SuiteReport {
         report.first.insert(size, (sessions.swap_remove(0), first));
     }
     report
+}
+
+/// A control on the fixture and the score alike: the whole transcript
+/// returns every fact and no stale value; without the updates' entries,
+/// every changed fact is stale.
+fn check_scoring(session: &Session) {
+    let all: Vec<Returned> = session
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Returned::new(Source::Entry(i as u64 + 1), m.content.clone()))
+        .collect();
+    let whole = score::tally(&session.facts, &score::score(&session.facts, &all));
+    assert_eq!(
+        (whole.returned, whole.stale),
+        (session.facts.len(), 0),
+        "{}: the whole transcript holds every answer",
+        session.id
+    );
+    let updates: Vec<u64> = session
+        .facts
+        .iter()
+        .filter_map(|f| f.update.as_ref().map(|u| u.seq))
+        .collect();
+    let before: Vec<Returned> = all
+        .into_iter()
+        .filter(|r| !matches!(r.source, Source::Entry(seq) if updates.contains(&seq)))
+        .collect();
+    let old = score::tally(&session.facts, &score::score(&session.facts, &before));
+    assert_eq!(
+        (old.returned, old.stale),
+        (session.facts.len() - updates.len(), updates.len()),
+        "{}: without the updates, the changed facts are stale",
+        session.id
+    );
 }
 
 /// Appends every session in batches, then waits until the server has no
@@ -415,8 +458,10 @@ async fn load(
     };
     let summarise = started.elapsed();
     let mut levels: BTreeMap<u32, [u64; 4]> = BTreeMap::new();
+    // Every level: more than any tree grows.
+    let all: Vec<u32> = (1..=32).collect();
     for session in sessions {
-        for node in nodes(&mut client, &session.id).await {
+        for node in common::list_nodes(&mut client, &session.id, &all).await {
             let column = match node.state() {
                 pb::SegmentState::Summarised => 0,
                 pb::SegmentState::Open => 1,
@@ -433,30 +478,6 @@ async fn load(
         summarise,
         levels,
         settled,
-    }
-}
-
-/// Every node of a session's memory tree, at every level.
-async fn nodes(client: &mut archivist::client::Client, session: &str) -> Vec<pb::Segment> {
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_segments(pb::ListSegmentsRequest {
-                session_id: session.to_owned(),
-                states: Vec::new(),
-                page_size: 1000,
-                page_token: token,
-                levels: (1..=32).collect(),
-            })
-            .await
-            .expect("list segments")
-            .into_inner();
-        out.extend(page.segments);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
     }
 }
 
@@ -513,6 +534,7 @@ async fn measure(
                 items: 0,
                 truncated: false,
                 error: Some(format!("{:?}: {}", status.code(), status.message())),
+                cover: Vec::new(),
             },
         };
         cell.context.push(reading);
@@ -525,25 +547,41 @@ async fn measure(
 
 /// A GetContext answer as items the score reads.
 fn read_context(session: &Session, answer: pb::GetContextResponse) -> Reading {
+    let mut cover = Vec::new();
     let items: Vec<Returned> = answer
         .items
         .into_iter()
-        .filter_map(|item| match item.item? {
-            pb::context_item::Item::Summary(s) => Some(Returned::new(
-                Source::Summary(s.level.max(1)),
-                s.summary.map(|s| s.text).unwrap_or_default(),
-            )),
-            pb::context_item::Item::Entry(e) => {
-                Some(Returned::new(Source::Entry(e.seq), e.content))
-            }
+        .filter_map(|item| {
+            let (label, returned) = match item.item? {
+                pb::context_item::Item::Summary(s) => (
+                    format!("S{} {}-{}", s.level.max(1), s.first_seq, s.last_seq),
+                    Returned::new(
+                        Source::Summary(s.level.max(1)),
+                        s.summary.map(|s| s.text).unwrap_or_default(),
+                    ),
+                ),
+                pb::context_item::Item::Entry(e) => (
+                    format!("E {}", e.seq),
+                    Returned::new(Source::Entry(e.seq), e.content),
+                ),
+            };
+            cover.push(format!(
+                "{label} ({} tokens): {}",
+                score::tokens(&returned.text),
+                returned.text.replace('\n', " / ")
+            ));
+            Some(returned)
         })
         .collect();
-    reading_of(
-        session,
-        &items,
-        u64::from(answer.estimated_tokens),
-        answer.truncated,
-    )
+    Reading {
+        cover,
+        ..reading_of(
+            session,
+            &items,
+            u64::from(answer.estimated_tokens),
+            answer.truncated,
+        )
+    }
 }
 
 fn reading_of(session: &Session, items: &[Returned], estimated: u64, truncated: bool) -> Reading {
@@ -557,6 +595,7 @@ fn reading_of(session: &Session, items: &[Returned], estimated: u64, truncated: 
         items: items.len(),
         truncated,
         error: None,
+        cover: Vec::new(),
     }
 }
 
@@ -656,6 +695,12 @@ fn print_report(o: &Options, r: &SuiteReport) {
             .collect();
         let used_min = used.iter().copied().fold(f64::INFINITY, f64::min);
         let truncated = c.context.iter().filter(|x| x.truncated).count();
+        // An OK answer with nothing in it, for a session that has entries.
+        let empty = c
+            .context
+            .iter()
+            .filter(|x| x.error.is_none() && x.items == 0)
+            .count();
         let errors: Vec<&str> = c
             .context
             .iter()
@@ -683,11 +728,12 @@ fn print_report(o: &Options, r: &SuiteReport) {
             ),
             mean_of(&c.context, |x| x.items as f64),
             format!("{truncated}/{}", n as usize),
-            score::percentile(&c.took_us, 0.5) / 1000.0,
-            score::percentile(&c.took_us, 0.99) / 1000.0,
-            match errors.first() {
-                Some(e) => format!("  ({} error(s): {e})", errors.len()),
-                None => String::new(),
+            common::percentile(&c.took_us, 0.5) / 1000.0,
+            common::percentile(&c.took_us, 0.99) / 1000.0,
+            match (errors.first(), empty) {
+                (Some(e), _) => format!("  ({} error(s): {e})", errors.len()),
+                (None, 0) => String::new(),
+                (None, n) => format!("  ({n} empty OK answer(s))"),
             }
         );
     }
@@ -724,6 +770,9 @@ fn print_report(o: &Options, r: &SuiteReport) {
     if o.facts {
         print_facts(r);
     }
+    if o.cover {
+        print_covers(r);
+    }
 }
 
 /// `--facts`: each fact of the first session of each size, where it was
@@ -750,9 +799,9 @@ fn print_facts(r: &SuiteReport) {
         for (i, f) in session.facts.iter().enumerate() {
             let cols: Vec<String> = readings
                 .iter()
-                .map(|(server, budget, outcomes)| {
+                .map(|(server, budget, reading)| {
                     let w = server.len() + 1 + budget.to_string().len();
-                    let mark = match outcomes[i] {
+                    let mark = match reading.outcomes[i] {
                         Outcome::Returned(Source::Entry(_)) => "E".to_owned(),
                         Outcome::Returned(Source::Summary(l)) => format!("S{l}"),
                         Outcome::Stale => "stale".to_owned(),
@@ -772,6 +821,27 @@ fn print_facts(r: &SuiteReport) {
                 f.current(),
                 cols.join(" ")
             );
+        }
+    }
+}
+
+/// `--cover`: the cover of the first session of each size at each
+/// budget, item by item.
+fn print_covers(r: &SuiteReport) {
+    for (size, (session, readings)) in &r.first {
+        for (server, budget, reading) in readings {
+            println!(
+                "Cover of {} ({size} entries) from {server} at {budget} tokens: {} items{}",
+                session.id,
+                reading.items,
+                reading
+                    .error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(", {e}"))
+            );
+            for line in &reading.cover {
+                println!("  {line}");
+            }
         }
     }
 }
@@ -808,8 +878,8 @@ fn to_json(o: &Options, reports: &[SuiteReport]) -> Value {
                         "entries": c.size,
                         "budget": c.budget,
                         "over_budget": c.over_budget,
-                        "p50_us": score::percentile(&c.took_us, 0.5),
-                        "p99_us": score::percentile(&c.took_us, 0.99),
+                        "p50_us": common::percentile(&c.took_us, 0.5),
+                        "p99_us": common::percentile(&c.took_us, 0.99),
                         "calls": c.took_us.len(),
                         "context": readings(&c.context),
                         "raw_truncation": readings(&c.raw),

@@ -100,6 +100,43 @@ pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str,
     panic!("archivist did not start");
 }
 
+/// Every node of `session` ("" for every session) at `levels` (empty:
+/// level 1, the segments of entries), through every page.
+pub async fn list_nodes(
+    client: &mut archivist::client::Client,
+    session: &str,
+    levels: &[u32],
+) -> Vec<pb::Segment> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_segments(pb::ListSegmentsRequest {
+                session_id: session.to_owned(),
+                states: Vec::new(),
+                page_size: 1000,
+                page_token: token,
+                levels: levels.to_vec(),
+            })
+            .await
+            .expect("list segments")
+            .into_inner();
+        out.extend(page.segments);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Percentile `q` (0 to 1) of `sorted`; 0 when it is empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n as f64 * q) as usize).min(n - 1)],
+    }
+}
+
 /// An AppendEntries of `batch` entries into `session`, the `n`th of its
 /// kind (which its idempotency keys name).
 pub fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest {

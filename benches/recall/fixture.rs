@@ -394,7 +394,14 @@ fn sentence(topic: &Topic, speaker: Speaker, rng: &mut Rng) -> String {
         Speaker::Assistant => topic.assistant,
     };
     let template = *rng.pick(pool);
-    fill(template, rng)
+    let text = fill(template, topic, rng);
+    // A sentence that opens with a thing ("{X} adds flavour") starts with
+    // a capital all the same.
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// A filler entry: an acknowledgement now and then, otherwise a few
@@ -433,8 +440,8 @@ fn filler(topic: &Topic, speaker: Speaker, rng: &mut Rng) -> Message {
 }
 
 /// `template` with its placeholders filled with the filler's own
-/// distractors.
-fn fill(template: &str, rng: &mut Rng) -> String {
+/// distractors and `topic`'s things.
+fn fill(template: &str, topic: &Topic, rng: &mut Rng) -> String {
     let mut out = String::with_capacity(template.len() + 16);
     let mut rest = template;
     while let Some(start) = rest.find('{') {
@@ -449,6 +456,7 @@ fn fill(template: &str, rng: &mut Rng) -> String {
             "Mo" => rng.pick(pools::MONTHS).to_string(),
             "V" => format!("{}.{}", 1 + rng.below(5), rng.below(13)),
             "$" => format!("${}", 100 + 50 * rng.below(60)),
+            "X" => rng.pick(topic.things).to_string(),
             other => panic!("unknown placeholder {{{other}}}"),
         };
         out.push_str(&value);

@@ -1,6 +1,8 @@
 //! What came back, scored against the planted facts: the same rules for
 //! every reader of the memory (GetContext's cover, raw truncation, and a
-//! search's hits later), so their figures sit in one table.
+//! search's hits later), so their figures sit in one table. A reader's
+//! items are `Returned`s (text and where it came from); `score` looks for
+//! every fact in one reading, `outcome` for one fact in its own.
 //!
 //! - A fact is **returned** when its current answer occurs in the text of
 //!   any item returned (case-insensitive: a recap may capitalise a code
@@ -55,20 +57,24 @@ pub enum Outcome {
     Missing,
 }
 
-/// The facts' outcomes, in the facts' order.
+/// The facts' outcomes against one reading (a cover: every fact is looked
+/// for in the same items), in the facts' order.
 pub fn score(facts: &[Fact], items: &[Returned]) -> Vec<Outcome> {
-    facts
-        .iter()
-        .map(|fact| {
-            if let Some(item) = items.iter().find(|i| i.holds(fact.current())) {
-                return Outcome::Returned(item.source);
-            }
-            match fact.stale() {
-                Some(old) if items.iter().any(|i| i.holds(old)) => Outcome::Stale,
-                _ => Outcome::Missing,
-            }
-        })
-        .collect()
+    facts.iter().map(|fact| outcome(fact, items)).collect()
+}
+
+/// How `fact` fared in `items`. A reader that answers each question on
+/// its own (a search for `fact.question` or `fact.paraphrase`) scores
+/// each fact against its own hits with this, and tallies the outcomes as a
+/// cover's are.
+pub fn outcome(fact: &Fact, items: &[Returned]) -> Outcome {
+    if let Some(item) = items.iter().find(|i| i.holds(fact.current())) {
+        return Outcome::Returned(item.source);
+    }
+    match fact.stale() {
+        Some(old) if items.iter().any(|i| i.holds(old)) => Outcome::Stale,
+        _ => Outcome::Missing,
+    }
 }
 
 /// Counts of a scored reading.
@@ -132,14 +138,6 @@ pub fn newest_verbatim(entries: &[Message], items: &[Returned], n: usize) -> usi
                 .any(|r| r.source == Source::Entry(seq) && r.text == entries[i].content)
         })
         .count()
-}
-
-/// Percentile `q` (0..=1) of sorted `xs`; 0 when empty.
-pub fn percentile(xs: &[f64], q: f64) -> f64 {
-    match xs.len() {
-        0 => 0.0,
-        n => xs[((n as f64 * q) as usize).min(n - 1)],
-    }
 }
 
 pub fn mean(xs: impl IntoIterator<Item = f64>) -> f64 {
