@@ -40,6 +40,8 @@ struct Sentence<'a> {
     unit: usize,
     text: &'a str,
     score: f64,
+    /// Its terms but numbers: what it is about, to tell an update.
+    keys: HashSet<String>,
 }
 
 impl Extractive {
@@ -163,6 +165,7 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         if !seen.insert(s.text) {
             continue;
         }
+
         // A sentence joining a line already kept costs its words; one that
         // opens a line costs its label too.
         let cost = match opened.contains(&s.unit) {
@@ -223,6 +226,7 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
                     unit: u,
                     text,
                     score: 0.0,
+                    keys: HashSet::new(),
                 },
                 terms(text),
             ));
@@ -236,7 +240,7 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         }
     }
     let n = sentences.len() as f64;
-    let mut scored: Vec<(Sentence<'a>, HashSet<String>, bool)> = Vec::new();
+    let mut scored: Vec<(Sentence<'a>, bool)> = Vec::new();
     for (mut s, terms) in sentences {
         let mut seen = HashSet::new();
         let mut total = 0.0;
@@ -263,6 +267,16 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         if has(FIRST_PERSON) {
             cue += 0.3;
         }
+        if has(MEMO) {
+            cue += 0.3;
+        }
+        // "My sister's name is Ingrid", "your locker code is K7-4417": a
+        // statement of what something of the speaker's is, with a value
+        // that names it, is what a memory is for.
+        let specific = terms.iter().any(|t| t.digits || t.capital);
+        if specific && has(POSSESSIVE) && has(COPULA) {
+            cue *= 1.8;
+        }
         if has(DECISION) {
             cue += 0.3;
         }
@@ -276,7 +290,7 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         let filler = terms.is_empty() || words.iter().all(|w| is_filler(w));
         s.score = match filler {
             true => 0.0,
-            false => total * cue / (words.len() as f64 + 8.0).sqrt(),
+            false => total * cue / (words.len() as f64 + 8.0),
         };
         // One plain word ("Nice weather.") says little.
         if let [only] = terms.as_slice()
@@ -285,26 +299,26 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         {
             s.score *= 0.5;
         }
-        let keys: HashSet<String> = terms
+        s.keys = terms
             .into_iter()
             .filter(|t| !t.digits)
             .map(|t| t.word)
             .collect();
-        scored.push((s, keys, update));
+        scored.push((s, update));
     }
     // A statement that a later update shares two terms with is worth less
     // than the update: the update is what holds now.
     for i in 0..scored.len() {
-        let superseded = scored[i + 1..].iter().any(|(later, keys, update)| {
+        let superseded = scored[i + 1..].iter().any(|(later, update)| {
             *update
                 && later.unit != scored[i].0.unit
-                && keys.intersection(&scored[i].1).count() >= 2
+                && later.keys.intersection(&scored[i].0.keys).count() >= 2
         });
         if superseded {
             scored[i].0.score *= 0.1;
         }
     }
-    scored.into_iter().map(|(s, _, _)| s).collect()
+    scored.into_iter().map(|(s, _)| s).collect()
 }
 
 /// A content word of a sentence, lower-cased, and what it looks like.
@@ -399,6 +413,14 @@ const LABELS: &[&str] = &["user", "assistant", "system", "tool"];
 /// Words of a first-person statement.
 const FIRST_PERSON: &[&str] = &[
     "i", "i'm", "i've", "i'd", "my", "mine", "we", "we're", "our",
+];
+/// Whose something is.
+const POSSESSIVE: &[&str] = &["my", "your", "our", "his", "her", "their"];
+/// What something is.
+const COPULA: &[&str] = &["is", "are", "was", "were", "be", "it's", "that's"];
+/// Words of a thing to be remembered.
+const MEMO: &[&str] = &[
+    "remember", "noted", "note", "keep", "written", "forget", "mind",
 ];
 /// Words of a decision or commitment.
 const DECISION: &[&str] = &[
