@@ -21,7 +21,9 @@ async def test_async_append_close_with_wait_and_context_round_trip(server, sessi
         appended = await client.append(
             session_id,
             [
-                ("user", "Remember that the staging database is on port 5433."),
+                ("user", "Remember that the staging database is on port 5433. The runbooks "
+                 "for the old cluster still say otherwise, and the dashboards were never "
+                 "brought up to date either, so please take them with a grain of salt."),
                 {"role": "assistant", "content": "Noted: staging is on 5433.",
                  "client_entry_id": "a-1"},
             ],
@@ -41,10 +43,17 @@ async def test_async_append_close_with_wait_and_context_round_trip(server, sessi
         assert closed.summary is not None and "5433" in closed.summary.text
 
         await client.append(session_id, [("user", "And production?")])
-        after = await client.context(session_id, max_tokens=40)
-        assert [type(i) for i in after.items] == [ContextSummary, Entry]
+        # Everything fits: the transcript comes back raw.
+        everything = await client.context(session_id)
+        assert [i.content for i in everything.items][-1] == "And production?"
+        assert all(isinstance(i, Entry) for i in everything.items)
+        # A budget below the raw history: the recap stands for the closed
+        # segment, and the newest turn comes raw after it.
+        after = await client.context(session_id, max_tokens=everything.estimated_tokens - 1)
+        assert type(after.items[0]) is ContextSummary
         assert after.items[0].segment_id == closed.id
-        assert after.items[1].content == "And production?"
+        assert after.items[-1].content == "And production?"
+        assert all(isinstance(i, Entry) for i in after.items[1:])
 
         assert (await client.segment(closed.id)).state == "summarised"
         states = [s.state async for s in client.segments(session_id, page_size=1)]

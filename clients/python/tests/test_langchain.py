@@ -119,15 +119,22 @@ def test_messages_are_summaries_then_raw_messages(server, session_id: str) -> No
         history.add_messages(
             [HumanMessage("Restart it."), ToolMessage("restarted", tool_call_id="call-1")]
         )
-        messages = history.messages
-        assert [type(m).__name__ for m in messages] == [
-            "SystemMessage", "HumanMessage", "ChatMessage",
+        # Everything fits the server's cap: every message raw.
+        assert [m.content for m in history.messages] == [
+            "Answer briefly.", "The cluster is called orion.", "Got it: orion.",
+            "Restart it.", "restarted",
         ]
+        # Below the raw history: the recap first (as a system message),
+        # then the newest messages raw.
+        tight = ArchivistChatMessageHistory(session_id, client, max_tokens=40)
+        messages = tight.messages
         summary = messages[0]
+        assert type(summary).__name__ == "SystemMessage"
         assert "orion" in summary.content
         assert summary.response_metadata["archivist"]["kind"] == "summary"
-        assert messages[1].content == "Restart it."
-        assert (messages[2].role, messages[2].content) == ("tool", "restarted")
+        assert [type(m).__name__ for m in messages[-2:]] == ["HumanMessage", "ChatMessage"]
+        assert messages[-2].content == "Restart it."
+        assert (messages[-1].role, messages[-1].content) == ("tool", "restarted")
         assert isinstance(history, BaseChatMessageHistory)
 
 
@@ -148,10 +155,12 @@ def test_transcript_is_every_message_as_added_while_messages_stay_the_context(
         history.add_messages(
             [HumanMessage("Restart it."), ToolMessage("restarted", tool_call_id="call-1")]
         )
-        # The context: a recap of the first three, then the raw two.
-        assert [type(m).__name__ for m in history.messages] == [
-            "SystemMessage", "HumanMessage", "ChatMessage",
-        ]
+        # The context at a budget below the raw history: a recap of the
+        # first three, then the newest raw.
+        tight = ArchivistChatMessageHistory(session_id, client, max_tokens=40)
+        context = tight.messages
+        assert context[0].response_metadata["archivist"]["kind"] == "summary"
+        assert [m.content for m in context[-2:]] == ["Restart it.", "restarted"]
         transcript = history.transcript()
         assert [(type(m).__name__, m.content) for m in transcript] == [
             ("SystemMessage", "Answer briefly."),
@@ -194,7 +203,7 @@ def test_clear_erases_the_session(server, session_id: str) -> None:
         history.add_messages([HumanMessage("My locker code is 4711."), AIMessage("Noted.")])
         client.close(session_id, wait=True)
         history.add_messages([HumanMessage("Forget all of that.")])
-        assert len(history.messages) == 2  # a summary, then the raw message
+        assert [m.content for m in history.messages][-1] == "Forget all of that."
 
         history.clear()
         assert history.messages == []

@@ -173,19 +173,21 @@ def test_segments_by_level_and_a_context_zoomed_out_to_a_roll_up(
         [(1, s.id) for s in level_1] + [(2, roll_up.id)]
     )
 
-    # Everything fits: the four segments' recaps, then the open entry.
+    # Everything fits: every entry raw, though four segments are summarised.
     whole = client.context(session_id)
-    assert [(i.kind, getattr(i, "level", None)) for i in whole.items] == [
-        ("summary", 1)] * 4 + [("entry", None)]
-    # One token short: the oldest siblings are replaced by their roll-up.
-    zoomed = client.context(session_id, max_tokens=whole.estimated_tokens - 1)
+    assert [(i.kind, i.seq) for i in whole.items] == [("entry", seq) for seq in range(1, 10)]
+    # Room for the roll-up and the newest turn, not for the level-1 recaps:
+    # the roll-up stands for the four segments, the newest entries raw.
+    roll_up_tokens = -(-len(roll_up.summary.text.encode()) // 4) + 4
+    zoomed = client.context(session_id, max_tokens=roll_up_tokens + 36)
     assert zoomed.truncated is False
-    summary, entry = zoomed.items
-    assert isinstance(summary, ContextSummary) and isinstance(entry, Entry)
+    summary, *entries = zoomed.items
+    assert isinstance(summary, ContextSummary)
     assert (summary.level, summary.segment_id, summary.first_seq, summary.last_seq) == (
         2, roll_up.id, 1, 8,
     )
-    assert entry.seq == 9
+    assert entries and all(isinstance(e, Entry) for e in entries)
+    assert entries[-1].seq == 9
 
     with pytest.raises(InvalidArgument) as caught:
         list(client.segments(session_id, levels=[0]))
