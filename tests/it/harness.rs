@@ -188,28 +188,7 @@ impl TestServer {
 
 /// Every node of `session` at `levels`, through every page.
 pub async fn levels(server: &TestServer, session: &str, levels: Vec<u32>) -> Vec<pb::Segment> {
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = server
-            .client
-            .clone()
-            .list_segments(pb::ListSegmentsRequest {
-                session_id: session.to_owned(),
-                levels: levels.clone(),
-                page_size: 100,
-                page_token: token,
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
-        out.extend(page.segments);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
-    }
+    list_segments_at(&mut server.client.clone(), session, levels).await
 }
 
 /// Every segment of `session` ("" for all), through every page.
@@ -217,16 +196,26 @@ pub async fn list_segments(
     client: &mut archivist::client::Client,
     session: &str,
 ) -> Vec<pb::Segment> {
+    list_segments_at(client, session, Vec::new()).await
+}
+
+/// Every node of `session` ("" for all) at `levels` (empty: level 1),
+/// through every page.
+async fn list_segments_at(
+    client: &mut archivist::client::Client,
+    session: &str,
+    levels: Vec<u32>,
+) -> Vec<pb::Segment> {
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
         let page = client
             .list_segments(pb::ListSegmentsRequest {
                 session_id: session.to_owned(),
-                states: Vec::new(),
-                page_size: 0,
+                levels: levels.clone(),
+                page_size: 100,
                 page_token: token,
-                levels: Vec::new(),
+                ..Default::default()
             })
             .await
             .expect("list")
