@@ -13,8 +13,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Instant;
 
-use archivist::internals::{App, PassOutcome, Store, Summariser};
-use archivist::model::{NewEntry, Role, SegmentId, SessionName, Tenant};
+use archivist::internals::{App, Extractive, PassOutcome, Store, Summariser};
+use archivist::model::{
+    Entry, Millis, NewEntry, Role, SegmentId, SessionName, Tenant, estimate_tokens,
+};
 use tokio::sync::Semaphore;
 
 use common::{cpu_time, spawn_provider};
@@ -43,6 +45,7 @@ fn main() {
                 n as f64 / wall.as_secs_f64()
             );
         }
+        extractive_cost();
         println!("Throughput against a provider with 200 ms latency:");
         for concurrency in [4, 16, 64] {
             let (_p, base) = spawn_provider(200);
@@ -59,6 +62,66 @@ fn main() {
             );
         }
     });
+}
+
+/// The built-in extractive summariser alone, in process: a segment of 50
+/// entries of chat (about 30 estimated tokens each, several sentences
+/// some of them), and a roll-up of four of its recaps.
+fn extractive_cost() {
+    let sentences = [
+        "The build takes 49 minutes on the CI machine.",
+        "Sounds good, thanks!",
+        "Our budget is about $1600 for the whole trip, and we land around 9:30 on Thursday.",
+        "Knead for about 7 minutes, until the dough is smooth and springs back when you press it.",
+        "Noted: your doctor's name is Solveig. I'll keep that in mind.",
+        "Pay off high-interest debt first, but keep a small buffer for surprises.",
+    ];
+    let entries: Vec<Entry> = (0..50u64)
+        .map(|i| {
+            let content = format!(
+                "{} {} (item {i})",
+                sentences[i as usize % sentences.len()],
+                sentences[(i as usize * 7 + 3) % sentences.len()]
+            );
+            Entry {
+                seq: i + 1,
+                client_entry_id: None,
+                role: if i % 2 == 0 { Role::User } else { Role::Assistant },
+                tokens: estimate_tokens(&content),
+                content,
+                created_at: Millis(0),
+            }
+        })
+        .collect();
+    let n = 2_000;
+    let t0 = Instant::now();
+    let mut recap = String::new();
+    for _ in 0..n {
+        recap = Extractive.summarise(&entries, 512).text;
+    }
+    let level_one = t0.elapsed();
+    let children: Vec<Entry> = (0..4u64)
+        .map(|i| Entry {
+            seq: i + 1,
+            client_entry_id: None,
+            role: Role::Assistant,
+            tokens: estimate_tokens(&recap),
+            content: recap.clone(),
+            created_at: Millis(0),
+        })
+        .collect();
+    let t0 = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(Extractive.summarise_recaps(&children, 512));
+    }
+    let roll_up = t0.elapsed();
+    println!(
+        "Extractive summariser alone: {:.0} µs a 50-entry segment ({} estimated tokens in, {} out), {:.0} µs a roll-up of four recaps",
+        level_one.as_secs_f64() * 1e6 / f64::from(n),
+        entries.iter().map(|e| e.tokens).sum::<u32>(),
+        estimate_tokens(&recap),
+        roll_up.as_secs_f64() * 1e6 / f64::from(n),
+    );
 }
 
 struct Bench {

@@ -128,6 +128,7 @@ pub mod internals {
     pub use crate::app::App;
     pub use crate::breaker::TRIP_AFTER;
     pub use crate::pass::{PassOutcome, Summariser};
+    pub use crate::provider::Extractive;
     pub use crate::reconciler::Reconciler;
     pub use crate::store::{Budget, Store, StoreError};
 }

@@ -308,11 +308,13 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
     }
     // A statement that a later update shares two terms with is worth less
     // than the update: the update is what holds now.
+    // Only the updates are compared with what came before them: the work
+    // is the sentences times the updates, not the sentences squared.
+    let updates: Vec<usize> = (0..scored.len()).filter(|&j| scored[j].1).collect();
     for i in 0..scored.len() {
-        let superseded = scored[i + 1..].iter().any(|(later, update)| {
-            *update
-                && later.unit != scored[i].0.unit
-                && later.keys.intersection(&scored[i].0.keys).count() >= 2
+        let superseded = updates.iter().filter(|&&j| j > i).any(|&j| {
+            let (later, earlier) = (&scored[j].0, &scored[i].0);
+            later.unit != earlier.unit && later.keys.intersection(&earlier.keys).count() >= 2
         });
         if superseded {
             scored[i].0.score *= 0.1;

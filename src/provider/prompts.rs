@@ -51,6 +51,10 @@ fn rollup_target(children: &[String]) -> String {
         .max()
         .unwrap_or(0)
         .max(20);
+    words_line(words)
+}
+
+fn words_line(words: usize) -> String {
     format!("Write one recap of at most {words} words.")
 }
 
@@ -93,7 +97,7 @@ pub(crate) fn overhead_tokens() -> u32 {
     longest
         + crate::model::estimate_tokens(CARRY_HEADER)
         + crate::model::estimate_tokens(SEGMENT_HEADER)
-        + crate::model::estimate_tokens(&rollup_target(&["word ".repeat(99_999)]))
+        + crate::model::estimate_tokens(&words_line(usize::MAX))
 }
 
 /// A transcript as a provider reads it: one `role: content` line an entry.
