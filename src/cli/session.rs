@@ -138,7 +138,7 @@ pub enum SessionCommand {
     Context {
         /// The session id: 1 to 128 characters of letters, digits and . _ : -
         session: String,
-        /// Token budget; 0 means no limit.
+        /// Token budget; 0 means the server's cap (limits.max_context_tokens).
         #[arg(long, default_value_t = 0)]
         max_tokens: u32,
     },

@@ -25,7 +25,7 @@ pub const PROMPT_VERSION: &str = "extractive-2";
 const RECAP_TOKENS: u32 = 150;
 /// The least a recap is allowed, so that a short segment keeps a line or
 /// two.
-const MIN_RECAP_TOKENS: u32 = 32;
+const MIN_RECAP_TOKENS: u32 = 48;
 /// A sentence worth less than this share of the best one is left out.
 const FLOOR: f64 = 0.3;
 /// A level-1 recap is about this share of what it summarises.
@@ -154,7 +154,8 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         ranked = rounds.into_iter().map(|(_, i)| i).collect();
     }
 
-    let mut chosen: Vec<usize> = Vec::new();
+    // Each kept sentence, as kept: the first may be cut to fit.
+    let mut chosen: Vec<(usize, &str)> = Vec::new();
     let mut used = 0u32;
     let mut seen: HashSet<&str> = HashSet::new();
     let mut opened: HashSet<usize> = HashSet::new();
@@ -165,37 +166,41 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         if !seen.insert(s.text) {
             continue;
         }
-
         // A sentence joining a line already kept costs its words; one that
         // opens a line costs its label too.
         let cost = match opened.contains(&s.unit) {
             true => estimate_tokens(s.text).saturating_sub(3),
             false => estimate_tokens(s.text) + 2,
         };
-        if used + cost > target && !chosen.is_empty() {
-            continue;
-        }
-        used += cost;
+        let text = match (used + cost > target, chosen.is_empty()) {
+            (false, _) => s.text,
+            (true, false) => continue,
+            // The best sentence alone is over the target (a pasted log, a
+            // wall of text with no full stop): what fits of it, so that no
+            // recap, and no roll-up above it, is larger than the target.
+            (true, true) => prefix(s.text, target.saturating_sub(8) as usize * 4),
+        };
+        used += cost.min(target);
         opened.insert(s.unit);
-        chosen.push(i);
+        chosen.push((i, text));
     }
-    chosen.sort_unstable();
+    chosen.sort_unstable_by_key(|&(i, _)| i);
 
     if chosen.is_empty() {
         // Nothing sentence-like at all (say, only symbols): keep the first
         // unit, cut to the budget.
         return units
             .first()
-            .map(|u| u.line(&[prefix(u.text.trim(), target as usize * 4)]))
+            .map(|u| u.line(&[prefix(u.text.trim(), target.saturating_sub(8) as usize * 4)]))
             .unwrap_or_default();
     }
     let mut lines = Vec::new();
     let mut k = 0;
     while k < chosen.len() {
-        let unit = sentences[chosen[k]].unit;
+        let unit = sentences[chosen[k].0].unit;
         let mut parts = Vec::new();
-        while k < chosen.len() && sentences[chosen[k]].unit == unit {
-            parts.push(sentences[chosen[k]].text);
+        while k < chosen.len() && sentences[chosen[k].0].unit == unit {
+            parts.push(chosen[k].1);
             k += 1;
         }
         lines.push(units[unit].line(&parts));
@@ -280,7 +285,8 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         if has(DECISION) {
             cue += 0.3;
         }
-        let update = has(UPDATE);
+        // "no longer" is a change; "a longer timeout" is not.
+        let update = has(UPDATE) || lower.contains("no longer");
         if update {
             cue += 0.3;
         }
@@ -443,8 +449,7 @@ const DECISION: &[&str] = &[
 ];
 /// Words of a change to something said before.
 const UPDATE: &[&str] = &[
-    "now", "changed", "change", "instead", "anymore", "moved", "switched", "updated", "new",
-    "longer", "actually",
+    "now", "changed", "instead", "anymore", "moved", "switched", "updated", "update", "actually",
 ];
 
 /// Acknowledgements and greetings: a sentence of these alone is filler.
@@ -827,7 +832,7 @@ mod tests {
             assert!(old < new, "{}", recap.text);
         }
         // When only one fits, it is the update.
-        let tight = Extractive.summarise_recaps(&recaps, 16);
+        let tight = Extractive.summarise_recaps(&recaps, 24);
         assert!(tight.text.contains("K9-2093"), "{}", tight.text);
         assert!(!tight.text.contains("K7-4417"), "{}", tight.text);
     }
@@ -857,5 +862,59 @@ mod tests {
             );
         }
         assert!(recap.output_tokens <= 80, "{}", recap.output_tokens);
+    }
+
+    /// A recap is never longer than its target, however long the best
+    /// sentence: a wall of text with no full stop is cut, and so is a
+    /// roll-up of such recaps.
+    #[test]
+    fn a_huge_sentence_is_cut_to_the_target() {
+        let wall = "Ingrid code K7-4417 ".repeat(3000);
+        let recap = Extractive.summarise(&[entry(1, Role::User, &wall)], 512);
+        assert!(
+            recap.output_tokens <= RECAP_TOKENS,
+            "{}",
+            recap.output_tokens
+        );
+        assert!(
+            recap.text.starts_with("user: Ingrid code K7-4417"),
+            "{}",
+            &recap.text[..40]
+        );
+        let children: Vec<Entry> = (1..=4)
+            .map(|i| entry(i, Role::Assistant, &format!("user: {wall}")))
+            .collect();
+        let roll_up = Extractive.summarise_recaps(&children, 512);
+        assert!(
+            roll_up.output_tokens <= RECAP_TOKENS,
+            "{}",
+            roll_up.output_tokens
+        );
+        let digits = "7".repeat(64 * 1024);
+        let recap = Extractive.summarise(&[entry(1, Role::Tool, &digits)], 512);
+        assert!(
+            recap.output_tokens <= RECAP_TOKENS,
+            "{}",
+            recap.output_tokens
+        );
+    }
+
+    #[test]
+    fn a_longer_timeout_is_no_update() {
+        let entries = vec![
+            entry(
+                1,
+                Role::User,
+                "The billing deploy failed last night; the migration timed out.",
+            ),
+            entry(
+                2,
+                Role::Assistant,
+                "I will rerun the billing migration with a longer timeout.",
+            ),
+        ];
+        let recap = Extractive.summarise(&entries, 512);
+        assert!(recap.text.contains("deploy failed"), "{}", recap.text);
+        assert!(recap.text.contains("longer timeout"), "{}", recap.text);
     }
 }

@@ -406,9 +406,18 @@ pub(super) fn cover(tree: &mut impl Tree, budget: Budget) -> Result<Context, Sto
     };
 
     // The window: the newest entries that fit its share.
+    // The window's share of the bytes is its share of the tokens, so that
+    // a budget larger than the message limit cannot let it crowd out the
+    // older history.
     let window_limit = Cost {
         tokens: recent.min(limit.tokens),
-        bytes: limit.bytes,
+        bytes: match budget.max_tokens {
+            0 => limit.bytes,
+            n => {
+                (u128::from(limit.bytes) * u128::from(recent.min(u64::from(n))) / u128::from(n))
+                    as u64
+            }
+        },
     };
     let mut window = Window::default();
     let mut out = Output::default();
@@ -935,5 +944,21 @@ mod tests {
         // The window's entry and the one past it, the three kept and the
         // one that did not fit, and the tree's nodes: not all sixteen.
         assert!(f.reads <= 2 + 4 + 11, "{} reads", f.reads);
+    }
+
+    #[test]
+    fn the_window_takes_its_share_of_the_bytes_not_all_of_them() {
+        // Tokens for every entry raw, bytes for four entries (152 each) and
+        // not much more: the window takes a quarter of the bytes (one
+        // entry), and the recap of everything older still fits.
+        let budget = Budget {
+            max_tokens: 160,
+            max_bytes: 700,
+            recent_tokens: 40,
+        };
+        let ctx = cover(&mut Fake::eight([true, true], true), budget).expect("cover");
+        well_formed(&ctx, 16).expect("well formed");
+        assert!(!ctx.truncated, "{:?}", shape(&ctx));
+        assert_eq!(shape(&ctx).last(), Some(&(16, 16, 0)));
     }
 }
