@@ -86,7 +86,11 @@ fn extractive_cost() {
             Entry {
                 seq: i + 1,
                 client_entry_id: None,
-                role: if i % 2 == 0 { Role::User } else { Role::Assistant },
+                role: if i % 2 == 0 {
+                    Role::User
+                } else {
+                    Role::Assistant
+                },
                 tokens: estimate_tokens(&content),
                 content,
                 created_at: Millis(0),
