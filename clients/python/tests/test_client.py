@@ -30,7 +30,8 @@ def test_append_close_with_wait_and_context_round_trip(client: Client, session_i
     appended = client.append(
         session_id,
         [
-            ("user", "The billing deploy failed last night; the migration timed out."),
+            ("user", ("The billing deploy failed last night; the migration timed out. The runbooks for "
+             "the old cluster still say otherwise, and the dashboards were never updated.")),
             {"role": "assistant", "content": "I will rerun it with a longer timeout.",
              "client_entry_id": "reply-1"},
         ],
@@ -51,7 +52,8 @@ def test_append_close_with_wait_and_context_round_trip(client: Client, session_i
 
     before = client.context(session_id)
     assert [(i.kind, i.role, i.content) for i in before.items] == [
-        ("entry", "user", "The billing deploy failed last night; the migration timed out."),
+        ("entry", "user", ("The billing deploy failed last night; the migration timed out. The runbooks for "
+             "the old cluster still say otherwise, and the dashboards were never updated.")),
         ("entry", "assistant", "I will rerun it with a longer timeout."),
     ]
     assert before.entries[1].client_entry_id == "reply-1"
@@ -67,7 +69,10 @@ def test_append_close_with_wait_and_context_round_trip(client: Client, session_i
     assert closed.closed_at is not None
 
     client.append(session_id, [("user", "Did it work this time?")])
-    after = client.context(session_id, max_tokens=40)
+    # Room for the recap and the newest turn, not for the entries the recap
+    # stands for (estimated tokens: bytes / 4, rounded up, plus 4).
+    recap_tokens = -(-len(closed.summary.text.encode()) // 4) + 4
+    after = client.context(session_id, max_tokens=recap_tokens + 14)
     assert [type(i) for i in after.items] == [ContextSummary, Entry]
     summary, entry = after.items
     assert isinstance(summary, ContextSummary) and isinstance(entry, Entry)
