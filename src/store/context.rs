@@ -37,8 +37,9 @@ use crate::store::StoreError;
 
 /// What a backend gives the cover.
 pub(super) trait Tree {
-    /// The session's roots (nodes no roll-up covers yet), oldest first.
-    fn roots(&mut self) -> Result<Vec<Segment>, StoreError>;
+    /// Up to `limit` of the session's roots (nodes no roll-up covers yet)
+    /// that start before the seq `before`, newest first.
+    fn roots_before(&mut self, before: u64, limit: u32) -> Result<Vec<Segment>, StoreError>;
     /// A roll-up's children, oldest first.
     fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError>;
     /// The session's entries with seqs `first..=last`, newest first, until
@@ -72,6 +73,9 @@ impl Budget {
         }
     }
 }
+
+/// Roots one read of the cover fetches.
+const ROOT_PAGE: u32 = 16;
 
 /// What an item costs on the wire beyond its texts, at most: ids, seqs,
 /// role, timestamps, counts and the framing of each message.
@@ -210,6 +214,34 @@ impl<T: Tree> Cover<'_, T> {
             }
         }
         Ok(())
+    }
+
+    /// The coarsest units of the session, oldest first: its roots read
+    /// newest first, a page at a time, and no further once what they cost
+    /// is past `left` (the newest of them are all a truncated cover can
+    /// hold), so that the read follows the budget even when thousands of
+    /// segments still wait for their recaps.
+    fn coarsest_roots(&mut self, left: Cost) -> Result<Vec<Unit>, StoreError> {
+        let mut newest_first: Vec<Vec<Unit>> = Vec::new();
+        let mut cost = Cost::default();
+        let mut before = u64::MAX;
+        loop {
+            let page = self.tree.roots_before(before, ROOT_PAGE)?;
+            let full = page.len() == ROOT_PAGE as usize;
+            for root in page {
+                before = root.first_seq;
+                let mut units = Vec::new();
+                self.coarsest(root, &mut units)?;
+                cost = cost.plus(Cost::sum(&units));
+                newest_first.push(units);
+                if left.minus(cost).is_none() {
+                    return Ok(newest_first.into_iter().rev().flatten().collect());
+                }
+            }
+            if !full {
+                return Ok(newest_first.into_iter().rev().flatten().collect());
+            }
+        }
     }
 
     /// A level-1 segment as its raw entries older than the window.
@@ -400,10 +432,10 @@ pub(super) fn cover(tree: &mut impl Tree, budget: Budget) -> Result<Context, Sto
         (0, n) => u64::from(n / 4),
         (r, _) => u64::from(r),
     };
-    let roots = tree.roots()?;
-    let Some(session_last) = roots.iter().map(|r| r.last_seq).max() else {
+    let Some(newest) = tree.roots_before(u64::MAX, 1)?.pop() else {
         return Ok(Output::default().finish());
     };
+    let session_last = newest.last_seq;
 
     // The window: the newest entries that fit its share.
     // The window's share of the bytes is its share of the tokens, so that
@@ -436,12 +468,8 @@ pub(super) fn cover(tree: &mut impl Tree, budget: Budget) -> Result<Context, Sto
     let edge = out.oldest_seq().unwrap_or(session_last.saturating_add(1));
     let window_cost = window.cost;
     let mut c = Cover { tree, window, edge };
-    let mut units = Vec::new();
-    for root in roots {
-        c.coarsest(root, &mut units)?;
-    }
-
     let left = limit.minus(window_cost).unwrap_or_default();
+    let mut units = c.coarsest_roots(left)?;
     match left.minus(Cost::sum(&units)) {
         Some(slack) => {
             let slack = c.zoom(&mut units, slack)?;
@@ -615,9 +643,17 @@ mod tests {
     }
 
     impl Tree for Fake {
-        fn roots(&mut self) -> Result<Vec<Segment>, StoreError> {
-            self.reads += self.roots.len();
-            Ok(self.roots.iter().map(|id| self.nodes[id].clone()).collect())
+        fn roots_before(&mut self, before: u64, limit: u32) -> Result<Vec<Segment>, StoreError> {
+            let mut roots: Vec<Segment> = self
+                .roots
+                .iter()
+                .map(|id| self.nodes[id].clone())
+                .filter(|n| n.first_seq < before)
+                .collect();
+            roots.sort_by_key(|n| std::cmp::Reverse(n.first_seq));
+            roots.truncate(limit as usize);
+            self.reads += roots.len();
+            Ok(roots)
         }
 
         fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError> {
@@ -960,5 +996,25 @@ mod tests {
         well_formed(&ctx, 16).expect("well formed");
         assert!(!ctx.truncated, "{:?}", shape(&ctx));
         assert_eq!(shape(&ctx).last(), Some(&(16, 16, 0)));
+    }
+
+    /// A session whose segments all still wait for their recaps: the
+    /// roots are read newest first, a page at a time, only as far as the
+    /// budget reaches, not all thousand of them.
+    #[test]
+    fn a_long_backlog_is_read_only_as_far_as_the_budget_goes() {
+        let mut f = Fake::default();
+        for i in 0..1000u64 {
+            let n = node(i + 1, 1, (2 * i + 1, 2 * i + 2), None);
+            for seq in n.first_seq..=n.last_seq {
+                f.entries.insert(seq, entry(seq, &"x".repeat(24), 10));
+            }
+            f.roots.push(n.id);
+            f.nodes.insert(n.id, n);
+        }
+        let ctx = cover(&mut f, tokens(100)).expect("cover");
+        assert!(ctx.truncated);
+        assert_eq!(ctx.items.len(), 10);
+        assert!(f.reads < 60, "{} reads", f.reads);
     }
 }

@@ -119,13 +119,19 @@ struct PgTree<'c> {
 }
 
 impl Tree for PgTree<'_> {
-    fn roots(&mut self) -> Result<Vec<Segment>, StoreError> {
+    fn roots_before(&mut self, before: u64, limit: u32) -> Result<Vec<Segment>, StoreError> {
         let sql = format!(
             "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
-             WHERE s.session_id = $1 AND s.parent_id IS NULL ORDER BY s.first_seq"
+             WHERE s.session_id = $1 AND s.parent_id IS NULL AND s.first_seq < $2 \
+             ORDER BY s.first_seq DESC LIMIT $3"
         );
-        self.runtime
-            .block_on(collect_segments(self.client, &sql, &[&self.session_id]))
+        // No seq is past i64::MAX: "before" anything larger is before that.
+        let (before, limit) = (signed(before.min(i64::MAX as u64)), i64::from(limit));
+        self.runtime.block_on(collect_segments(
+            self.client,
+            &sql,
+            &[&self.session_id, &before, &limit],
+        ))
     }
 
     fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError> {

@@ -55,12 +55,14 @@ struct SqliteTree<'c> {
 }
 
 impl Tree for SqliteTree<'_> {
-    fn roots(&mut self) -> Result<Vec<Segment>, StoreError> {
+    fn roots_before(&mut self, before: u64, limit: u32) -> Result<Vec<Segment>, StoreError> {
         let sql = format!(
             "SELECT {SEGMENT_COLUMNS} FROM {SEGMENT_FROM} \
-             WHERE s.session_id = ?1 AND s.parent_id IS NULL ORDER BY s.first_seq"
+             WHERE s.session_id = ?1 AND s.parent_id IS NULL AND s.first_seq < ?2 \
+             ORDER BY s.first_seq DESC LIMIT ?3"
         );
-        collect_segments(self.conn, &sql, [self.session_id])
+        let before = before.min(i64::MAX as u64);
+        collect_segments(self.conn, &sql, params![self.session_id, before, limit])
     }
 
     fn children(&mut self, node: &Segment) -> Result<Vec<Segment>, StoreError> {
