@@ -18,6 +18,7 @@ from archivist_client import (
     NotFound,
     Unavailable,
 )
+from support import eventually
 
 
 @pytest.fixture
@@ -105,6 +106,12 @@ def test_segments_iterate_every_page_and_filter_by_state(client: Client, session
     assert flushed.complete is True
     assert [s.state for s in flushed.segments] == ["summarised"] * 4
 
+    # FlushSession waits for level 1 only: the roll-up of the four follows
+    # in the background, and until it is written it is PENDING, which a
+    # requeue would count.
+    assert eventually(
+        lambda: [s.state for s in client.segments(session_id, levels=[2])] == ["summarised"]
+    )
     assert client.requeue(session_id) == 0
     backlog = client.backlog()
     assert backlog.summarised >= 4
