@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{Value, json};
 
 use super::output::*;
-use super::session::{ClientFlags, Failed, all_segments, connect, print_json, request};
+use super::terminal::{ClientFlags, Failed, all_segments, connect, print_json, request};
 use crate::client::Client;
 use crate::pb;
 use crate::text::{count, human_duration};

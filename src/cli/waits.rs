@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::output::*;
-use super::session::{ClientFlags, Failed, print_json, request};
+use super::terminal::{ClientFlags, Failed, print_json, request};
 use crate::client::{CallError, Client};
 use crate::model::SegmentState;
 use crate::pb;
