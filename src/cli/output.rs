@@ -286,16 +286,6 @@ pub(super) fn context_json(resp: &pb::GetContextResponse) -> Value {
     })
 }
 
-pub(super) fn error_json(error: &CallError) -> Value {
-    json!({
-        "code": format!("{:?}", error.code),
-        "message": error.message,
-        "reason": error.reason,
-        "causes": error.chain(),
-        "hint": error.failure.as_ref().map(|f| f.hint.clone()),
-    })
-}
-
 /// Levels `session tree` asks for: with fanout 4, level 16 covers four
 /// billion segments.
 pub(super) const TREE_DEPTH: u32 = 16;

@@ -513,8 +513,10 @@ class Client(_Base):
 
         Returns the closed segment, or None when nothing was open. With
         `wait=True` it returns once the recap pass ends (or shortly before
-        the deadline); a failed recap raises the error for its failure class
-        with `failure` set, and the segment stays closed.
+        the deadline). The close succeeded whatever the recap did, so a
+        failed recap raises nothing: the segment's `state` is "pending" (the
+        server tries again by itself) or "parked", and its `last_failure`
+        says why. An error means the close itself failed.
         """
         request = pb.CloseSegmentRequest(session_id=session_id, wait=wait)
         response = self._call(self._stub.CloseSegment, request, timeout)
