@@ -190,7 +190,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&append_json(&session, &resp));
+                print_json(&session_wire_json(&session, &resp));
                 return Ok(());
             }
             for e in &resp.entries {
@@ -227,11 +227,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&json!({
-                    "session_id": session,
-                    "entries_deleted": resp.entries_deleted,
-                    "segments_deleted": resp.segments_deleted,
-                }));
+                print_json(&session_wire_json(&session, &resp));
             } else {
                 println!(
                     "erased session {session}: {} and {}",
@@ -255,7 +251,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .into_inner();
             while let Some(event) = stream.message().await? {
                 if flags.json {
-                    println!("{}", event_json(&event));
+                    println!("{}", wire_json(&event));
                 } else {
                     print_event(&event);
                 }
@@ -268,7 +264,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             if flags.json {
                 print_json(&json!({
                     "session_id": session,
-                    "nodes": nodes.iter().map(segment_json).collect::<Vec<_>>(),
+                    "nodes": nodes.iter().map(wire_json).collect::<Vec<_>>(),
                 }));
             } else if nodes.is_empty() {
                 println!("no segments yet");
@@ -290,14 +286,14 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .get_context(request(
                     flags,
                     pb::GetContextRequest {
-                        session_id: session,
+                        session_id: session.clone(),
                         max_tokens,
                     },
                 ))
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&context_json(&resp));
+                print_json(&wire_json(&resp));
                 return Ok(());
             }
             if resp.truncated {
@@ -342,7 +338,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 ensure_session(&mut client, flags, session).await?;
             }
             if flags.json {
-                print_json(&json!({ "requeued": resp.requeued }));
+                print_json(&wire_json(&resp));
             } else if resp.requeued == 0 {
                 println!(
                     "nothing to requeue: no matching segment is {}",

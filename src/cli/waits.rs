@@ -84,7 +84,7 @@ pub(super) async fn close(
     };
     let summarised = state_from_pb(seg.state) == Some(SegmentState::Summarised);
     if flags.json {
-        print_json(&json!({ "closed": true, "segment": segment_json(&seg) }));
+        print_json(&json!({ "closed": true, "segment": wire_json(&seg) }));
     } else if !wait {
         println!(
             "closed segment {} of {session} ({}); its recap runs in the background (`archivist session show {session}` shows it)",
@@ -138,11 +138,7 @@ pub(super) async fn flush(
     waiting.done();
     let resp = result?.into_inner();
     if flags.json {
-        print_json(&json!({
-            "session_id": session,
-            "complete": resp.complete,
-            "segments": resp.segments.iter().map(segment_json).collect::<Vec<_>>(),
-        }));
+        print_json(&session_wire_json(session, &resp));
     } else {
         for seg in &resp.segments {
             print_segment(seg);

@@ -592,10 +592,13 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     let ran = run(client(&["show", "demo", "--json"]), "session").await;
     assert_eq!(ran.code, 0);
     let shown = ran.json();
-    assert_eq!(shown["segments"][0]["state"], "OPEN");
+    assert_eq!(shown["segments"][0]["state"], "SEGMENT_STATE_OPEN");
+    assert_eq!(shown["segments"][0]["level"], 1);
+    assert_eq!(shown["segments"][0]["child_ids"], serde_json::json!([]));
     assert_eq!(shown["segments"][0]["entry_count"], 1);
-    assert!(shown["segments"][0].get("next_attempt_at").is_some());
-    assert!(shown["segments"][0].get("passes").is_some());
+    // Every field, defaults too; an unset message field is left out.
+    assert_eq!(shown["segments"][0]["passes"], 0);
+    assert!(shown["segments"][0].get("summary").is_none());
 
     let ran = run(client(&["--json"]), "sessions").await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
@@ -611,7 +614,7 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let closed = ran.json();
     assert_eq!(closed["closed"], true);
-    assert_eq!(closed["segment"]["state"], "SUMMARISED");
+    assert_eq!(closed["segment"]["state"], "SEGMENT_STATE_SUMMARISED");
 }
 
 #[tokio::test]
