@@ -95,23 +95,37 @@ pub(super) fn print_segment(seg: &pb::Segment) {
         println!("    next attempt: {}", when(at, now));
     }
     if let Some(f) = &seg.last_failure {
-        let status = f
-            .http_status
-            .map(|s| format!(" (HTTP {s})"))
-            .unwrap_or_default();
-        // The first cause restates the class and attempts.
-        let causes = f.causes.get(1..).unwrap_or_default().join(": ");
-        println!(
-            "    last failure: {}{status} after {}: {causes}",
-            failure_class_name(f),
-            count(u64::from(f.attempts), "attempt", "attempts"),
-        );
-        if !f.hint.is_empty() {
-            println!("    fix: {}", f.hint);
-        }
+        print_failure(f, state_from_pb(seg.state));
     }
     if let Some(advice) = advice(seg) {
         println!("    {advice}");
+    }
+}
+
+/// A node's last failure, as its state makes it: what stands in the way of
+/// a PENDING or PARKED node's recap, with its fix; for a node summarised
+/// since, a past failure in one line, with no fix to make.
+fn print_failure(f: &pb::Failure, state: Option<SegmentState>) {
+    let attempts = count(u64::from(f.attempts), "attempt", "attempts");
+    if !matches!(state, Some(SegmentState::Pending | SegmentState::Parked)) {
+        println!(
+            "    an earlier pass failed ({} after {attempts}); a later one succeeded",
+            failure_class_name(f)
+        );
+        return;
+    }
+    let status = f
+        .http_status
+        .map(|s| format!(" (HTTP {s})"))
+        .unwrap_or_default();
+    // The first cause restates the class and attempts.
+    let causes = f.causes.get(1..).unwrap_or_default().join(": ");
+    println!(
+        "    last failure: {}{status} after {attempts}: {causes}",
+        failure_class_name(f),
+    );
+    if !f.hint.is_empty() {
+        println!("    fix: {}", f.hint);
     }
 }
 

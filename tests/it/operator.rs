@@ -652,6 +652,48 @@ async fn a_close_whose_recap_failed_is_reported_closed_with_what_comes_next() {
 }
 
 #[tokio::test]
+async fn show_tells_a_failure_a_later_recap_cleared_as_past() {
+    let script = Script::new(vec![ResponseTemplate::new(401), completion("The recap.")]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    let address = format!("http://{}", server.addr);
+    server.append("p", &["Something to recap."]).await;
+    server.close("p", true).await.expect("closed; refused");
+    let args = ["session", "--server", &address, "show", "p"];
+    let show = || archivist(&args, &[], None);
+    let parked = show().await;
+    assert!(parked.stdout.contains("PARKED"), "{}", parked.stdout);
+    assert!(
+        parked.stdout.contains("last failure: unauthorized"),
+        "{}",
+        parked.stdout
+    );
+    assert!(parked.stdout.contains("fix:"), "{}", parked.stdout);
+
+    // Fixed and requeued, the recap is written: the failure is history.
+    assert_eq!(server.requeue("p", true).await, 1);
+    let summarised = eventually(Duration::from_secs(10), || async {
+        server.backlog().await.summarised == 1
+    })
+    .await;
+    assert!(summarised);
+    let ran = show().await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(ran.stdout.contains("SUMMARISED"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("The recap."), "{}", ran.stdout);
+    assert!(
+        ran.stdout.contains(
+            "an earlier pass failed (unauthorized after 1 attempt); a later one succeeded"
+        ),
+        "{}",
+        ran.stdout
+    );
+    for stale in ["last failure", "fix:", "parked", "requeue"] {
+        assert!(!ran.stdout.contains(stale), "{stale:?} in {}", ran.stdout);
+    }
+}
+
+#[tokio::test]
 async fn start_up_messages_name_what_to_change() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data_dir = dir.path().to_str().expect("utf-8 path");
