@@ -79,6 +79,13 @@ async def test_async_errors_are_archivist_errors(server) -> None:
         with pytest.raises(InvalidArgument):
             async for _ in client.segments("bad id!"):
                 pass
+        # Refused before sending, as the blocking client does.
+        with pytest.raises(InvalidArgument) as caught:
+            await client.context("never-written-to", max_tokens=-1)
+        assert [v.field for v in caught.value.violations] == ["max_tokens"]
+        with pytest.raises(InvalidArgument) as caught:
+            await client.append("never-written-to", [("robot", "beep")])
+        assert caught.value.reason == "INVALID_ROLE"
         assert [s async for s in client.segments("never-written-to")] == []
 
 

@@ -20,14 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from google.protobuf.any_pb2 import Any as AnyPb
 from google.rpc import error_details_pb2, status_pb2
 
-from .types import Failure
 from .v1 import archivist_pb2 as pb
+
+if TYPE_CHECKING:
+    # Imported where used: `types` raises InvalidArgument from here.
+    from .types import Failure
 
 __all__ = [
     "AlreadyExists",
@@ -151,8 +154,25 @@ class Cancelled(ArchivistError):
     """CANCELLED: the call was cancelled."""
 
 
-class InvalidArgument(ArchivistError):
-    """INVALID_ARGUMENT: bad input; `violations` names every bad field."""
+class InvalidArgument(ArchivistError, ValueError):
+    """INVALID_ARGUMENT: bad input; `violations` names every bad field.
+
+    The client raises it itself, before anything is sent, for an argument
+    it can tell is bad (an unknown role, a negative `max_tokens`): then
+    `domain` is "" and `reason` the one the server would give, or
+    "INVALID_ARGUMENT". It is a ValueError too."""
+
+
+def invalid_argument(
+    field: str, description: str, reason: str = "INVALID_ARGUMENT"
+) -> InvalidArgument:
+    """The InvalidArgument raised before a call is sent, for one bad field."""
+    return InvalidArgument(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{field}: {description}",
+        reason=reason,
+        violations=[Violation(field, description)],
+    )
 
 
 class DeadlineExceeded(ArchivistError):
@@ -270,6 +290,8 @@ def from_status(
         elif isinstance(detail, error_details_pb2.DebugInfo):
             debug_causes = list(detail.stack_entries)
         elif isinstance(detail, pb.Failure):
+            from .types import Failure
+
             kwargs["failure"] = Failure.from_pb(detail)
     failure: Failure | None = kwargs.get("failure")
     if debug_causes is not None:
