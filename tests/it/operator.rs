@@ -144,6 +144,32 @@ async fn a_backfill_with_another_provider_is_refused_naming_both() {
 }
 
 #[tokio::test]
+async fn a_backfill_with_an_llm_over_an_extractive_database_needs_no_flag() {
+    let server = TestServer::start().await;
+    server
+        .append("s", &["Served by the extractive provider."])
+        .await;
+    let dir = server.stop().await;
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    let env = openai_env(&closed_port());
+    for dry in [true, false] {
+        let mut args = vec!["backfill", "--data-dir", data_dir];
+        if dry {
+            args.push("--dry-run");
+        }
+        let ran = archivist(&args, &borrowed(&env), None).await;
+        assert_eq!(ran.code, 0, "dry run {dry}: {}{}", ran.stdout, ran.stderr);
+        assert!(
+            ran.stdout.contains(
+                "moving from the built-in extractive provider to an LLM needs no --allow-provider-change"
+            ),
+            "dry run {dry}: {}",
+            ran.stdout
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_backfill_never_creates_a_database_and_usage_errors_are_not_work_left() {
     let dir = tempfile::tempdir().expect("temp dir");
     let missing = dir.path().join("nonexistent");
@@ -905,59 +931,77 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
 }
 
 #[tokio::test]
-async fn serve_refuses_another_provider_unless_told_and_then_records_it() {
+async fn serve_moves_up_from_extractive_but_refuses_other_changes_unless_told() {
     let server = TestServer::start().await;
     server
         .append("s", &["Served by the extractive provider."])
         .await;
     let dir = server.stop().await;
     let data_dir = dir.path().to_str().expect("utf-8 path");
-    let env = openai_env("http://127.0.0.1:9");
-    let mut env = borrowed(&env);
-    env.push(("ARCHIVIST_PROVIDER_CHECK_ON_START", Some("false")));
-    let ran = archivist(
-        &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
-        &env,
-        None,
-    )
-    .await;
-    assert_eq!(ran.code, 1, "{}", ran.stderr);
-    assert!(
-        ran.stderr.contains("last served with extractive"),
-        "{}",
-        ran.stderr
-    );
-    assert!(
-        ran.stderr.contains("http://127.0.0.1:9/v1"),
-        "{}",
-        ran.stderr
-    );
-    assert!(
-        !ran.stderr.contains("archivist is serving"),
-        "{}",
-        ran.stderr
-    );
+    let serve_args = ["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir];
+    let llm = |base: &str| {
+        let mut env = openai_env(base);
+        env.push((
+            "ARCHIVIST_PROVIDER_CHECK_ON_START",
+            Some("false".to_owned()),
+        ));
+        env
+    };
 
-    let told = Serve::start_args(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir,
-            "--allow-provider-change",
-        ],
-        &env,
-    );
-    let changed = told
+    // From the default to an LLM: the upgrade a newcomer makes, let through
+    // and said in a line.
+    let env = llm("http://127.0.0.1:9");
+    let upgraded = Serve::start(dir.path(), &borrowed(&env));
+    let changed = upgraded
         .logged("the provider changed")
         .await
         .expect("said so at start-up");
-    assert!(changed.contains("extractive"), "{changed}");
+    assert!(changed.contains("from extractive"), "{changed}");
+    assert!(changed.contains("http://127.0.0.1:9/v1"), "{changed}");
+    assert!(changed.contains("INFO"), "{changed}");
+    upgraded
+        .logged("archivist is serving")
+        .await
+        .expect("serving without the flag");
+    drop(upgraded);
+
+    // Back down to extractive (a serve without the server's --config), or
+    // across to another LLM: refused, naming both.
+    let other = llm("http://127.0.0.1:10");
+    for (what, env) in [("extractive", Vec::new()), ("another LLM", other.clone())] {
+        let ran = archivist(&serve_args, &borrowed(&env), None).await;
+        assert_eq!(ran.code, 1, "{what}: {}", ran.stderr);
+        assert!(
+            ran.stderr
+                .contains("last served with openai at http://127.0.0.1:9/v1"),
+            "{what}: {}",
+            ran.stderr
+        );
+        assert!(
+            ran.stderr.contains("--allow-provider-change"),
+            "{what}: {}",
+            ran.stderr
+        );
+        assert!(
+            !ran.stderr.contains("archivist is serving"),
+            "{what}: {}",
+            ran.stderr
+        );
+    }
+
+    let mut told_args = serve_args.to_vec();
+    told_args.push("--allow-provider-change");
+    let told = Serve::start_args(&told_args, &borrowed(&other));
+    let changed = told
+        .logged("the provider changed (--allow-provider-change)")
+        .await
+        .expect("said so at start-up");
+    assert!(changed.contains("http://127.0.0.1:9/v1"), "{changed}");
+    assert!(changed.contains("WARN"), "{changed}");
     told.logged("archivist is serving").await.expect("serving");
     drop(told);
     // The new provider is the server's record now: no flag needed again.
-    let again = Serve::start(dir.path(), &env);
+    let again = Serve::start(dir.path(), &borrowed(&other));
     again
         .logged("archivist is serving")
         .await
