@@ -229,14 +229,11 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             if flags.json {
                 print_json(&session_wire_json(&session, &resp));
             } else {
+                // segments_deleted counts roll-ups too.
                 println!(
-                    "erased session {session}: {} and {}",
+                    "erased session {session}: {} and {} of the memory tree (segments and roll-ups)",
                     count(resp.entries_deleted, "entry", "entries"),
-                    count(
-                        resp.segments_deleted,
-                        "segment or roll-up",
-                        "segments and roll-ups"
-                    )
+                    count(resp.segments_deleted, "node", "nodes"),
                 );
             }
             Ok(())

@@ -23,7 +23,15 @@ const EXIT_RECAP_NOT_DONE: u8 = 3;
 #[derive(Debug, Args)]
 pub struct ClientFlags {
     /// The server to talk to (https:// for TLS).
-    #[arg(long, env = "ARCHIVIST_SERVER", default_value = DEFAULT_SERVER, global = true)]
+    // The value is not shown: clap would print `ARCHIVIST_SERVER=` with
+    // nothing after it when the variable is unset.
+    #[arg(
+        long,
+        env = "ARCHIVIST_SERVER",
+        hide_env_values = true,
+        default_value = DEFAULT_SERVER,
+        global = true
+    )]
     pub server: String,
     /// The tenant's bearer token (a server with [[auth.tenants]] needs one).
     #[arg(long, env = "ARCHIVIST_TOKEN", hide_env_values = true, global = true)]

@@ -678,6 +678,53 @@ async fn a_close_whose_recap_failed_is_reported_closed_with_what_comes_next() {
 }
 
 #[tokio::test]
+async fn the_terminal_client_names_every_bad_character_and_erases_in_plain_words() {
+    let server = TestServer::start().await;
+    let address = format!("http://{}", server.addr);
+    let ran = archivist(
+        &["session", "--server", &address, "show", "bad id!"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 64, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("session id contains ' ' and '!'"),
+        "{}",
+        ran.stderr
+    );
+
+    server.append("demo", &["one", "two", "three"]).await;
+    server.close("demo", true).await.expect("closed");
+    let ran = archivist(
+        &["session", "--server", &address, "delete", "demo", "--yes"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        ran.stdout.trim(),
+        "erased session demo: 3 entries and 1 node of the memory tree (segments and roll-ups)"
+    );
+
+    // No variable set: --help names it without an empty value.
+    let ran = archivist(
+        &["session", "--help"],
+        &[("ARCHIVIST_SERVER", None), ("ARCHIVIST_TOKEN", None)],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("[env: ARCHIVIST_SERVER]"),
+        "{}",
+        ran.stdout
+    );
+    assert!(!ran.stdout.contains("="), "{}", ran.stdout);
+}
+
+#[tokio::test]
 async fn show_tells_a_failure_a_later_recap_cleared_as_past() {
     let script = Script::new(vec![ResponseTemplate::new(401), completion("The recap.")]);
     let mock = script.mount().await;
