@@ -143,13 +143,19 @@ async fn a_backfill_with_another_provider_is_refused_naming_both() {
     assert_eq!(report["provider_changed_from"]["model"], "test-model");
 }
 
-#[tokio::test]
-async fn a_backfill_with_an_llm_over_an_extractive_database_needs_no_flag() {
+/// The data directory of a server that ran with the extractive default and
+/// stored an entry.
+async fn extractive_database() -> tempfile::TempDir {
     let server = TestServer::start().await;
     server
         .append("s", &["Served by the extractive provider."])
         .await;
-    let dir = server.stop().await;
+    server.stop().await
+}
+
+#[tokio::test]
+async fn a_backfill_with_an_llm_over_an_extractive_database_needs_no_flag() {
+    let dir = extractive_database().await;
     let data_dir = dir.path().to_str().expect("utf-8 path");
     let env = openai_env(&closed_port());
     for dry in [true, false] {
@@ -979,11 +985,7 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
 
 #[tokio::test]
 async fn serve_moves_up_from_extractive_but_refuses_other_changes_unless_told() {
-    let server = TestServer::start().await;
-    server
-        .append("s", &["Served by the extractive provider."])
-        .await;
-    let dir = server.stop().await;
+    let dir = extractive_database().await;
     let data_dir = dir.path().to_str().expect("utf-8 path");
     let serve_args = ["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir];
     let llm = |base: &str| {

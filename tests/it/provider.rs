@@ -135,23 +135,9 @@ pub async fn append_and_close(
     }
 }
 
-/// The class of a Failure, from its oneof variant (None for none).
+/// The class of a Failure, as the Rust client decodes it.
 pub fn class_of(f: &pb::Failure) -> Option<FailureClass> {
-    use pb::failure::Kind;
-    Some(match f.kind.as_ref()? {
-        Kind::Transport(_) => FailureClass::Transport,
-        Kind::Timeout(_) => FailureClass::Timeout,
-        Kind::Unavailable(_) => FailureClass::Unavailable,
-        Kind::RateLimited(_) => FailureClass::RateLimited,
-        Kind::QuotaExhausted(_) => FailureClass::QuotaExhausted,
-        Kind::Unauthorized(_) => FailureClass::Unauthorized,
-        Kind::UnknownModel(_) => FailureClass::UnknownModel,
-        Kind::InvalidRequest(_) => FailureClass::InvalidRequest,
-        Kind::MalformedResponse(_) => FailureClass::MalformedResponse,
-        // Not a class: a cancelled pass is not a failure.
-        Kind::Cancelled(_) => return None,
-        Kind::BudgetExhausted(_) => FailureClass::BudgetExhausted,
-    })
+    archivist::client::decode_failure(f).map(|f| f.class)
 }
 
 /// The failure a segment's recap ended with.
