@@ -18,7 +18,7 @@ pub const NAME: &str = "extractive";
 /// Part of the provider's identity (and fingerprint): kept as it is across
 /// versions of the method, which `PROMPT_VERSION` tells apart.
 pub const MODEL: &str = "extractive-v1";
-pub const PROMPT_VERSION: &str = "extractive-2";
+pub const PROMPT_VERSION: &str = "extractive-3";
 
 /// The most a recap holds, in estimated tokens, whatever the output budget
 /// and whatever its level: about a tenth of a segment of the default size.
@@ -42,6 +42,10 @@ struct Sentence<'a> {
     score: f64,
     /// Its terms but numbers: what it is about, to tell an update.
     keys: HashSet<String>,
+    /// A change of a named value ("my locker code is now VM248D"): kept
+    /// before anything else of its child, so that the value it replaces,
+    /// which another node may keep, never comes back alone.
+    correction: bool,
 }
 
 impl Extractive {
@@ -130,22 +134,33 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         .filter(|&i| sentences[i].score > 0.0)
         .collect();
     ranked.sort_by(|&a, &b| {
-        sentences[b]
-            .score
-            .total_cmp(&sentences[a].score)
+        let (a_, b_) = (&sentences[a], &sentences[b]);
+        b_.correction
+            .cmp(&a_.correction)
+            .then(b_.score.total_cmp(&a_.score))
             .then(a.cmp(&b))
     });
     // What is worth far less than the best is filler, even where it fits.
-    let floor = ranked.first().map_or(0.0, |&i| sentences[i].score * FLOOR);
-    ranked.retain(|&i| sentences[i].score >= floor);
-    if per_group {
-        // Round by round: a group's n-th best line is ranked after every
-        // group's (n-1)-th.
+    let best = ranked
+        .iter()
+        .map(|&i| sentences[i].score)
+        .fold(0.0, f64::max);
+    ranked.retain(|&i| sentences[i].correction || sentences[i].score >= best * FLOOR);
+    {
+        // Round by round: a group's (a roll-up's child's) n-th best line is
+        // ranked after every group's (n-1)-th; in a transcript, a
+        // message's second sentence after every message's best, so that a
+        // message's best sentence speaks for it before any takes two
+        // places.
         let mut round: HashMap<usize, usize> = HashMap::new();
         let mut rounds: Vec<(usize, usize)> = ranked
             .iter()
             .map(|&i| {
-                let n = round.entry(units[sentences[i].unit].group).or_default();
+                let key = match per_group {
+                    true => units[sentences[i].unit].group,
+                    false => sentences[i].unit,
+                };
+                let n = round.entry(key).or_default();
                 *n += 1;
                 (*n, i)
             })
@@ -232,6 +247,7 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
                     text,
                     score: 0.0,
                     keys: HashSet::new(),
+                    correction: false,
                 },
                 terms(text),
             ));
@@ -245,7 +261,7 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         }
     }
     let n = sentences.len() as f64;
-    let mut scored: Vec<(Sentence<'a>, bool)> = Vec::new();
+    let mut scored: Vec<(Sentence<'a>, bool, Option<String>)> = Vec::new();
     for (mut s, terms) in sentences {
         let mut seen = HashSet::new();
         let mut total = 0.0;
@@ -278,17 +294,19 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         // "My sister's name is Ingrid", "your locker code is K7-4417": a
         // statement of what something of the speaker's is, with a value
         // that names it, is what a memory is for.
-        let specific = terms.iter().any(|t| t.digits || t.capital);
+        let specific = terms.iter().any(|t| (t.digits && t.letters) || t.capital);
         if specific && has(POSSESSIVE) && has(COPULA) {
             cue *= 1.8;
         }
         if has(DECISION) {
             cue += 0.3;
         }
-        // "no longer" is a change; "a longer timeout" is not.
-        let update = has(UPDATE) || lower.contains("no longer");
+        let update = has(UPDATE) || says_now(&words) || lower.contains("no longer");
         if update {
-            cue += 0.3;
+            // A correction is what a memory must not lose: the value it
+            // replaces may already be kept elsewhere in the tree.
+            cue *= 1.6;
+            s.correction = terms.iter().any(|t| t.digits || t.capital);
         }
         if s.text.trim_end().ends_with('?') {
             cue *= 0.6;
@@ -305,28 +323,71 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
         {
             s.score *= 0.5;
         }
+        let frame = frame(s.text);
         s.keys = terms
             .into_iter()
             .filter(|t| !t.digits)
             .map(|t| t.word)
             .collect();
-        scored.push((s, update));
+        scored.push((s, update, frame));
     }
+    // The same statement said again with another value ("Our budget is
+    // about $1800" ... "Our budget is about $650"): the newest holds, the
+    // earlier ones are what it replaced. Grouping by frame keeps this
+    // linear in the sentences.
+    let mut newest: HashMap<&str, usize> = HashMap::new();
+    for (i, (_, _, frame)) in scored.iter().enumerate() {
+        if let Some(frame) = frame {
+            newest.insert(frame.as_str(), i);
+        }
+    }
+    let restated: Vec<bool> = scored
+        .iter()
+        .enumerate()
+        .map(|(i, (s, _, frame))| {
+            frame
+                .as_deref()
+                .and_then(|f| newest.get(f))
+                .is_some_and(|&j| j != i && scored[j].0.unit != s.unit)
+        })
+        .collect();
     // A statement that a later update shares two terms with is worth less
     // than the update: the update is what holds now.
     // Only the updates are compared with what came before them: the work
     // is the sentences times the updates, not the sentences squared.
     let updates: Vec<usize> = (0..scored.len()).filter(|&j| scored[j].1).collect();
     for i in 0..scored.len() {
-        let superseded = updates.iter().filter(|&&j| j > i).any(|&j| {
-            let (later, earlier) = (&scored[j].0, &scored[i].0);
-            later.unit != earlier.unit && later.keys.intersection(&earlier.keys).count() >= 2
-        });
+        let superseded = restated[i]
+            || updates.iter().filter(|&&j| j > i).any(|&j| {
+                let (later, earlier) = (&scored[j].0, &scored[i].0);
+                later.unit != earlier.unit && later.keys.intersection(&earlier.keys).count() >= 2
+            });
         if superseded {
             scored[i].0.score *= 0.1;
         }
     }
-    scored.into_iter().map(|(s, _)| s).collect()
+    scored.into_iter().map(|(s, _, _)| s).collect()
+}
+
+/// What a statement of a value is about, to tell it said again with
+/// another value: its terms up to its first "is" (all of them: "the order
+/// for client 2" is not "the order for client 3"), and after it those
+/// that are no value (no number, code or name). None for a sentence that
+/// states no value, or whose frame is a single word.
+fn frame(sentence: &str) -> Option<String> {
+    let words: Vec<&str> = sentence.split_whitespace().collect();
+    let cut = words.iter().position(|w| {
+        let w = w.trim_matches(|c: char| !c.is_alphanumeric() && c != '\'');
+        COPULA.contains(&w.to_lowercase().as_str())
+    })?;
+    let subject = terms(&words[..cut].join(" "));
+    let rest = terms(&words[cut + 1..].join(" "));
+    let frame: Vec<String> = subject
+        .into_iter()
+        .chain(rest.into_iter().filter(|t| !t.digits && !t.capital))
+        .map(|t| t.word)
+        .collect();
+    (frame.len() >= 2).then(|| frame.join(" "))
 }
 
 /// A content word of a sentence, lower-cased, and what it looks like.
@@ -401,6 +462,7 @@ fn split_sentences(text: &str) -> impl Iterator<Item = &str> {
     while let Some((i, c)) = chars.next() {
         let end_here = match c {
             '\n' => true,
+            '.' if abbreviation(&text[start..i]) => false,
             '.' | '!' | '?' => chars.peek().is_none_or(|(_, next)| next.is_whitespace()),
             _ => false,
         };
@@ -415,6 +477,24 @@ fn split_sentences(text: &str) -> impl Iterator<Item = &str> {
         .map(str::trim)
         .filter(|s| s.chars().any(char::is_alphanumeric))
 }
+
+/// Whether `before` (a sentence so far) ends in a title or an initial
+/// whose full stop ends no sentence: "Dr. Lysander", "J. Smith".
+fn abbreviation(before: &str) -> bool {
+    let word = before
+        .rsplit(|c: char| !c.is_alphabetic())
+        .next()
+        .unwrap_or("");
+    let mut letters = word.chars();
+    match (letters.next(), letters.next()) {
+        (Some(c), None) => c.is_uppercase(),
+        _ => TITLES.contains(&word.to_lowercase().as_str()),
+    }
+}
+
+const TITLES: &[&str] = &[
+    "dr", "mr", "mrs", "ms", "prof", "st", "mt", "jr", "sr", "vs",
+];
 
 const LABELS: &[&str] = &["user", "assistant", "system", "tool"];
 
@@ -449,8 +529,32 @@ const DECISION: &[&str] = &[
 ];
 /// Words of a change to something said before.
 const UPDATE: &[&str] = &[
-    "now", "changed", "instead", "anymore", "moved", "switched", "updated", "update", "actually",
+    "changed",
+    "change",
+    "instead",
+    "anymore",
+    "moved",
+    "switched",
+    "updated",
+    "update",
+    "actually",
+    "correction",
+    "replaced",
 ];
+
+/// "It is now K7", "from now on", "... is Lisbon now": a value that holds
+/// from now; not "now the tests fail" or "I'll tell you now".
+/// ("No longer" is a change too; "a longer timeout" is not.)
+fn says_now(words: &[&str]) -> bool {
+    words.iter().enumerate().any(|(i, &w)| {
+        w == "now"
+            && (i + 1 == words.len()
+                || words.get(i + 1) == Some(&"on")
+                || i.checked_sub(1)
+                    .and_then(|p| words.get(p))
+                    .is_some_and(|p| COPULA.contains(p)))
+    })
+}
 
 /// Acknowledgements and greetings: a sentence of these alone is filler.
 const ACKS: &[&str] = &[
@@ -916,5 +1020,92 @@ mod tests {
         let recap = Extractive.summarise(&entries, 512);
         assert!(recap.text.contains("deploy failed"), "{}", recap.text);
         assert!(recap.text.contains("longer timeout"), "{}", recap.text);
+    }
+
+    #[test]
+    fn a_title_or_an_initial_ends_no_sentence() {
+        let sentences: Vec<&str> = split_sentences(
+            "I switched practices, so my doctor will be Dr. Lysander. J. R. Smith agreed.",
+        )
+        .collect();
+        assert_eq!(
+            sentences,
+            [
+                "I switched practices, so my doctor will be Dr. Lysander.",
+                "J. R. Smith agreed."
+            ]
+        );
+    }
+
+    #[test]
+    fn every_message_s_best_sentence_comes_before_a_second_one() {
+        // The first message's tip is worth more than the other messages'
+        // facts, but comes only after each of them: with room for three
+        // lines, it is left out.
+        let entries = vec![
+            entry(
+                1,
+                Role::User,
+                "My gym locker code is K7-4417. Stretching the Achilles and calves before the Tuesday run at Lakeside helps a lot.",
+            ),
+            entry(2, Role::User, "My sister's name is Ingrid."),
+            entry(3, Role::User, "The staging server is VM248D."),
+        ];
+        let recap = Extractive.summarise(&entries, 512);
+        for value in ["K7-4417", "Ingrid", "VM248D"] {
+            assert!(recap.text.contains(value), "{value}: {}", recap.text);
+        }
+        assert!(!recap.text.contains("Stretching"), "{}", recap.text);
+    }
+
+    #[test]
+    fn the_same_statement_with_a_newer_value_replaces_the_older() {
+        let mut entries: Vec<Entry> = (1..=30).map(filler).collect();
+        entries.push(entry(
+            31,
+            Role::User,
+            "Our budget is about $1800 for the whole trip.",
+        ));
+        entries.push(entry(
+            32,
+            Role::User,
+            "Our budget is about $650 for the whole trip.",
+        ));
+        let recap = Extractive.summarise(&entries, 512);
+        assert!(recap.text.contains("$650"), "{}", recap.text);
+        assert!(!recap.text.contains("$1800"), "{}", recap.text);
+    }
+
+    #[test]
+    fn a_correction_is_a_childs_first_line_in_a_roll_up() {
+        // Every child has a line worth more than the correction in the
+        // third; with room for a line a child, the correction is the one
+        // kept of its child (the old value may be kept by another node).
+        let recaps: Vec<Entry> = (1..=4u64)
+            .map(|k| {
+                let mut text = format!(
+                    "assistant: Sure, I've written down that your hotel booking reference is C{k}-5248 for the Ljubljana trip."
+                );
+                if k == 3 {
+                    text.push_str("\nassistant: Okay, I've replaced the old one; your dentist appointment is 12 May now.");
+                }
+                entry(k, Role::Assistant, &text)
+            })
+            .collect();
+        let recap = Extractive.summarise_recaps(&recaps, 112);
+        assert!(recap.text.contains("12 May"), "{}", recap.text);
+        assert!(!recap.text.contains("C3-5248"), "{}", recap.text);
+    }
+
+    #[test]
+    fn now_is_a_change_only_where_a_value_holds_from_now() {
+        let words = |s: &'static str| s.split(' ').collect::<Vec<_>>();
+        assert!(says_now(&words("my locker code is now vm248d")));
+        assert!(says_now(&words("it is vm248d from now on")));
+        assert!(says_now(&words("your appointment is 12 may now")));
+        assert!(!says_now(&words("i upgraded and now the tests fail")));
+        assert!(!says_now(&words(
+            "i'll tell you my code now so you can remember it"
+        )));
     }
 }
