@@ -178,10 +178,12 @@ pub async fn run_with_key(
         // found by pings and its connection closed.
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        // Streams past the call cap are refused at once (TOO_MANY_CALLS),
-        // but each open one costs memory: a connection gets no more than
-        // the server serves calls (and gRPC's customary 100 at least).
-        .max_concurrent_streams(config.limits.max_concurrent_calls.max(MIN_STREAMS));
+        // Streams past the call and watch caps are refused at once, but
+        // each open one costs memory: a connection gets no more than the
+        // server serves calls (and gRPC's customary 100 at least) and one
+        // tenant may watch, so one tenant's watches on one connection leave
+        // its calls room.
+        .max_concurrent_streams(streams_per_connection(&config.limits));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
@@ -336,6 +338,16 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
             status,
         )
         .await;
+}
+
+/// Streams one connection may have open: the calls the server serves at
+/// once (gRPC's customary 100 at least) and the watches one tenant may
+/// hold.
+fn streams_per_connection(limits: &crate::config::LimitsConfig) -> u32 {
+    limits
+        .max_concurrent_calls
+        .max(MIN_STREAMS)
+        .saturating_add(limits.max_watches_per_tenant.min(limits.max_watches))
 }
 
 /// Probes the store every `every` (a small write committed and read back)

@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::config::LimitsConfig;
-use crate::events::{Event, EventKind, Hub};
+use crate::events::{EventKind, Hub, Watch, WatchRefused};
 use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
@@ -41,6 +41,8 @@ pub(crate) enum ServiceError {
         segment_id: SegmentId,
         failure: Failure,
     },
+    #[error(transparent)]
+    WatchRefused(#[from] WatchRefused),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -151,19 +153,19 @@ impl Service {
         Ok(erased)
     }
 
-    /// A watcher of an existing session, and what ends its stream at
-    /// shutdown.
-    pub(crate) async fn watch(
+    /// A watcher of the tenant's session, and what ends its stream at
+    /// shutdown. The session need not exist yet: sessions come into being
+    /// with their first append, and "watch, then append" is the one order
+    /// that cannot miss the first CLOSED, so a watch of a session with no
+    /// entry waits for its events. The watch budget bounds what such
+    /// waiting holds.
+    pub(crate) fn watch(
         &self,
         tenant: &Tenant,
         session: &SessionName,
-    ) -> Result<(broadcast::Receiver<Event>, CancellationToken), ServiceError> {
-        // Subscribed before the check, so nothing between them is missed.
-        let events = self.events.subscribe(tenant, session.as_str());
-        if !self.store.has_session(tenant, session).await? {
-            return Err(StoreError::SessionNotFound(session.as_str().to_owned()).into());
-        }
-        Ok((events, self.stopping.clone()))
+    ) -> Result<(Watch, CancellationToken), WatchRefused> {
+        let watch = self.events.subscribe(tenant, session.as_str())?;
+        Ok((watch, self.stopping.clone()))
     }
 
     pub(crate) async fn append(

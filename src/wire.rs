@@ -293,7 +293,7 @@ pub(crate) fn append_to_pb(outcome: AppendOutcome) -> pb::AppendEntriesResponse 
     }
 }
 
-pub(crate) fn event_to_pb(event: Event) -> pb::SessionEvent {
+pub(crate) fn event_to_pb(event: &Event) -> pb::SessionEvent {
     pb::SessionEvent {
         kind: match event.kind {
             EventKind::Closed => pb::SessionEventKind::Closed,
@@ -303,7 +303,7 @@ pub(crate) fn event_to_pb(event: Event) -> pb::SessionEvent {
             EventKind::Deleted => pb::SessionEventKind::Deleted,
         }
         .into(),
-        segment: event.segment.map(segment_to_pb),
+        segment: event.segment.clone().map(segment_to_pb),
         at: Some(timestamp(event.at)),
         missed: 0,
     }

@@ -616,7 +616,9 @@ impl Store {
         on_backend!(self, b => b.delete_session(tenant, session).await)
     }
 
-    /// Whether the tenant has a session of that name.
+    /// Whether the tenant has a session of that name (the store suite
+    /// checks erasure with it).
+    #[cfg(test)]
     pub(crate) async fn has_session(
         &self,
         tenant: &Tenant,

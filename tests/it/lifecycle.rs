@@ -312,27 +312,67 @@ async fn a_watcher_sees_recaps_land_fail_and_the_session_end() {
 }
 
 #[tokio::test]
-async fn watching_is_tenant_scoped_and_needs_the_session() {
+async fn a_watch_of_a_session_not_there_yet_waits_for_it_and_sees_only_its_tenants() {
     let server = TestServer::start_with(tenants).await;
     let mut a = client(&server, Some(TOKEN_A)).await;
     let mut b = client(&server, Some(TOKEN_B)).await;
     a.append_entries(append_request("s", &["a's"]))
         .await
         .expect("append");
-    let status = b
+    // B has no session "s" yet: its watch waits for one.
+    let mut watch = b
         .watch_session(pb::WatchSessionRequest {
             session_id: "s".into(),
         })
         .await
-        .expect_err("b has no session s");
-    assert_eq!(status.code(), Code::NotFound);
-    let status = b
-        .delete_session(pb::DeleteSessionRequest {
+        .expect("a watch of a session to come")
+        .into_inner();
+    let a_closed = a
+        .close_segment(pb::CloseSegmentRequest {
             session_id: "s".into(),
+            wait: false,
         })
         .await
-        .expect_err("b has no session s");
+        .expect("close")
+        .into_inner()
+        .segment
+        .expect("closed");
+    b.append_entries(append_request("s", &["b's"]))
+        .await
+        .expect("append");
+    let b_closed = b
+        .close_segment(pb::CloseSegmentRequest {
+            session_id: "s".into(),
+            wait: false,
+        })
+        .await
+        .expect("close")
+        .into_inner()
+        .segment
+        .expect("closed");
+    assert_ne!(a_closed.id, b_closed.id);
+    // B hears of its own session only: its close, then its recap.
+    let closed = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&closed), pb::SessionEventKind::Closed);
+    assert_eq!(closed.segment.map(|s| s.id), Some(b_closed.id));
+    let summarised = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&summarised), pb::SessionEventKind::Summarised);
+    assert_eq!(summarised.segment.map(|s| s.id), Some(b_closed.id));
+    let status = b
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "nothing-here".into(),
+        })
+        .await
+        .expect_err("b has no such session");
     assert_eq!(status.code(), Code::NotFound);
+    b.delete_session(pb::DeleteSessionRequest {
+        session_id: "s".into(),
+    })
+    .await
+    .expect("delete b's s");
+    let deleted = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&deleted), pb::SessionEventKind::Deleted);
+    assert!(next(&mut watch).await.is_none(), "ends after DELETED");
     a.get_context(pb::GetContextRequest {
         session_id: "s".into(),
         max_tokens: 0,
@@ -410,44 +450,51 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
     assert_eq!(server.backlog().await.open, 1);
 }
 
-#[tokio::test]
-async fn a_watch_holds_one_call_slot_for_as_long_as_it_is_open() {
-    let server = TestServer::start_with(|c| c.limits.max_concurrent_calls = 2).await;
-    server.append("s", &["x"]).await;
-    let watch = || async {
-        server
-            .client
-            .clone()
-            .watch_session(pb::WatchSessionRequest {
-                session_id: "s".into(),
-            })
-            .await
-            .expect("watch")
-            .into_inner()
-    };
-    let first = watch().await;
-    // One watch open: one slot taken, another call still fits.
-    server.backlog().await;
-    let second = watch().await;
-    let refused = server
+async fn watch(
+    server: &TestServer,
+    session: &str,
+) -> Result<tonic::Streaming<pb::SessionEvent>, tonic::Status> {
+    server
         .client
         .clone()
-        .get_backlog(pb::GetBacklogRequest {})
+        .watch_session(pb::WatchSessionRequest {
+            session_id: session.to_owned(),
+        })
         .await
-        .expect_err("both slots are held by watches");
-    assert_eq!(refused.code(), Code::ResourceExhausted);
-    drop(first);
-    let freed = eventually(Duration::from_secs(5), || async {
-        server
-            .client
-            .clone()
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .is_ok()
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn open_watches_hold_no_call_slot_and_are_capped_on_their_own() {
+    let server = TestServer::start_with(|c| {
+        c.limits.max_concurrent_calls = 2;
+        c.limits.max_watches = 6;
+        c.limits.max_watches_per_tenant = 5;
     })
     .await;
-    assert!(freed, "a closed watch gives its slot back");
-    drop(second);
+    let mut open = Vec::new();
+    for i in 0..5 {
+        open.push(watch(&server, &format!("s{i}")).await.expect("watch"));
+    }
+    // Five watches open, two call slots: both are free.
+    let (one, two) = tokio::join!(server.backlog(), server.backlog());
+    assert_eq!((one.open, two.open), (0, 0));
+    let refused = watch(&server, "s5")
+        .await
+        .expect_err("the tenant's share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(crate::harness::reason(&refused), "TOO_MANY_WATCHES");
+    open.pop();
+    let mut freed = false;
+    for _ in 0..250 {
+        if let Ok(stream) = watch(&server, "s5").await {
+            open.push(stream);
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "a closed watch gives its place back");
 }
 
 #[tokio::test]

@@ -19,4 +19,5 @@ mod security;
 mod segments;
 mod tooling;
 mod tree;
+mod watches;
 mod winddown;

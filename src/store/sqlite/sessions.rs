@@ -143,6 +143,7 @@ impl Sqlite {
         Ok(erased)
     }
 
+    #[cfg(test)]
     pub(crate) async fn has_session(
         &self,
         tenant: &Tenant,

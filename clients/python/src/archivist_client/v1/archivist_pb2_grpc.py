@@ -188,7 +188,10 @@ class ArchivistServicer:
         summarised, failed, parked, and the session's erasure, which ends the
         stream. No replay: read ListSegments after subscribing. A watcher too
         slow to keep up loses the oldest events and gets a GAP event saying how
-        many; it never slows the service. Ends with UNAVAILABLE at shutdown.
+        many; it never slows the service. Ends with UNAVAILABLE at shutdown. A
+        session with no entry yet is waited for (subscribe, then append, misses
+        nothing). Watches hold no call slot; past limits.max_watches (or
+        max_watches_per_tenant) a watch is RESOURCE_EXHAUSTED, TOO_MANY_WATCHES.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
