@@ -119,6 +119,7 @@ pub(crate) fn failure_to_pb(f: &Failure) -> pb::Failure {
             Kind::MalformedResponse(pb::failure::MalformedResponse {})
         }
         FailureClass::BudgetExhausted => Kind::BudgetExhausted(pb::failure::BudgetExhausted {}),
+        FailureClass::Store => Kind::Store(pb::failure::Store {}),
     };
     pb::Failure {
         kind: Some(kind),
@@ -154,6 +155,7 @@ pub(crate) fn failure_from_pb(f: &pb::Failure) -> Option<Failure> {
         // A cancelled pass is not a failure; only older servers send it.
         Kind::Cancelled(_) => return None,
         Kind::BudgetExhausted(_) => FailureClass::BudgetExhausted,
+        Kind::Store(_) => FailureClass::Store,
     };
     Some(Failure {
         class,

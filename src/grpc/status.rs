@@ -244,9 +244,10 @@ fn store_status(err: &StoreError) -> Status {
 /// given one.
 pub(crate) fn failure_code(class: FailureClass) -> Code {
     match class {
-        FailureClass::Transport | FailureClass::Unavailable | FailureClass::MalformedResponse => {
-            Code::Unavailable
-        }
+        FailureClass::Transport
+        | FailureClass::Unavailable
+        | FailureClass::MalformedResponse
+        | FailureClass::Store => Code::Unavailable,
         FailureClass::Timeout | FailureClass::BudgetExhausted => Code::DeadlineExceeded,
         FailureClass::RateLimited | FailureClass::QuotaExhausted => Code::ResourceExhausted,
         FailureClass::Unauthorized | FailureClass::UnknownModel | FailureClass::InvalidRequest => {
@@ -337,6 +338,7 @@ mod tests {
             (Unauthorized, Code::FailedPrecondition),
             (UnknownModel, Code::FailedPrecondition),
             (InvalidRequest, Code::FailedPrecondition),
+            (Store, Code::Unavailable),
         ];
         assert_eq!(expect.len(), FailureClass::ALL.len());
         for (class, code) in expect {

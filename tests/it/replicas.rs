@@ -34,8 +34,8 @@ fn admin_url() -> String {
 }
 
 /// A database of this test's own, dropped (connections and all) after.
-struct Database {
-    url: String,
+pub(crate) struct Database {
+    pub(crate) url: String,
     name: String,
 }
 
@@ -68,7 +68,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// A fresh database, or None (with a notice) when no server answers and
 /// none is required.
-async fn database() -> Option<Database> {
+pub(crate) async fn database() -> Option<Database> {
     let url = admin_url();
     let connected =
         tokio::time::timeout(Duration::from_secs(5), tokio_postgres::connect(&url, NoTls)).await;

@@ -163,8 +163,8 @@ class Failure:
 
     `kind` is the failure class: "transport", "timeout", "unavailable",
     "rate_limited", "quota_exhausted", "unauthorized", "unknown_model",
-    "invalid_request", "malformed_response", "cancelled" or
-    "budget_exhausted". `causes` is the cause chain, outermost first, down to
+    "invalid_request", "malformed_response", "cancelled", "budget_exhausted"
+    or "store". `causes` is the cause chain, outermost first, down to
     the root. `retry_after` is set for "rate_limited" when the provider said
     how long to wait. `hint` says what most likely fixes it, for a person
     (empty from servers that do not send one).
