@@ -233,6 +233,7 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
         parked: b.parked,
         oldest_pending_age: b.oldest_pending_age.map(duration),
         parked_by_class: b.parked_by_class.into_iter().collect(),
+        erasures_pending: b.erasures_pending,
     }
 }
 

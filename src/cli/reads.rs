@@ -164,6 +164,7 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
             "summarised": b.summarised,
             "parked": b.parked,
             "oldest_pending_age_seconds": oldest.map(|d| d.as_secs_f64()),
+            "erasures_pending": b.erasures_pending,
             "parked_by_class": by_class
                 .into_iter()
                 .map(|(k, v)| (k.clone(), Value::from(*v)))
@@ -186,6 +187,12 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
     by_class.sort();
     for (class, n) in by_class {
         println!("  {class}: {n}");
+    }
+    if b.erasures_pending > 0 {
+        println!(
+            "erasures pending: {} (erased, but their text is still in the write-ahead log: another program holds a read of the database; it leaves the files once that read ends)",
+            b.erasures_pending
+        );
     }
     if b.parked > 0 {
         println!(

@@ -14,7 +14,7 @@ use crate::provider::{completion, error_json, fast, provider};
 use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
 
 /// True when `needle` appears in any file of `dir`.
-fn in_any_file(dir: &std::path::Path, needle: &str) -> Vec<String> {
+pub(crate) fn in_any_file(dir: &std::path::Path, needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).expect("read dir") {
         let path = entry.expect("entry").path();

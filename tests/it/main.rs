@@ -5,6 +5,7 @@ mod backfill;
 mod binary;
 mod context;
 mod entries;
+mod erasure;
 mod errors;
 mod failures;
 mod harness;

@@ -448,8 +448,9 @@ class FlushResult:
 
 @dataclass(frozen=True)
 class Backlog:
-    """Segment counts per state, the oldest PENDING segment's age, and
-    parked segments per failure class."""
+    """Segment counts per state, the oldest PENDING segment's age,
+    parked segments per failure class, and erasures whose text is still
+    in the SQLite write-ahead log (`erasures_pending`)."""
 
     open: int
     pending: int
@@ -457,6 +458,7 @@ class Backlog:
     parked: int
     oldest_pending_age: timedelta | None
     parked_by_class: dict[str, int]
+    erasures_pending: int
     raw: pb.Backlog = field(repr=False, compare=False)
 
     @classmethod
@@ -468,6 +470,7 @@ class Backlog:
             parked=backlog.parked,
             oldest_pending_age=_dur(backlog, "oldest_pending_age"),
             parked_by_class=dict(backlog.parked_by_class),
+            erasures_pending=backlog.erasures_pending,
             raw=backlog,
         )
 

@@ -393,7 +393,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Backlog(_message.Message):
-    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class")
+    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending")
     class ParkedByClassEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -407,13 +407,15 @@ class Backlog(_message.Message):
     PARKED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_PENDING_AGE_FIELD_NUMBER: _ClassVar[int]
     PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ERASURES_PENDING_FIELD_NUMBER: _ClassVar[int]
     open: int
     pending: int
     summarised: int
     parked: int
     oldest_pending_age: _duration_pb2.Duration
     parked_by_class: _containers.ScalarMap[str, int]
-    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    erasures_pending: int
+    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
     __slots__ = ("session_id",)

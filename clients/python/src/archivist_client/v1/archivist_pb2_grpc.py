@@ -177,7 +177,10 @@ class ArchivistServicer:
         """Erases a session: its entries, segments, roll-ups, summaries and
         failures, in one transaction. A pass running for it writes nothing
         afterwards; the next append starts a new session at seq 1. With SQLite
-        the erased text is gone from the database files when the call returns.
+        the erased text is gone from the database files when the call returns,
+        or, while another program holds a read of the database, the call says
+        UNAVAILABLE (ERASURE_PENDING) after about a second: the session is
+        erased and its text leaves the files once that read ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
