@@ -28,7 +28,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::metrics::{Metrics, NotesLost};
 use crate::model::{Millis, Segment, SegmentId, Tenant};
-use crate::store::Store;
+use crate::store::{Heard, Store};
 use crate::throttle::Throttle;
 
 /// Events one watcher may fall behind by before it loses the oldest.
@@ -63,6 +63,10 @@ pub(crate) enum EventKind {
     Failed,
     Parked,
     Deleted,
+    /// Events may have been lost before this one, how many unknown (the
+    /// replica's notes from the others were interrupted): read again.
+    /// Never sent between replicas.
+    Gap,
 }
 
 /// Something that happened to a session.
@@ -82,9 +86,11 @@ impl EventKind {
             EventKind::Failed => "failed",
             EventKind::Parked => "parked",
             EventKind::Deleted => "deleted",
+            EventKind::Gap => "gap",
         }
     }
 
+    /// A kind another replica may send (never `Gap`).
     fn parse(text: &str) -> Option<EventKind> {
         [
             EventKind::Closed,
@@ -202,7 +208,7 @@ impl Hub {
         limits: WatchLimits,
         metrics: Arc<Metrics>,
     ) -> Arc<Hub> {
-        let Some(notes) = store.notes() else {
+        let Some(notes) = store.notes(metrics.clone()) else {
             return Arc::new(Hub::new(limits, metrics));
         };
         let stop = CancellationToken::new();
@@ -342,6 +348,20 @@ impl Hub {
             .contains_key(&(tenant.to_owned(), session.to_owned()))
     }
 
+    /// Tells every watcher of every session that events may have been lost
+    /// (how many unknown); never waits.
+    fn gap_everywhere(&self) {
+        let watched = lock(&self.watched);
+        let at = Millis::now();
+        for tx in watched.channels.values() {
+            let _ = tx.send(Arc::new(Event {
+                kind: EventKind::Gap,
+                segment: None,
+                at,
+            }));
+        }
+    }
+
     /// Tells every watcher of `session`; never waits.
     pub(crate) fn publish(&self, tenant: &str, session: &str, event: Event) {
         let key = (tenant.to_owned(), session.to_owned());
@@ -359,20 +379,31 @@ impl Hub {
 async fn hear(
     hub: Weak<Hub>,
     store: Store,
-    mut received: mpsc::Receiver<String>,
+    mut received: mpsc::Receiver<Heard>,
     stop: CancellationToken,
     wake: Wake,
 ) {
     loop {
-        let payload = tokio::select! {
+        let heard = tokio::select! {
             _ = stop.cancelled() => return,
-            payload = received.recv() => match payload {
-                Some(payload) => payload,
+            heard = received.recv() => match heard {
+                Some(heard) => heard,
                 None => return,
             },
         };
         let Some(hub) = hub.upgrade() else {
             return;
+        };
+        let payload = match heard {
+            Heard::Note(payload) => payload,
+            Heard::Lost => {
+                // Another replica's events may be gone: every watcher here
+                // is told to read again, and the reconciler looks for work
+                // a missed CLOSED would have brought.
+                hub.gap_everywhere();
+                wake.notify_one();
+                continue;
+            }
         };
         let Ok(note) = serde_json::from_str::<Note>(&payload) else {
             continue;

@@ -33,6 +33,11 @@ pub(crate) struct Metrics {
 pub(crate) enum NotesLost {
     /// The queue of notes to send was full: these were dropped.
     QueueFull,
+    /// Sending them to the database failed.
+    PublishFailed,
+    /// The connection hearing the others' notes was lost (each loss a GAP
+    /// to every watcher of this replica).
+    ListenLost,
 }
 
 /// How a pass or an attempt ended, as a label.
@@ -198,10 +203,13 @@ impl Metrics {
         self.watches.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    /// `n` notes between replicas lost, for `why`.
+    /// `n` notes between replicas lost (for `ListenLost`, `n` losses of the
+    /// connection), for `why`.
     pub(crate) fn notes_lost(&self, why: NotesLost, n: u64) {
         let reason = match why {
             NotesLost::QueueFull => "queue_full",
+            NotesLost::PublishFailed => "publish_failed",
+            NotesLost::ListenLost => "listen_lost",
         };
         self.notes_lost.with_label_values(&[reason]).inc_by(n);
     }

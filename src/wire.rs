@@ -304,6 +304,7 @@ pub(crate) fn event_to_pb(event: &Event) -> pb::SessionEvent {
             EventKind::Failed => pb::SessionEventKind::Failed,
             EventKind::Parked => pb::SessionEventKind::Parked,
             EventKind::Deleted => pb::SessionEventKind::Deleted,
+            EventKind::Gap => pb::SessionEventKind::Gap,
         }
         .into(),
         segment: event.segment.clone().map(segment_to_pb),

@@ -416,7 +416,7 @@ pub struct Store {
 }
 
 pub use context::Budget;
-pub(crate) use postgres::Notes;
+pub(crate) use postgres::{Heard, Notes};
 pub(crate) use sqlite::ServingClaim;
 
 #[derive(Clone)]
@@ -556,10 +556,11 @@ impl Store {
 
     /// Notes between the processes that share this database, when its
     /// backend carries them (PostgreSQL's LISTEN/NOTIFY): the tasks that
-    /// publish and receive them start here.
-    pub(crate) fn notes(&self) -> Option<Notes> {
+    /// publish and receive them start here, counting lost notes in
+    /// `metrics`.
+    pub(crate) fn notes(&self, metrics: Arc<crate::metrics::Metrics>) -> Option<Notes> {
         match &self.backend {
-            Backend::Postgres(p) => Some(p.notes()),
+            Backend::Postgres(p) => Some(p.notes(metrics)),
             Backend::Sqlite(_) | Backend::Detached => None,
         }
     }

@@ -82,7 +82,7 @@ use tokio_postgres::error::SqlState;
 
 use super::{Durability, FullSeen, OpenMode, StoreError};
 
-pub(crate) use notes::Notes;
+pub(crate) use notes::{Heard, Notes};
 
 /// Connections one process keeps open at most.
 const POOL_SIZE: usize = 16;
