@@ -33,6 +33,9 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The fewest streams one connection may have open at once.
 const MIN_STREAMS: u32 = 100;
+/// How long watchers get at shutdown to take their UNAVAILABLE before the
+/// connections left only to watches are closed.
+const WATCH_STOP_GRACE: Duration = Duration::from_secs(1);
 /// The longest a probe of the store may take before it counts as failed,
 /// unless the interval between probes is longer.
 const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -203,6 +206,7 @@ pub async fn run_with_key(
         config.limits.max_connections as usize,
         config.limits.idle_timeout,
     );
+    let connections = incoming.connections();
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
         .layer(NameRefusals::new(config.limits.max_message_bytes as usize));
@@ -231,8 +235,17 @@ pub async fn run_with_key(
             );
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
-            // Watch streams would hold the graceful shutdown open forever.
+            // Watch streams would hold the graceful shutdown open forever:
+            // each is told UNAVAILABLE, and a watcher that does not read
+            // (its stream stuck behind HTTP/2 flow control) has its
+            // connection closed once the others have had a moment.
             service.stop_watchers();
+            let grace = (config.shutdown.ceiling / 4).min(WATCH_STOP_GRACE);
+            let connections = connections.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                connections.close_watching();
+            });
             // The probe stops first, so that nothing says SERVING again.
             watcher_stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(1), watcher).await;
@@ -269,9 +282,14 @@ pub async fn run_with_key(
             .is_ok()
     };
     if !settled_in_time {
-        warn!(
-            "cancelling recap passes still running at the shutdown ceiling; their segments stay PENDING for the next start"
-        );
+        if tracker.is_empty() {
+            warn!("calls still running near the shutdown ceiling; they are cut off");
+        } else {
+            warn!(
+                passes = tracker.len(),
+                "cancelling recap passes still running at the shutdown ceiling; their segments stay PENDING for the next start"
+            );
+        }
         summariser.cancel_all();
         let finish = async {
             if !calls_done {

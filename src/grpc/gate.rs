@@ -167,10 +167,11 @@ where
             metrics: self.metrics.clone(),
             method: method_label(request.uri().path()),
         };
+        let watch = request.uri().path() == WATCH_PATH;
         let on_conn = request
             .extensions()
             .get::<ConnInfo>()
-            .map(|info| info.state.begin_call());
+            .map(|info| info.state.begin_call(watch));
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = match call.await {
