@@ -140,7 +140,7 @@ impl Summariser {
                     .await
                 {
                     Ok(completed) => {
-                        if completed.rollup.is_some() {
+                        if !completed.rollups.is_empty() {
                             // A roll-up is owed now: have the reconciler look.
                             self.wake.notify_one();
                         }
@@ -148,6 +148,11 @@ impl Summariser {
                             return Ok(PassOutcome::NotClaimed);
                         }
                         self.tell(&input, EventKind::Summarised).await;
+                        // A roll-up comes into being PENDING, owed a recap,
+                        // as a segment does when it closes: CLOSED.
+                        for rollup in completed.rollups {
+                            self.tell_node(&input, EventKind::Closed, rollup).await;
+                        }
                         return Ok(PassOutcome::Summarised);
                     }
                     // Shutting down: the lease lets the claim go.
@@ -327,13 +332,19 @@ impl Summariser {
     /// Tells the watchers of the node's session how its pass ended, with the
     /// node as it is now.
     async fn tell(&self, input: &PassInput, kind: EventKind) {
+        self.tell_node(input, kind, input.segment.id).await;
+    }
+
+    /// Tells the watchers of the session of `input` that `kind` happened
+    /// to its node `id`.
+    async fn tell_node(&self, input: &PassInput, kind: EventKind, id: SegmentId) {
         self.events
             .tell(
                 &self.store,
                 &input.tenant,
                 &input.segment.session,
                 kind,
-                Some(input.segment.id),
+                Some(id),
             )
             .await;
     }

@@ -356,13 +356,13 @@ pub(crate) struct Erased {
 }
 
 /// What completing a pass did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Completed {
     /// The claim still held: the summary is written.
     pub(crate) held: bool,
-    /// The roll-up this completion made whole, created PENDING in the same
-    /// transaction.
-    pub(crate) rollup: Option<SegmentId>,
+    /// The roll-ups this completion made whole (usually none or one),
+    /// created PENDING in the same transaction, oldest first.
+    pub(crate) rollups: Vec<SegmentId>,
 }
 
 /// Which segments a listing or a requeue covers.

@@ -9,7 +9,7 @@ use archivist::pb;
 use tonic::Code;
 use wiremock::{Request, Respond, ResponseTemplate};
 
-use crate::harness::{TestServer, append_request, eventually};
+use crate::harness::{TestServer, append_request, eventually, state};
 use crate::provider::{completion, error_json, fast, provider};
 use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
 
@@ -284,13 +284,24 @@ async fn a_watcher_sees_recaps_land_fail_and_the_session_end() {
 
     // Once it recovers: that segment, then the roll-up of both.
     switch.failing.store(false, Ordering::SeqCst);
+    // The roll-up comes into being PENDING (CLOSED), then is summarised.
+    let mut rollup_closed = None;
     let mut rollup_summarised = false;
     while !rollup_summarised {
         let event = next(&mut stream).await.expect("event");
-        if kind(&event) == pb::SessionEventKind::Summarised
-            && event.segment.as_ref().is_some_and(|s| s.level == 2)
-        {
-            rollup_summarised = true;
+        let Some(node) = event.segment.as_ref().filter(|s| s.level == 2) else {
+            continue;
+        };
+        match kind(&event) {
+            pb::SessionEventKind::Closed => {
+                assert_eq!(state(node), pb::SegmentState::Pending);
+                rollup_closed = Some(node.id);
+            }
+            pb::SessionEventKind::Summarised => {
+                assert_eq!(rollup_closed, Some(node.id), "CLOSED came first");
+                rollup_summarised = true;
+            }
+            _ => {}
         }
     }
 

@@ -111,7 +111,7 @@ impl Postgres {
                 // Erased meanwhile.
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             };
             let held = update_held(
@@ -127,7 +127,7 @@ impl Postgres {
             if !held {
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             }
             let stmt = client
@@ -155,12 +155,15 @@ impl Postgres {
                     ],
                 )
                 .await?;
-            let rollup = if fanout < 2 {
-                None
+            let rollups = if fanout < 2 {
+                Vec::new()
             } else {
                 roll_up(&client, level, fanout).await?
             };
-            Ok(Completed { held: true, rollup })
+            Ok(Completed {
+                held: true,
+                rollups,
+            })
         };
         self.noting_full(transact(&client, body).await)
     }
@@ -463,16 +466,12 @@ async fn lock_level(
 /// `fanout` nodes that follow the last node already in a roll-up, rolled
 /// up once all are SUMMARISED, taking the next ordinal of the level above.
 /// So a change of `memory.fanout` applies to groups formed after it (a
-/// smaller fanout may complete two groups at once). Returns the newest
-/// roll-up's id.
-async fn roll_up(
-    client: &Object,
-    level: Level,
-    fanout: u32,
-) -> Result<Option<SegmentId>, StoreError> {
-    let mut made = None;
+/// smaller fanout may complete two groups at once). Returns the roll-ups
+/// made, oldest first.
+async fn roll_up(client: &Object, level: Level, fanout: u32) -> Result<Vec<SegmentId>, StoreError> {
+    let mut made = Vec::new();
     while let Some(id) = roll_up_next(client, level, i64::from(fanout)).await? {
-        made = Some(id);
+        made.push(id);
     }
     Ok(made)
 }

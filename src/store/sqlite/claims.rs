@@ -107,7 +107,7 @@ impl Sqlite {
             if !held {
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             }
             conn.prepare_cached(
@@ -126,7 +126,7 @@ impl Sqlite {
             ])?;
             Ok(Completed {
                 held: true,
-                rollup: roll_up(conn, claim.segment_id, fanout)?,
+                rollups: roll_up(conn, claim.segment_id, fanout)?,
             })
         })
         .await
@@ -357,22 +357,18 @@ fn carried(conn: &Connection, session_id: i64, ordinal: u32) -> Result<Option<St
 /// that follow the last node already in a roll-up, and it is rolled up once
 /// all of them are SUMMARISED, taking the next ordinal of the level above.
 /// So a change of `memory.fanout` applies to groups formed after it (a
-/// smaller fanout may complete two groups at once). Returns the newest
-/// roll-up's id.
-fn roll_up(
-    conn: &Connection,
-    node: SegmentId,
-    fanout: u32,
-) -> Result<Option<SegmentId>, StoreError> {
+/// smaller fanout may complete two groups at once). Returns the roll-ups
+/// made, oldest first.
+fn roll_up(conn: &Connection, node: SegmentId, fanout: u32) -> Result<Vec<SegmentId>, StoreError> {
+    let mut made = Vec::new();
     if fanout < 2 {
-        return Ok(None);
+        return Ok(made);
     }
     let (session_id, level): (i64, u32) = conn
         .prepare_cached("SELECT session_id, level FROM segments WHERE id = ?1")?
         .query_row([node], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let mut made = None;
     while let Some(id) = roll_up_next(conn, session_id, level, fanout)? {
-        made = Some(id);
+        made.push(id);
     }
     Ok(made)
 }
