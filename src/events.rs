@@ -33,6 +33,8 @@ use crate::throttle::Throttle;
 
 /// Events one watcher may fall behind by before it loses the oldest.
 const BUFFER: usize = 256;
+/// Erasures a caller waiting on a pass may fall behind by.
+const ERASURES: usize = 64;
 
 /// How many watches may be open at once.
 #[derive(Clone, Copy, Debug)]
@@ -109,6 +111,9 @@ type Key = (String, String);
 /// The channels of the sessions being watched, by tenant and session name.
 pub(crate) struct Hub {
     watched: Mutex<Watched>,
+    /// Every erasure this process hears of (its own and, relayed, the
+    /// other replicas'), for callers waiting on a pass of the session.
+    erasures: broadcast::Sender<Arc<Key>>,
     limits: WatchLimits,
     metrics: Arc<Metrics>,
     /// The other processes on the same database, when the store reaches
@@ -214,6 +219,7 @@ impl Hub {
         let stop = CancellationToken::new();
         let hub = Arc::new(Hub {
             watched: Mutex::default(),
+            erasures: broadcast::channel(ERASURES).0,
             limits,
             metrics,
             relay: Some(Relay {
@@ -236,6 +242,7 @@ impl Hub {
     fn new(limits: WatchLimits, metrics: Arc<Metrics>) -> Hub {
         Hub {
             watched: Mutex::default(),
+            erasures: broadcast::channel(ERASURES).0,
             limits,
             metrics,
             relay: None,
@@ -288,6 +295,11 @@ impl Hub {
         id: Option<SegmentId>,
         at: Millis,
     ) {
+        if kind == EventKind::Deleted {
+            let _ = self
+                .erasures
+                .send(Arc::new((tenant.0.clone(), session.to_owned())));
+        }
         if !self.is_watched(&tenant.0, session) {
             return;
         }
@@ -301,6 +313,30 @@ impl Hub {
             None => None,
         };
         self.publish(&tenant.0, session, Event { kind, segment, at });
+    }
+
+    /// Resolves once `session` of `tenant` is erased (heard from now on):
+    /// what a caller waiting on one of its passes races the pass with.
+    pub(crate) fn erased(
+        &self,
+        tenant: &Tenant,
+        session: &str,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut erasures = self.erasures.subscribe();
+        let key = (tenant.0.clone(), session.to_owned());
+        async move {
+            loop {
+                match erasures.recv().await {
+                    Ok(erased) if *erased == key => return,
+                    // Another session's, or some missed: the pass (or the
+                    // store) tells of this one's soon enough.
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
     }
 
     /// A new watcher of `session` (which need not exist yet: its events

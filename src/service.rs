@@ -211,7 +211,9 @@ impl Service {
             self.wake.notify_one();
             return Ok(Some(self.store.segment(tenant, id).await?));
         };
-        if let Some(failure) = self.await_pass(id, deadline).await? {
+        let pass = self.await_pass(id, deadline);
+        let failure = self.unless_erased(tenant, session, pass).await?;
+        if let Some(failure) = failure {
             return Err(ServiceError::RecapFailed {
                 segment_id: id,
                 failure,
@@ -249,7 +251,11 @@ impl Service {
             .filter(|&(id, due)| due.is_none_or(|due| due <= now) || self.summariser.is_running(id))
             .map(|(id, _)| id)
             .collect();
-        let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
+        let passes = async {
+            let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
+            Ok(())
+        };
+        self.unless_erased(tenant, session, passes).await?;
         let (segments, complete) = self
             .store
             .flushed(tenant, session, self.limits.max_message_bytes as usize)
@@ -275,6 +281,23 @@ impl Service {
             if set.join_next().await.is_none() {
                 return;
             }
+        }
+    }
+
+    /// `wait`'s result, or NOT_FOUND as soon as the session is erased: a
+    /// caller waiting on a pass of an erased session learns it when the
+    /// erasure lands, not when the pass ends (the pass goes on in its own
+    /// task and writes nothing).
+    async fn unless_erased<T>(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        wait: impl std::future::Future<Output = Result<T, ServiceError>>,
+    ) -> Result<T, ServiceError> {
+        let erased = self.events.erased(tenant, session.as_str());
+        tokio::select! {
+            result = wait => result,
+            () = erased => Err(StoreError::SessionNotFound(session.as_str().to_owned()).into()),
         }
     }
 

@@ -150,6 +150,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
 #[derive(Clone, Default)]
 struct Gate {
     open: Arc<AtomicBool>,
+    answered: Arc<AtomicBool>,
 }
 
 impl Respond for Gate {
@@ -157,6 +158,7 @@ impl Respond for Gate {
         while !self.open.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.answered.store(true, Ordering::SeqCst);
         completion("A recap written after the erasure.")
     }
 }
@@ -188,10 +190,23 @@ async fn an_erasure_racing_a_pass_leaves_nothing_behind() {
         .expect("delete")
         .into_inner();
     assert_eq!(erased.segments_deleted, 1);
-    gate.open.store(true, Ordering::SeqCst);
-    let answer = waiting.await.expect("joined");
-    let status = answer.expect_err("the segment is gone");
+    // The waiting caller learns it from the erasure, while the pass is
+    // still held at the provider.
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("answered before the pass ended")
+        .expect("joined");
+    let status = answer.expect_err("the session is gone");
     assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(crate::harness::reason(&status), "SESSION_NOT_FOUND");
+    gate.open.store(true, Ordering::SeqCst);
+    let answered = eventually(Duration::from_secs(10), || async {
+        gate.answered.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(answered);
+    // The pass has its recap now; give it the moment its write would take.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // The pass wrote nothing: no segment, no summary, no counts.
     let b = server.backlog().await;
     assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 0, 0, 0));
