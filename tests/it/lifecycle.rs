@@ -353,29 +353,11 @@ async fn a_watch_of_a_session_not_there_yet_waits_for_it_and_sees_only_its_tenan
         .await
         .expect("a watch of a session to come")
         .into_inner();
-    let a_closed = a
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: false,
-        })
-        .await
-        .expect("close")
-        .into_inner()
-        .segment
-        .expect("closed");
+    let a_closed = crate::harness::close_now(&a, "s").await;
     b.append_entries(append_request("s", &["b's"]))
         .await
         .expect("append");
-    let b_closed = b
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "s".into(),
-            wait: false,
-        })
-        .await
-        .expect("close")
-        .into_inner()
-        .segment
-        .expect("closed");
+    let b_closed = crate::harness::close_now(&b, "s").await;
     assert_ne!(a_closed.id, b_closed.id);
     // B hears of its own session only: its close, then its recap.
     let closed = next(&mut watch).await.expect("event");

@@ -449,30 +449,10 @@ impl Respond for Tally {
     }
 }
 
-/// Every node of `session` at levels 1 to 4, as (level, ordinal, state,
-/// attempts, passes, child count).
+/// Every node of `session` at levels 1 to 4.
 async fn nodes(process: &crate::binary::Process, session: &str) -> Vec<pb::Segment> {
     let mut client = process.client().await;
-    let mut out = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_segments(pb::ListSegmentsRequest {
-                session_id: session.to_owned(),
-                levels: vec![1, 2, 3, 4],
-                page_size: 100,
-                page_token: token,
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner();
-        out.extend(page.segments);
-        if page.next_page_token.is_empty() {
-            return out;
-        }
-        token = page.next_page_token;
-    }
+    crate::harness::list_segments_at(&mut client, session, vec![1, 2, 3, 4]).await
 }
 
 /// Appends `n` entries to `session`, each closing a segment, then flushes;

@@ -11,7 +11,7 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 use crate::binary::Process;
-use crate::harness::{append_request, eventually, reason};
+use crate::harness::{append_request, close_now, eventually, reason};
 
 const TOKEN_A: &str = "watch-token-a-81c4";
 const TOKEN_B: &str = "watch-token-b-2f9d";
@@ -94,6 +94,9 @@ async fn metric(server: &Process, series: &str) -> f64 {
             .expect("the metrics address is logged")
             .to_owned()
     };
+    // reqwest is built without a default TLS provider (the server's own
+    // client installs one); this test may run before any server in-process.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let text = reqwest::get(format!("http://{addr}/metrics"))
         .await
         .expect("scrape")
@@ -191,17 +194,7 @@ async fn three_hundred_watches_lock_no_tenant_out_and_have_a_budget_of_their_own
         .append_entries(append_request("w-0", &["Ada's invoice number is 4471."]))
         .await
         .expect("append");
-    let closed = a
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "w-0".into(),
-            wait: false,
-        })
-        .await
-        .expect("close")
-        .into_inner()
-        .segment
-        .expect("a segment closed");
+    let closed = close_now(&a, "w-0").await;
     let event = next(&mut watches[0]).await;
     assert_eq!(kind(&event), pb::SessionEventKind::Closed);
     assert_eq!(event.segment.as_ref().map(|s| s.id), Some(closed.id));
@@ -216,17 +209,7 @@ async fn three_hundred_watches_lock_no_tenant_out_and_have_a_budget_of_their_own
         .append_entries(append_request("w-0", &["b's own"]))
         .await
         .expect("append");
-    let b_closed = b
-        .clone()
-        .close_segment(pb::CloseSegmentRequest {
-            session_id: "w-0".into(),
-            wait: false,
-        })
-        .await
-        .expect("close")
-        .into_inner()
-        .segment
-        .expect("a segment closed");
+    let b_closed = close_now(&b, "w-0").await;
     let event = next(&mut theirs[0]).await;
     assert_eq!(kind(&event), pb::SessionEventKind::Closed);
     assert_eq!(event.segment.map(|s| s.id), Some(b_closed.id));
