@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
+    // `prost::Name` on every message: the terminal client finds a message's
+    // descriptor by its full name to print it as JSON.
+    config.enable_type_names();
     tonic_prost_build::configure()
         .file_descriptor_set_path(out_dir.join("archivist_descriptor.bin"))
         .compile_with_config(

@@ -49,6 +49,16 @@ pub struct ProviderChanged {
 /// The role whose provider every run is checked against: the server's.
 const SERVE: &str = "serve";
 
+/// Whether moving from `from` to `to` is an upgrade from the built-in
+/// extractive provider to an LLM, the first change a newcomer makes after
+/// trying the defaults: its recaps are only better, so the guard lets it
+/// through with a log line. The guard is for the other moves: an LLM's
+/// database recapped by extractive (a command run without the server's
+/// --config), or by another LLM.
+pub(crate) fn is_upgrade(from: &ProviderIdentity, to: &ProviderIdentity) -> bool {
+    from.kind == crate::provider::extractive::NAME && to.kind != crate::provider::extractive::NAME
+}
+
 /// Warns, naming the variable (never a value), when an OpenAI-compatible
 /// provider is configured and the variable `provider.api_key_env` names
 /// holds no key: requests then go without one, which suits a local server
@@ -220,8 +230,9 @@ impl App {
     }
 
     /// Refuses a run whose provider differs from the one the database last
-    /// ran with, unless `allow_change`; then records this run's provider.
-    /// Returns the provider the database had, when it changed.
+    /// ran with, unless `allow_change` or the change is an upgrade from
+    /// extractive to an LLM; then records this run's provider. Returns the
+    /// provider the database had, when it changed.
     pub(crate) async fn claim_provider(
         &self,
         allow_change: bool,
@@ -229,6 +240,7 @@ impl App {
         let changed = self.provider_change().await?;
         if let Some((recorded_by, recorded)) = &changed
             && !allow_change
+            && !is_upgrade(recorded, &self.provider_identity)
         {
             return Err(BuildError::ProviderChanged(Box::new(ProviderChanged {
                 configured: self.provider_identity.clone(),

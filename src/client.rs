@@ -283,6 +283,13 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// A recap's failure as typed data: a segment's `last_failure` (where the
+/// server puts a failed recap), or a status's detail; None for a kind this
+/// build does not know.
+pub fn decode_failure(failure: &pb::Failure) -> Option<Failure> {
+    failure_from_pb(failure)
+}
+
 /// The `archivist.v1.Failure` detail of a status, if it carries one.
 pub fn failure_detail(status: &tonic::Status) -> Option<pb::Failure> {
     crate::wire::failure_detail(status.details())

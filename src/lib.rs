@@ -21,8 +21,10 @@
 //!   endpoint, the bounded shutdown.
 //! - `cli`: the binary's commands other than `serve`: `backfill`, `check`
 //!   (one probe of the provider through a real pass), `migrate` (the
-//!   schema, as a deploy step), and the terminal client (`session.rs` its commands, `reads.rs` and `waits.rs` the
-//!   longer ones, `output.rs` what it prints, as text or JSON).
+//!   schema, as a deploy step), and the terminal client (`session.rs` its
+//!   commands, `reads.rs` and `waits.rs` the longer ones, `terminal.rs`
+//!   the flags, connection and exit status they share, `output.rs` what
+//!   they print, as text or JSON).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!
@@ -39,8 +41,6 @@
 //!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
 //!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and
 //!   one suite for every backend (`tests.rs`).
-//! - `events`: the WatchSession hub, in-process, relayed to the other
-//!   replicas through the store's notes when it has them.
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
 //!   client and the built-in extractive one; every prompt and its version
 //!   in `prompts.rs`.
@@ -53,7 +53,9 @@
 //! - `reconciler`: the background drain of due PENDING segments and
 //!   roll-ups, the closing of segments idle for `segment.max_idle`, and the
 //!   erasure of sessions past `retention.session_ttl`.
-//! - `events`: the hub `WatchSession` streams from; bounded per watcher.
+//! - `events`: the hub `WatchSession` streams from, in-process, bounded
+//!   per watcher, relayed to the other replicas through the store's notes
+//!   when it has them.
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),
@@ -76,7 +78,7 @@
 //!   `src/provider/` files only.
 //! - tonic is seen by the gRPC edge and the client only:
 //!   `grep -rl 'tonic' src` lists `grpc/`, `server.rs`, `client.rs`,
-//!   `wire.rs`, `cli/session.rs` and this file (for `pb`).
+//!   `wire.rs`, the terminal client in `cli/` and this file (for `pb`).
 //! - Only `wire.rs` converts between domain and `pb` types:
 //!   `grep -rn 'fn .*_to_pb\|fn .*_from_pb' src` finds them in `wire.rs`.
 //! - Retries happen in one place, `pass/retry.rs`'s `run_pass`; nothing

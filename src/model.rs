@@ -59,8 +59,18 @@ pub enum SessionNameError {
     Empty,
     #[error("session id is {0} characters long; at most {SESSION_NAME_MAX} are allowed")]
     TooLong(usize),
-    #[error("session id contains {0:?}; only letters, digits and . _ : - are allowed")]
-    BadCharacter(char),
+    /// Every character it may not hold, each once, in order.
+    #[error("session id contains {}; only letters, digits and . _ : - are allowed", quoted(.0))]
+    BadCharacters(Vec<char>),
+}
+
+/// `' '`, `' ' and '!'`, `' ', '!' and '/'`.
+fn quoted(chars: &[char]) -> String {
+    let each: Vec<String> = chars.iter().map(|c| format!("{c:?}")).collect();
+    match each.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => each.concat(),
+    }
 }
 
 impl SessionName {
@@ -72,12 +82,16 @@ impl SessionName {
         if len > SESSION_NAME_MAX {
             return Err(SessionNameError::TooLong(len));
         }
-        match raw
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-        {
-            Some(c) => Err(SessionNameError::BadCharacter(c)),
-            None => Ok(SessionName(raw.to_owned())),
+        let mut bad: Vec<char> = Vec::new();
+        for c in raw.chars() {
+            let allowed = c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-');
+            if !allowed && !bad.contains(&c) {
+                bad.push(c);
+            }
+        }
+        match bad.is_empty() {
+            true => Ok(SessionName(raw.to_owned())),
+            false => Err(SessionNameError::BadCharacters(bad)),
         }
     }
 
@@ -370,11 +384,17 @@ mod tests {
         assert!(SessionName::parse(&"a".repeat(128)).is_ok());
         assert_eq!(
             SessionName::parse("a b"),
-            Err(SessionNameError::BadCharacter(' '))
+            Err(SessionNameError::BadCharacters(vec![' ']))
         );
         assert_eq!(
             SessionName::parse("é"),
-            Err(SessionNameError::BadCharacter('é'))
+            Err(SessionNameError::BadCharacters(vec!['é']))
+        );
+        let every = SessionName::parse("bad id! no/way!").expect_err("refused");
+        assert_eq!(every, SessionNameError::BadCharacters(vec![' ', '!', '/']));
+        assert_eq!(
+            every.to_string(),
+            "session id contains ' ', '!' and '/'; only letters, digits and . _ : - are allowed"
         );
     }
 

@@ -114,11 +114,16 @@ pub async fn run_with_key(
             "summarising through an OpenAI-compatible endpoint"
         ),
     }
-    if let Some(before) = changed_from {
-        warn!(
+    match changed_from {
+        Some(before) if crate::app::is_upgrade(&before, &app.provider_identity) => info!(
+            "the provider changed from {before} to {}: recaps from now on come from the LLM (a move from the built-in extractive provider needs no --allow-provider-change)",
+            app.provider_identity
+        ),
+        Some(before) => warn!(
             "the provider changed (--allow-provider-change): the database last ran with {before}; recaps from now on come from {}",
             app.provider_identity
-        );
+        ),
+        None => {}
     }
     let metrics = match config.metrics.listen {
         Some(at) => Some(

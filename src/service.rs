@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::config::LimitsConfig;
 use crate::events::{EventKind, Hub, Watch, WatchRefused};
-use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionInfo, SessionName, Tenant,
@@ -30,19 +29,20 @@ const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ServiceError {
-    #[error(
-        "the recap pass of segment {segment_id} was cancelled (the server is stopping); the segment stays PENDING"
-    )]
-    PassCancelled { segment_id: SegmentId },
-    #[error("the recap pass of segment {segment_id} panicked; the segment stays PENDING")]
-    PassPanicked { segment_id: SegmentId },
-    #[error("recap of segment {segment_id} failed")]
-    RecapFailed {
-        segment_id: SegmentId,
-        failure: Failure,
-    },
     #[error(transparent)]
     WatchRefused(#[from] WatchRefused),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why waiting on a pass ended without the pass's own end; the segment
+/// stays PENDING either way.
+#[derive(Debug, thiserror::Error)]
+enum WaitError {
+    #[error("the recap pass of segment {0} was cancelled (the server is stopping)")]
+    Cancelled(SegmentId),
+    #[error("the recap pass of segment {0} panicked")]
+    Panicked(SegmentId),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -196,7 +196,11 @@ impl Service {
 
     /// Closes the open segment. With a `wait_until`, runs (or joins) its
     /// pass and returns when the pass ends or the instant comes, whichever
-    /// is first; a failed pass is an error carrying its failure.
+    /// is first. Once the close is committed the answer is the segment as
+    /// it stands, whatever its recap did: its state and `last_failure` say
+    /// that. An error would read as "not closed" to a caller that retries
+    /// (UNAVAILABLE is retryable to gRPC retry policies), and its retry
+    /// would close the next segment early and lose this one's answer.
     pub(crate) async fn close_segment(
         &self,
         tenant: &Tenant,
@@ -212,12 +216,12 @@ impl Service {
             return Ok(Some(self.store.segment(tenant, id).await?));
         };
         let pass = self.await_pass(id, deadline);
-        let failure = self.unless_erased(tenant, session, pass).await?;
-        if let Some(failure) = failure {
-            return Err(ServiceError::RecapFailed {
-                segment_id: id,
-                failure,
-            });
+        if let Err(e) = self.unless_erased(tenant, session, pass).await? {
+            tracing::warn!(
+                segment_id = id,
+                error = %crate::error_chain(&e),
+                "waiting on the recap of a closed segment ended early; answering with the segment as it stands"
+            );
         }
         Ok(Some(self.store.segment(tenant, id).await?))
     }
@@ -251,11 +255,8 @@ impl Service {
             .filter(|&(id, due)| due.is_none_or(|due| due <= now) || self.summariser.is_running(id))
             .map(|(id, _)| id)
             .collect();
-        let passes = async {
-            let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
-            Ok(())
-        };
-        self.unless_erased(tenant, session, passes).await?;
+        let passes = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until));
+        let _ = self.unless_erased(tenant, session, passes).await?;
         let (segments, complete) = self
             .store
             .flushed(tenant, session, self.limits.max_message_bytes as usize)
@@ -292,22 +293,18 @@ impl Service {
         &self,
         tenant: &Tenant,
         session: &SessionName,
-        wait: impl std::future::Future<Output = Result<T, ServiceError>>,
+        wait: impl std::future::Future<Output = T>,
     ) -> Result<T, ServiceError> {
         let erased = self.events.erased(tenant, session.as_str());
         tokio::select! {
-            result = wait => result,
+            result = wait => Ok(result),
             () = erased => Err(StoreError::SessionNotFound(session.as_str().to_owned()).into()),
         }
     }
 
-    /// Runs or joins the pass over `id`, until it ends or `deadline`.
-    /// Returns the failure of a pass that failed.
-    async fn await_pass(
-        &self,
-        id: SegmentId,
-        deadline: Instant,
-    ) -> Result<Option<Failure>, ServiceError> {
+    /// Runs or joins the pass over `id`, until it ends or `deadline`; how
+    /// it ended is on the segment.
+    async fn await_pass(&self, id: SegmentId, deadline: Instant) -> Result<(), WaitError> {
         await_pass_with(&self.summariser, &self.store, id, None, deadline).await
     }
 
@@ -443,7 +440,7 @@ async fn await_pass_with(
     id: SegmentId,
     cancel_at: Option<Instant>,
     deadline: Instant,
-) -> Result<Option<Failure>, ServiceError> {
+) -> Result<(), WaitError> {
     // Passes so far, to tell a pass that ended elsewhere from an older one.
     let passes_before = store.segment_any(id).await?.0.passes;
     loop {
@@ -451,21 +448,21 @@ async fn await_pass_with(
         let outcome = match tokio::time::timeout_at(deadline, pass).await {
             Ok(outcome) => outcome,
             // The pass goes on in its own task; the caller gets the state as is.
-            Err(_) => return Ok(None),
+            Err(_) => return Ok(()),
         };
         let not_claimed = matches!(outcome, PassOutcome::NotClaimed);
         match outcome {
-            PassOutcome::Summarised => return Ok(None),
+            PassOutcome::Summarised => return Ok(()),
             // A pass someone else started and then cancelled (a flush at its
             // bound) says nothing of this caller's: run it again while there
             // is time, unless the server itself is stopping.
             PassOutcome::Cancelled if cancel_at.is_none() && !summariser.is_stopping() => {}
-            PassOutcome::Cancelled => return Err(ServiceError::PassCancelled { segment_id: id }),
-            PassOutcome::Failed(failure) => return Ok(Some(failure)),
+            PassOutcome::Cancelled => return Err(WaitError::Cancelled(id)),
+            PassOutcome::Failed(_) => return Ok(()),
             PassOutcome::StoreFailed(e) => {
-                return Err(ServiceError::Store(StoreError::Shared(e)));
+                return Err(WaitError::Store(StoreError::Shared(e)));
             }
-            PassOutcome::Panicked => return Err(ServiceError::PassPanicked { segment_id: id }),
+            PassOutcome::Panicked => return Err(WaitError::Panicked(id)),
             PassOutcome::NotClaimed => {}
         }
         // Another process holds the claim, or the segment left PENDING:
@@ -476,16 +473,16 @@ async fn await_pass_with(
                 break (segment, claimed);
             }
             if Instant::now() + FOREIGN_PASS_POLL >= deadline {
-                return Ok(None);
+                return Ok(());
             }
             tokio::time::sleep(FOREIGN_PASS_POLL).await;
         };
         let ran_elsewhere = segment.passes > passes_before;
         match segment.state {
-            SegmentState::Summarised | SegmentState::Open => return Ok(None),
-            SegmentState::Parked if ran_elsewhere => return Ok(segment.last_failure),
-            SegmentState::Parked => return Ok(None),
-            SegmentState::Pending if ran_elsewhere => return Ok(segment.last_failure),
+            SegmentState::Summarised | SegmentState::Open | SegmentState::Parked => {
+                return Ok(());
+            }
+            SegmentState::Pending if ran_elsewhere => return Ok(()),
             // Let go without a pass counted (a cancelled one): due again,
             // so run it here.
             SegmentState::Pending if !not_claimed => {}
@@ -494,7 +491,7 @@ async fn await_pass_with(
             // Look again shortly rather than spin.
             SegmentState::Pending => {
                 if Instant::now() + FOREIGN_PASS_POLL >= deadline {
-                    return Ok(None);
+                    return Ok(());
                 }
                 tokio::time::sleep(FOREIGN_PASS_POLL).await;
             }

@@ -6,14 +6,15 @@
 #   bash clients/python/ci.sh                 # from anywhere
 #   ARCHIVIST_BIN=/path/to/archivist bash clients/python/ci.sh
 #
-# The binary defaults to <repo>/target/debug/archivist, which `cargo test`
-# (run before this by the top-level CI) builds. pytest's exit code is this
+# The binary defaults to debug/archivist where cargo builds (the repo's
+# target/, or CARGO_TARGET_DIR, as `cargo metadata` says: tests/conftest.py
+# looks), which `cargo test` (run before this by the top-level CI) builds.
+# pytest's exit code is this
 # script's exit code; a run that collects no test fails (pytest exits 5),
 # and the suite turns any skipped test into a failure.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
 venv="$here/.venv"
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -25,6 +26,5 @@ py="$venv/bin/python"
 
 "$py" "$here/generate.py" --check
 
-export ARCHIVIST_BIN="${ARCHIVIST_BIN:-$repo/target/debug/archivist}"
 cd "$here"
 exec "$py" -m pytest -p no:cacheprovider "$@"

@@ -288,7 +288,15 @@ pub(crate) fn render(report: &Report) -> String {
         out.push_str(&format!("provider: {provider}\n"));
     }
     if let Some(before) = &report.provider_changed_from {
-        if report.dry_run {
+        let upgrade = report
+            .provider
+            .as_ref()
+            .is_some_and(|now| crate::app::is_upgrade(before, now));
+        if upgrade {
+            out.push_str(&format!(
+                "provider changed: the database last ran with {before}; moving from the built-in extractive provider to an LLM needs no --allow-provider-change\n"
+            ));
+        } else if report.dry_run {
             out.push_str(&format!(
                 "provider changed: the database last ran with {before}; a real run refuses \
                  unless given --allow-provider-change (or the server's --config)\n"

@@ -1,7 +1,12 @@
 //! Command-line entry points other than `serve` (`backfill`, `check`,
-//! `migrate`, the terminal client in `session.rs`), and what they share
-//! with it: configuration loading, signals, the listen address and exit
-//! codes.
+//! `migrate`, the terminal client), and what they share with it:
+//! configuration loading, signals, the listen address and exit codes.
+//!
+//! The terminal client: `session.rs` its commands, `reads.rs` and
+//! `waits.rs` the longer ones, `terminal.rs` what every command shares
+//! (flags, connection, exit status), `output.rs` what they print. The
+//! commands use `terminal.rs` and `output.rs`, never each other's
+//! callers.
 
 pub mod backfill;
 pub mod check;
@@ -9,6 +14,7 @@ pub mod migrate;
 mod output;
 mod reads;
 pub mod session;
+mod terminal;
 mod waits;
 
 use crate::config::{self, Config, Overrides};

@@ -1,9 +1,11 @@
 //! What the terminal client prints: segments, events, trees and errors for
 //! a person, and the same as JSON for scripts (`--json`).
 
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Value, json};
+use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
+use serde_json::Value;
 
 use crate::client::CallError;
 use crate::model::{Role, SegmentState};
@@ -30,10 +32,6 @@ pub(super) fn seq_range(seg: &pb::Segment) -> String {
 
 pub(super) fn system_time(t: &prost_types::Timestamp) -> Option<SystemTime> {
     SystemTime::try_from(*t).ok()
-}
-
-pub(super) fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
-    system_time(t).map(|t| humantime::format_rfc3339_seconds(t).to_string())
 }
 
 /// A time with how far it is from now: "2026-11-29T10:00:05Z (in 4 s)".
@@ -97,23 +95,37 @@ pub(super) fn print_segment(seg: &pb::Segment) {
         println!("    next attempt: {}", when(at, now));
     }
     if let Some(f) = &seg.last_failure {
-        let status = f
-            .http_status
-            .map(|s| format!(" (HTTP {s})"))
-            .unwrap_or_default();
-        // The first cause restates the class and attempts.
-        let causes = f.causes.get(1..).unwrap_or_default().join(": ");
-        println!(
-            "    last failure: {}{status} after {}: {causes}",
-            failure_class_name(f),
-            count(u64::from(f.attempts), "attempt", "attempts"),
-        );
-        if !f.hint.is_empty() {
-            println!("    fix: {}", f.hint);
-        }
+        print_failure(f, state_from_pb(seg.state));
     }
     if let Some(advice) = advice(seg) {
         println!("    {advice}");
+    }
+}
+
+/// A node's last failure, as its state makes it: what stands in the way of
+/// a PENDING or PARKED node's recap, with its fix; for a node summarised
+/// since, a past failure in one line, with no fix to make.
+fn print_failure(f: &pb::Failure, state: Option<SegmentState>) {
+    let attempts = count(u64::from(f.attempts), "attempt", "attempts");
+    if !matches!(state, Some(SegmentState::Pending | SegmentState::Parked)) {
+        println!(
+            "    an earlier pass failed ({} after {attempts}); a later one succeeded",
+            failure_class_name(f)
+        );
+        return;
+    }
+    let status = f
+        .http_status
+        .map(|s| format!(" (HTTP {s})"))
+        .unwrap_or_default();
+    // The first cause restates the class and attempts.
+    let causes = f.causes.get(1..).unwrap_or_default().join(": ");
+    println!(
+        "    last failure: {}{status} after {attempts}: {causes}",
+        failure_class_name(f),
+    );
+    if !f.hint.is_empty() {
+        println!("    fix: {}", f.hint);
     }
 }
 
@@ -170,130 +182,48 @@ pub(super) fn describe_with_hint(status: &tonic::Status) -> String {
     out
 }
 
-pub(super) fn timestamp_json(t: &Option<prost_types::Timestamp>) -> Value {
-    t.as_ref()
-        .and_then(rfc3339)
-        .map_or(Value::Null, Value::from)
+/// archivist.v1's descriptors (compiled in), to print any wire message.
+static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).expect("the compiled-in descriptors decode")
+});
+
+/// How wire messages print: the protobuf JSON mapping (enums by name,
+/// times in RFC 3339, durations as "1.5s"), with the proto's field names,
+/// 64-bit integers as numbers, and every field that has no presence even
+/// at its default (`level`, `child_ids: []`); an unset message or optional
+/// field is left out.
+const JSON_OPTIONS: SerializeOptions = SerializeOptions::new()
+    .use_proto_field_name(true)
+    .stringify_64_bit_integers(false)
+    .skip_default_fields(false);
+
+/// A wire message as JSON, every field of it: the one conversion behind
+/// every `--json` output, so a script sees what the server sent.
+pub(super) fn wire_json<M: prost::Name>(message: &M) -> Value {
+    let name = M::full_name();
+    let descriptor = DESCRIPTORS
+        .get_message_by_name(&name)
+        .unwrap_or_else(|| panic!("{name} is in the compiled-in descriptors"));
+    // Our own encoding of a message of this very descriptor.
+    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+        .unwrap_or_else(|e| panic!("{name} decodes as itself: {e}"));
+    dynamic
+        .serialize_with_options(serde_json::value::Serializer, &JSON_OPTIONS)
+        .unwrap_or_else(|e| panic!("{name} serialises to JSON: {e}"))
 }
 
-pub(super) fn failure_json(f: &pb::Failure) -> Value {
-    json!({
-        "class": failure_class_name(f),
-        "retryable": f.retryable,
-        "attempts": f.attempts,
-        "elapsed_seconds": f.elapsed.and_then(|d| Duration::try_from(d).ok()).map(|d| d.as_secs_f64()),
-        "http_status": f.http_status,
-        "provider": f.provider,
-        "model": f.model,
-        "causes": f.causes,
-        "hint": f.hint,
-    })
-}
-
-pub(super) fn segment_json(seg: &pb::Segment) -> Value {
-    json!({
-        "id": seg.id,
-        "session_id": seg.session_id,
-        "ordinal": seg.ordinal,
-        "state": state_name(seg.state),
-        "first_seq": seg.first_seq,
-        "last_seq": seg.last_seq,
-        "entry_count": seg.entry_count,
-        "attempts": seg.attempts,
-        "passes": seg.passes,
-        "next_attempt_at": timestamp_json(&seg.next_attempt_at),
-        "closed_at": timestamp_json(&seg.closed_at),
-        "summary": seg.summary.as_ref().map(|s| json!({
-            "text": s.text,
-            "provider": s.provider,
-            "model": s.model,
-            "prompt_version": s.prompt_version,
-            "input_tokens": s.input_tokens,
-            "output_tokens": s.output_tokens,
-            "created_at": timestamp_json(&s.created_at),
-        })),
-        "last_failure": seg.last_failure.as_ref().map(failure_json),
-        "advice": advice(seg),
-    })
-}
-
-pub(super) fn session_json(s: &pb::SessionInfo) -> Value {
-    json!({
-        "session_id": s.session_id,
-        "entry_count": s.entry_count,
-        "last_seq": s.last_seq,
-        "open_segment_id": s.open_segment_id,
-        "pending": s.pending,
-        "parked": s.parked,
-        "created_at": timestamp_json(&s.created_at),
-        "last_append_at": timestamp_json(&s.last_append_at),
-    })
-}
-
-pub(super) fn append_json(session: &str, resp: &pb::AppendEntriesResponse) -> Value {
-    json!({
-        "session_id": session,
-        "entries": resp.entries.iter().map(|e| json!({
-            "seq": e.seq,
-            "client_entry_id": e.client_entry_id,
-            "duplicate": e.duplicate,
-        })).collect::<Vec<_>>(),
-        "open_segment_id": resp.open_segment_id,
-        "closed_segment_ids": resp.closed_segment_ids,
-    })
+/// `wire_json` of a message, with the session it is of.
+pub(super) fn session_wire_json<M: prost::Name>(session: &str, message: &M) -> Value {
+    let mut value = wire_json(message);
+    if let Value::Object(fields) = &mut value {
+        fields.insert("session_id".to_owned(), Value::from(session));
+    }
+    value
 }
 
 /// An entry as a person reads it: "seq role: content".
 pub(super) fn entry_line(e: &pb::Entry) -> String {
     format!("{} {}: {}", e.seq, role_name(e.role), e.content)
-}
-
-/// Every field of an entry.
-pub(super) fn entry_json(e: &pb::Entry) -> Value {
-    json!({
-        "seq": e.seq,
-        "role": role_name(e.role),
-        "content": e.content,
-        "client_entry_id": e.client_entry_id,
-        "created_at": timestamp_json(&e.created_at),
-    })
-}
-
-pub(super) fn context_json(resp: &pb::GetContextResponse) -> Value {
-    let items: Vec<Value> = resp
-        .items
-        .iter()
-        .filter_map(|item| match &item.item {
-            Some(pb::context_item::Item::Summary(s)) => {
-                let summary = s.summary.clone().unwrap_or_default();
-                Some(json!({ "summary": {
-                    "segment_id": s.segment_id,
-                    "first_seq": s.first_seq,
-                    "last_seq": s.last_seq,
-                    "text": summary.text,
-                    "provider": summary.provider,
-                    "model": summary.model,
-                }}))
-            }
-            Some(pb::context_item::Item::Entry(e)) => Some(json!({ "entry": entry_json(e) })),
-            None => None,
-        })
-        .collect();
-    json!({
-        "items": items,
-        "truncated": resp.truncated,
-        "estimated_tokens": resp.estimated_tokens,
-    })
-}
-
-pub(super) fn error_json(error: &CallError) -> Value {
-    json!({
-        "code": format!("{:?}", error.code),
-        "message": error.message,
-        "reason": error.reason,
-        "causes": error.chain(),
-        "hint": error.failure.as_ref().map(|f| f.hint.clone()),
-    })
 }
 
 /// Levels `session tree` asks for: with fanout 4, level 16 covers four
@@ -352,15 +282,6 @@ pub(super) fn event_kind(event: &pb::SessionEvent) -> &'static str {
         Ok(pb::SessionEventKind::Gap) => "GAP",
         Ok(pb::SessionEventKind::Unspecified) | Err(_) => "?",
     }
-}
-
-pub(super) fn event_json(event: &pb::SessionEvent) -> Value {
-    json!({
-        "kind": event_kind(event),
-        "at": event.at.map(|t| t.to_string()),
-        "missed": event.missed,
-        "segment": event.segment.as_ref().map(segment_json),
-    })
 }
 
 pub(super) fn print_event(event: &pb::SessionEvent) {

@@ -5,10 +5,10 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::output::*;
-use super::session::{ClientFlags, Failed, all_segments, connect, print_json, request};
+use super::terminal::{ClientFlags, Failed, all_segments, connect, print_json, request};
 use crate::client::Client;
 use crate::pb;
 use crate::text::{count, human_duration};
@@ -22,7 +22,7 @@ pub(super) async fn show(
     if flags.json {
         print_json(&json!({
             "session_id": session,
-            "segments": segments.iter().map(segment_json).collect::<Vec<_>>(),
+            "segments": segments.iter().map(wire_json).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -71,7 +71,7 @@ pub(super) async fn list_entries(
             .take(usize::try_from(left).unwrap_or(usize::MAX))
         {
             let line = match flags.json {
-                true => entry_json(e).to_string(),
+                true => wire_json(e).to_string(),
                 false => entry_line(e),
             };
             match writeln!(out, "{line}") {
@@ -116,7 +116,7 @@ pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
     }
     if flags.json {
         print_json(&json!({
-            "sessions": sessions.iter().map(session_json).collect::<Vec<_>>(),
+            "sessions": sessions.iter().map(wire_json).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -156,20 +156,7 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
         .oldest_pending_age
         .and_then(|d| Duration::try_from(d).ok());
     if flags.json {
-        let mut by_class: Vec<(&String, &u64)> = b.parked_by_class.iter().collect();
-        by_class.sort();
-        print_json(&json!({
-            "open": b.open,
-            "pending": b.pending,
-            "summarised": b.summarised,
-            "parked": b.parked,
-            "oldest_pending_age_seconds": oldest.map(|d| d.as_secs_f64()),
-            "erasures_pending": b.erasures_pending,
-            "parked_by_class": by_class
-                .into_iter()
-                .map(|(k, v)| (k.clone(), Value::from(*v)))
-                .collect::<serde_json::Map<String, Value>>()
-        }));
+        print_json(&wire_json(&b));
         return Ok(());
     }
     println!("open: {}", b.open);

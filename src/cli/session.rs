@@ -9,53 +9,22 @@
 
 use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub use super::output::describe;
 use super::output::*;
 use super::reads::{list_entries, list_sessions, show, show_backlog};
+pub use super::terminal::ClientFlags;
+use super::terminal::{
+    Failed, all_segments, check_session, connect, ensure_session, exit, print_json, request,
+};
 use super::waits::{close, flush};
-use crate::client::{Client, ClientOptions, DEFAULT_SERVER, connect_with};
 use crate::model::Role;
 use crate::pb;
 use crate::text::count;
 use crate::wire::role_to_pb;
-
-/// Exit status of a close or flush that worked while a recap is not there:
-/// it failed, or was still running when the call's bound came.
-pub const EXIT_RECAP_NOT_DONE: u8 = 3;
-
-/// How to reach the server, and how to print; shared by every client
-/// command.
-#[derive(Debug, Args)]
-pub struct ClientFlags {
-    /// The server to talk to (https:// for TLS).
-    #[arg(long, env = "ARCHIVIST_SERVER", default_value = DEFAULT_SERVER, global = true)]
-    pub server: String,
-    /// The tenant's bearer token (a server with [[auth.tenants]] needs one).
-    #[arg(long, env = "ARCHIVIST_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
-    /// PEM CA certificate to trust for the server (TLS).
-    #[arg(long, global = true)]
-    pub ca_cert: Option<std::path::PathBuf>,
-    /// PEM client certificate, for mutual TLS.
-    #[arg(long, global = true, requires = "client_key")]
-    pub client_cert: Option<std::path::PathBuf>,
-    /// PEM client key, for mutual TLS.
-    #[arg(long, global = true, requires = "client_cert")]
-    pub client_key: Option<std::path::PathBuf>,
-    /// The longest a call may take ("10s", "2m"); a waiting close or flush
-    /// answers with the state as it stands a little before it. Default: no
-    /// limit of the client's own (the server's bounds hold).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, global = true)]
-    pub timeout: Option<Duration>,
-    /// Print the result as JSON on standard output.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
@@ -156,38 +125,6 @@ pub enum SessionCommand {
     },
 }
 
-/// Why a command did not end well.
-pub(super) enum Failed {
-    /// A call failed, or there is no server: exit 1.
-    Error(String),
-    /// The arguments make no sense: exit 64.
-    Usage(String),
-    /// A close or flush worked but a recap is not there: exit 3 (what
-    /// happened is already printed).
-    RecapNotDone,
-}
-
-impl From<tonic::Status> for Failed {
-    fn from(status: tonic::Status) -> Failed {
-        Failed::Error(describe_with_hint(&status))
-    }
-}
-
-fn exit(result: Result<(), Failed>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(Failed::RecapNotDone) => ExitCode::from(EXIT_RECAP_NOT_DONE),
-        Err(Failed::Usage(e)) => {
-            eprintln!("error: {e}");
-            ExitCode::from(super::EXIT_USAGE)
-        }
-        Err(Failed::Error(e)) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 /// `archivist session …`.
 pub async fn run(args: SessionArgs) -> ExitCode {
     exit(session(args).await)
@@ -202,35 +139,6 @@ pub async fn sessions(flags: ClientFlags) -> ExitCode {
 /// class.
 pub async fn backlog(flags: ClientFlags) -> ExitCode {
     exit(show_backlog(&flags).await)
-}
-
-pub(super) async fn connect(flags: &ClientFlags) -> Result<Client, Failed> {
-    connect_with(&ClientOptions {
-        address: flags.server.clone(),
-        token: flags.token.clone(),
-        ca_cert: flags.ca_cert.clone(),
-        client_cert: flags.client_cert.clone(),
-        client_key: flags.client_key.clone(),
-        connect_timeout: flags.timeout,
-    })
-    .await
-    .map_err(|e| Failed::Error(crate::failure::cause_chain(&e).join(": ")))
-}
-
-/// A request carrying the `--timeout` as its deadline.
-pub(super) fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    if let Some(limit) = flags.timeout {
-        request.set_timeout(limit);
-    }
-    request
-}
-
-pub(super) fn print_json(value: &Value) {
-    match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
-        Err(e) => eprintln!("error: cannot print JSON: {e}"),
-    }
 }
 
 async fn session(args: SessionArgs) -> Result<(), Failed> {
@@ -282,7 +190,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&append_json(&session, &resp));
+                print_json(&session_wire_json(&session, &resp));
                 return Ok(());
             }
             for e in &resp.entries {
@@ -319,20 +227,13 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&json!({
-                    "session_id": session,
-                    "entries_deleted": resp.entries_deleted,
-                    "segments_deleted": resp.segments_deleted,
-                }));
+                print_json(&session_wire_json(&session, &resp));
             } else {
+                // segments_deleted counts roll-ups too.
                 println!(
-                    "erased session {session}: {} and {}",
+                    "erased session {session}: {} and {} of the memory tree (segments and roll-ups)",
                     count(resp.entries_deleted, "entry", "entries"),
-                    count(
-                        resp.segments_deleted,
-                        "segment or roll-up",
-                        "segments and roll-ups"
-                    )
+                    count(resp.segments_deleted, "node", "nodes"),
                 );
             }
             Ok(())
@@ -347,7 +248,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .into_inner();
             while let Some(event) = stream.message().await? {
                 if flags.json {
-                    println!("{}", event_json(&event));
+                    println!("{}", wire_json(&event));
                 } else {
                     print_event(&event);
                 }
@@ -360,7 +261,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             if flags.json {
                 print_json(&json!({
                     "session_id": session,
-                    "nodes": nodes.iter().map(segment_json).collect::<Vec<_>>(),
+                    "nodes": nodes.iter().map(wire_json).collect::<Vec<_>>(),
                 }));
             } else if nodes.is_empty() {
                 println!("no segments yet");
@@ -382,14 +283,14 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .get_context(request(
                     flags,
                     pb::GetContextRequest {
-                        session_id: session,
+                        session_id: session.clone(),
                         max_tokens,
                     },
                 ))
                 .await?
                 .into_inner();
             if flags.json {
-                print_json(&context_json(&resp));
+                print_json(&wire_json(&resp));
                 return Ok(());
             }
             if resp.truncated {
@@ -434,7 +335,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 ensure_session(&mut client, flags, session).await?;
             }
             if flags.json {
-                print_json(&json!({ "requeued": resp.requeued }));
+                print_json(&wire_json(&resp));
             } else if resp.requeued == 0 {
                 println!(
                     "nothing to requeue: no matching segment is {}",
@@ -482,84 +383,12 @@ fn entry_text(args: &[String]) -> Result<String, Failed> {
     Ok(text)
 }
 
-fn check_session(session: &str) -> Result<(), Failed> {
-    crate::model::SessionName::parse(session)
-        .map(|_| ())
-        .map_err(|e| {
-            Failed::Usage(format!(
-                "{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)"
-            ))
-        })
-}
-
-/// Every segment of `session` at `levels` (all when empty), page by page;
-/// NOT_FOUND when the session does not exist.
-pub(super) async fn all_segments(
-    client: &mut Client,
-    flags: &ClientFlags,
-    session: &str,
-    levels: Vec<u32>,
-    page_size: u32,
-) -> Result<Vec<pb::Segment>, Failed> {
-    let mut segments = Vec::new();
-    let mut token = String::new();
-    loop {
-        let resp = client
-            .list_segments(request(
-                flags,
-                pb::ListSegmentsRequest {
-                    session_id: session.to_owned(),
-                    levels: levels.clone(),
-                    page_size,
-                    page_token: token,
-                    ..Default::default()
-                },
-            ))
-            .await?
-            .into_inner();
-        segments.extend(resp.segments);
-        if resp.next_page_token.is_empty() {
-            break;
-        }
-        token = resp.next_page_token;
-    }
-    if segments.is_empty() {
-        // ListSegments filters; a session that is not there is NOT_FOUND.
-        ensure_session(client, flags, session).await?;
-    }
-    Ok(segments)
-}
-
-/// NOT_FOUND when `session` does not exist (GetContext says so).
-pub(super) async fn ensure_session(
-    client: &mut Client,
-    flags: &ClientFlags,
-    session: &str,
-) -> Result<(), Failed> {
-    client
-        .get_context(request(
-            flags,
-            pb::GetContextRequest {
-                session_id: session.to_owned(),
-                max_tokens: 1,
-            },
-        ))
-        .await?;
-    Ok(())
-}
-
 fn parse_role(name: &str) -> Result<pb::Role, Failed> {
     Role::parse(name).map(role_to_pb).ok_or_else(|| {
         Failed::Usage(format!(
             "unknown role {name:?}: use user, assistant, system or tool"
         ))
     })
-}
-
-/// "2m", "10s", "1h 30m".
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration ({e}); write it like \"10s\" or \"2m\""))
 }
 
 /// Asks on the terminal; anything but yes ends the command. Off a terminal

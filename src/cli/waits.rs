@@ -8,8 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::output::*;
-use super::session::{ClientFlags, Failed, print_json, request};
-use crate::client::{CallError, Client};
+use super::terminal::{ClientFlags, Failed, print_json, request};
+use crate::client::Client;
 use crate::model::SegmentState;
 use crate::pb;
 use crate::text::human_duration;
@@ -72,77 +72,50 @@ pub(super) async fn close(
     if let Some(w) = waiting {
         w.done();
     }
-    let status = match result {
-        Ok(resp) => {
-            let Some(seg) = resp.into_inner().segment else {
-                if flags.json {
-                    print_json(&json!({ "closed": false, "segment": null }));
-                } else {
-                    println!("nothing was open in {session}: there is no segment to close");
-                }
-                return Ok(());
-            };
-            let summarised = state_from_pb(seg.state) == Some(SegmentState::Summarised);
-            if flags.json {
-                print_json(&json!({ "closed": true, "segment": segment_json(&seg) }));
-            } else if !wait {
-                println!(
-                    "closed segment {} of {session} ({}); its recap runs in the background (`archivist session show {session}` shows it)",
-                    seg.id,
-                    seq_range(&seg)
-                );
-            } else {
-                println!(
-                    "closed segment {} of {session} ({})",
-                    seg.id,
-                    seq_range(&seg)
-                );
-                print_segment(&seg);
-                if !summarised {
-                    println!(
-                        "its recap is not done yet: the server goes on with it; `archivist session show {session}` shows it"
-                    );
-                }
-            }
-            return match (wait, summarised) {
-                (true, false) => Err(Failed::RecapNotDone),
-                _ => Ok(()),
-            };
+    // The close is committed once the call is OK, whatever the recap did:
+    // the segment's state and last failure tell that.
+    let Some(seg) = result?.into_inner().segment else {
+        if flags.json {
+            print_json(&json!({ "closed": false, "segment": null }));
+        } else {
+            println!("nothing was open in {session}: there is no segment to close");
         }
-        Err(status) => status,
+        return Ok(());
     };
-    // A waiting close fails with the recap's failure after the segment was
-    // closed: say so, and what happens next, rather than only the error.
-    let error = CallError::from_status(&status);
-    let segment_id = error
-        .metadata
-        .iter()
-        .find(|(k, _)| k == "segment_id")
-        .and_then(|(_, v)| v.parse::<u64>().ok());
-    let Some(segment_id) = segment_id.filter(|_| wait && status.code() != tonic::Code::NotFound)
-    else {
-        return Err(status.into());
-    };
-    let seg = client
-        .get_segment(request(flags, pb::GetSegmentRequest { segment_id }))
-        .await?
-        .into_inner();
+    let summarised = state_from_pb(seg.state) == Some(SegmentState::Summarised);
     if flags.json {
-        print_json(&json!({
-            "closed": true,
-            "segment": segment_json(&seg),
-            "error": error_json(&error),
-        }));
-    } else {
+        print_json(&json!({ "closed": true, "segment": wire_json(&seg) }));
+    } else if !wait {
         println!(
-            "closed segment {} of {session} ({}), but its recap did not succeed: {}",
+            "closed segment {} of {session} ({}); its recap runs in the background (`archivist session show {session}` shows it)",
             seg.id,
-            seq_range(&seg),
-            error.message
+            seq_range(&seg)
         );
+    } else {
+        match seg.last_failure.as_ref().filter(|_| !summarised) {
+            Some(f) => println!(
+                "closed segment {} of {session} ({}), but its recap did not succeed ({})",
+                seg.id,
+                seq_range(&seg),
+                failure_class_name(f)
+            ),
+            None => println!(
+                "closed segment {} of {session} ({})",
+                seg.id,
+                seq_range(&seg)
+            ),
+        }
         print_segment(&seg);
+        if !summarised && seg.last_failure.is_none() {
+            println!(
+                "its recap is not done yet: the server goes on with it; `archivist session show {session}` shows it"
+            );
+        }
     }
-    Err(Failed::RecapNotDone)
+    match (wait, summarised) {
+        (true, false) => Err(Failed::RecapNotDone),
+        _ => Ok(()),
+    }
 }
 
 pub(super) async fn flush(
@@ -165,11 +138,7 @@ pub(super) async fn flush(
     waiting.done();
     let resp = result?.into_inner();
     if flags.json {
-        print_json(&json!({
-            "session_id": session,
-            "complete": resp.complete,
-            "segments": resp.segments.iter().map(segment_json).collect::<Vec<_>>(),
-        }));
+        print_json(&session_wire_json(session, &resp));
     } else {
         for seg in &resp.segments {
             print_segment(seg);

@@ -120,11 +120,6 @@ impl FailureClass {
     pub fn retryable(self) -> bool {
         !self.parks()
     }
-
-    /// The ErrorInfo reason for this class, UPPER_SNAKE.
-    pub fn reason(self) -> String {
-        self.as_str().to_ascii_uppercase()
-    }
 }
 
 /// A failed recap, as the caller sees it and the store keeps it.
@@ -253,28 +248,6 @@ mod tests {
         }
         assert!(!FailureClass::QuotaExhausted.retry_within_pass());
         assert!(!FailureClass::QuotaExhausted.parks());
-    }
-
-    /// The ErrorInfo reasons callers match on, as docs/errors.md lists them.
-    #[test]
-    fn each_class_has_its_documented_error_info_reason() {
-        let reasons: Vec<String> = FailureClass::ALL.into_iter().map(|c| c.reason()).collect();
-        assert_eq!(
-            reasons,
-            [
-                "TRANSPORT",
-                "TIMEOUT",
-                "UNAVAILABLE",
-                "RATE_LIMITED",
-                "QUOTA_EXHAUSTED",
-                "UNAUTHORIZED",
-                "UNKNOWN_MODEL",
-                "INVALID_REQUEST",
-                "MALFORMED_RESPONSE",
-                "BUDGET_EXHAUSTED",
-                "STORE",
-            ]
-        );
     }
 
     #[test]

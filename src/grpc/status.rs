@@ -1,22 +1,22 @@
 //! Every error as a gRPC status with the rich error model: the code, an
 //! ErrorInfo (domain `archivist`, an UPPER_SNAKE reason, metadata),
 //! BadRequest for bad input, RetryInfo where waiting helps, DebugInfo with
-//! the cause chain, and the `archivist.v1.Failure` detail of a failed recap.
-//! The mappings are exhaustive: a new error or class must be given a code.
+//! the cause chain. A failed recap is no call's error: it is the segment's
+//! `last_failure`. The mappings are exhaustive: a new error must be given a
+//! code.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use prost::Message;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::events::WatchRefused;
-use crate::failure::{Failure, FailureClass, cause_chain};
+use crate::failure::cause_chain;
 use crate::service::ServiceError;
 use crate::store::StoreError;
 use crate::throttle::{LOG_INTERVAL, Throttle};
-use crate::wire::{FAILURE_TYPE_URL, clip_causes, failure_to_pb};
+use crate::wire::clip_causes;
 
 /// The ErrorInfo domain of every error this service returns.
 pub(crate) const ERROR_DOMAIN: &str = "archivist";
@@ -65,10 +65,6 @@ pub(super) fn invalid(violations: Vec<FieldViolation>) -> Status {
 
 pub(super) fn service_status(err: ServiceError) -> Status {
     match err {
-        ServiceError::RecapFailed {
-            segment_id,
-            failure,
-        } => failure_status(segment_id, &failure),
         ServiceError::Store(e) => store_status(&e),
         ServiceError::WatchRefused(refused) => {
             let (scope, limit) = match refused {
@@ -86,24 +82,6 @@ pub(super) fn service_status(err: ServiceError) -> Status {
             );
             details.set_retry_info(Some(WATCH_RETRY));
             Status::with_error_details(Code::ResourceExhausted, refused.to_string(), details)
-        }
-        ServiceError::PassCancelled { segment_id } => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                "RECAP_CANCELLED",
-                ERROR_DOMAIN,
-                HashMap::from([("segment_id".to_owned(), segment_id.to_string())]),
-            );
-            Status::with_error_details(Code::Cancelled, err.to_string(), details)
-        }
-        ServiceError::PassPanicked { segment_id } => {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(
-                "RECAP_PASS_PANICKED",
-                ERROR_DOMAIN,
-                HashMap::from([("segment_id".to_owned(), segment_id.to_string())]),
-            );
-            Status::with_error_details(Code::Internal, err.to_string(), details)
         }
     }
 }
@@ -240,63 +218,6 @@ fn store_status(err: &StoreError) -> Status {
     Status::with_error_details(code, err.to_string(), details)
 }
 
-/// The status code for a failure class; exhaustive, so a new class must be
-/// given one.
-pub(crate) fn failure_code(class: FailureClass) -> Code {
-    match class {
-        FailureClass::Transport
-        | FailureClass::Unavailable
-        | FailureClass::MalformedResponse
-        | FailureClass::Store => Code::Unavailable,
-        FailureClass::Timeout | FailureClass::BudgetExhausted => Code::DeadlineExceeded,
-        FailureClass::RateLimited | FailureClass::QuotaExhausted => Code::ResourceExhausted,
-        FailureClass::Unauthorized | FailureClass::UnknownModel | FailureClass::InvalidRequest => {
-            Code::FailedPrecondition
-        }
-    }
-}
-
-fn failure_status(segment_id: u64, failure: &Failure) -> Status {
-    let code = failure_code(failure.class);
-    let mut metadata = HashMap::from([
-        ("segment_id".to_owned(), segment_id.to_string()),
-        ("attempts".to_owned(), failure.attempts.to_string()),
-        ("provider".to_owned(), failure.provider.clone()),
-        ("model".to_owned(), failure.model.clone()),
-    ]);
-    if let Some(status) = failure.http_status {
-        metadata.insert("http_status".to_owned(), status.to_string());
-    }
-    let mut details = ErrorDetails::new();
-    details.set_error_info(failure.class.reason(), ERROR_DOMAIN, metadata);
-    if let Some(wait) = failure.retry_after {
-        details.set_retry_info(Some(wait));
-    }
-    details.set_debug_info(clip_causes(failure.causes.clone()), "");
-    let message = format!(
-        "recap of segment {segment_id} failed ({}) after {}: {}",
-        failure.class.as_str(),
-        crate::text::count(u64::from(failure.attempts), "attempt", "attempts"),
-        failure
-            .causes
-            .last()
-            .map(String::as_str)
-            .unwrap_or("no cause recorded")
-    );
-    let status = Status::with_error_details(code, message.clone(), details);
-    // tonic-types builds the standard details; the Failure detail is ours,
-    // so add it to the same google.rpc.Status.
-    let mut rpc = match tonic_types::pb::Status::decode(status.details()) {
-        Ok(rpc) => rpc,
-        Err(_) => return status,
-    };
-    rpc.details.push(prost_types::Any {
-        type_url: FAILURE_TYPE_URL.to_owned(),
-        value: failure_to_pb(failure).encode_to_vec(),
-    });
-    Status::with_details(code, message, rpc.encode_to_vec().into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,28 +242,6 @@ mod tests {
                 details.retry_info().and_then(|r| r.retry_delay),
                 Some(STORAGE_FULL_RETRY)
             );
-        }
-    }
-
-    #[test]
-    fn every_class_has_the_designed_code() {
-        use FailureClass::*;
-        let expect = [
-            (Transport, Code::Unavailable),
-            (Unavailable, Code::Unavailable),
-            (MalformedResponse, Code::Unavailable),
-            (Timeout, Code::DeadlineExceeded),
-            (BudgetExhausted, Code::DeadlineExceeded),
-            (RateLimited, Code::ResourceExhausted),
-            (QuotaExhausted, Code::ResourceExhausted),
-            (Unauthorized, Code::FailedPrecondition),
-            (UnknownModel, Code::FailedPrecondition),
-            (InvalidRequest, Code::FailedPrecondition),
-            (Store, Code::Unavailable),
-        ];
-        assert_eq!(expect.len(), FailureClass::ALL.len());
-        for (class, code) in expect {
-            assert_eq!(failure_code(class), code, "{class:?}");
         }
     }
 }

@@ -326,7 +326,7 @@ async fn the_terminal_client_prints_the_transcript_through_every_page() {
     assert_eq!(objects.len(), 5);
     for (object, i) in objects.iter().zip(36..) {
         assert_eq!(object["seq"], i);
-        assert_eq!(object["role"], "user");
+        assert_eq!(object["role"], "ROLE_USER");
         assert_eq!(object["content"], said[i as usize - 1]);
         assert_eq!(object["client_entry_id"], "");
         assert!(object["created_at"].as_str().is_some(), "{object}");

@@ -1,18 +1,16 @@
-//! Failures cross the wire whole: for each class, the mapped status code,
-//! the typed Failure with its attempts, HTTP status and full cause chain,
-//! the same Failure on the segment afterwards, and the key nowhere.
+//! Failures cross the wire whole: for each class, a close that is OK
+//! whatever its recap did, the typed Failure on the segment it answers
+//! with (attempts, HTTP status, full cause chain), the same Failure read
+//! back later, and the key nowhere.
 
 use std::time::Duration;
 
-use archivist::client::{CallError, failure_detail};
 use archivist::failure::FailureClass;
 use archivist::pb;
-use tonic::Code;
-use tonic_types::StatusExt;
 use wiremock::ResponseTemplate;
 
 use crate::harness::TestServer;
-use crate::provider::{Script, append_and_close, error_json, fast};
+use crate::provider::{Script, append_and_close, class_of, error_json, failure_of, fast};
 
 const KEY: &str = "sk-archivist-test-7f3a9c1e5b2d";
 
@@ -20,7 +18,6 @@ struct Case {
     name: &'static str,
     /// None: the provider is a closed port.
     answer: Option<ResponseTemplate>,
-    code: Code,
     class: FailureClass,
     attempts: u32,
     http_status: Option<u32>,
@@ -35,7 +32,6 @@ fn cases() -> Vec<Case> {
         Case {
             name: "connection refused",
             answer: None,
-            code: Code::Unavailable,
             class: FailureClass::Transport,
             attempts: 3,
             http_status: None,
@@ -44,7 +40,6 @@ fn cases() -> Vec<Case> {
         Case {
             name: "timeout",
             answer: Some(ResponseTemplate::new(200).set_delay(Duration::from_secs(5))),
-            code: Code::DeadlineExceeded,
             class: FailureClass::Timeout,
             attempts: 3,
             http_status: None,
@@ -53,7 +48,6 @@ fn cases() -> Vec<Case> {
         Case {
             name: "503",
             answer: Some(ResponseTemplate::new(503).set_body_string(format!("overloaded ({KEY})"))),
-            code: Code::Unavailable,
             class: FailureClass::Unavailable,
             attempts: 3,
             http_status: Some(503),
@@ -68,7 +62,6 @@ fn cases() -> Vec<Case> {
                         "<html><body>502 Bad Gateway, key={KEY}</body></html>"
                     )),
             ),
-            code: Code::Unavailable,
             class: FailureClass::Unavailable,
             attempts: 3,
             http_status: Some(502),
@@ -79,7 +72,6 @@ fn cases() -> Vec<Case> {
             answer: Some(
                 error_json(429, "rate_limit_exceeded", &echo).insert_header("retry-after", "3600"),
             ),
-            code: Code::ResourceExhausted,
             class: FailureClass::RateLimited,
             attempts: 1,
             http_status: Some(429),
@@ -92,7 +84,6 @@ fn cases() -> Vec<Case> {
                 "insufficient_quota",
                 &format!("You exceeded your current quota. {echo}"),
             )),
-            code: Code::ResourceExhausted,
             class: FailureClass::QuotaExhausted,
             attempts: 1,
             http_status: Some(429),
@@ -101,7 +92,6 @@ fn cases() -> Vec<Case> {
         Case {
             name: "401",
             answer: Some(error_json(401, "invalid_api_key", &echo)),
-            code: Code::FailedPrecondition,
             class: FailureClass::Unauthorized,
             attempts: 1,
             http_status: Some(401),
@@ -114,7 +104,6 @@ fn cases() -> Vec<Case> {
                 "model_not_found",
                 "The model `test-model` does not exist",
             )),
-            code: Code::FailedPrecondition,
             class: FailureClass::UnknownModel,
             attempts: 1,
             http_status: Some(404),
@@ -147,15 +136,11 @@ async fn every_class_reaches_the_caller_typed_with_its_whole_chain() {
             c.retry.attempt_timeout = Duration::from_millis(300);
         })
         .await;
-        let status = append_and_close(&server, "s").await.expect_err(name);
-        assert_eq!(status.code(), case.code, "{name}: {status:?}");
-
-        // The typed Failure detail.
-        let failure = failure_detail(&status).expect("a Failure detail");
-        let error = CallError::from_status(&status);
-        let typed = error.failure.clone().expect("decoded failure");
-        assert_eq!(typed.class, case.class, "{name}");
-        assert_eq!(typed.attempts, case.attempts, "{name}");
+        // The close is OK: the failure is the segment's, not the call's.
+        let closed = append_and_close(&server, "s").await.expect_err(name);
+        let failure = failure_of(&closed).clone();
+        assert_eq!(class_of(&failure), Some(case.class), "{name}");
+        assert_eq!(failure.attempts, case.attempts, "{name}");
         assert_eq!(failure.http_status, case.http_status, "{name}");
         assert_eq!(failure.retryable, case.class.retryable(), "{name}");
         assert_eq!(
@@ -164,6 +149,7 @@ async fn every_class_reaches_the_caller_typed_with_its_whole_chain() {
         );
         assert!(failure.elapsed.is_some(), "{name}");
         assert!(failure.causes.len() >= 2, "{name}: {:?}", failure.causes);
+        assert!(!failure.hint.is_empty(), "{name}: a hint");
         let root = failure.causes.last().expect("a root cause");
         assert!(
             root.contains(case.root),
@@ -176,40 +162,20 @@ async fn every_class_reaches_the_caller_typed_with_its_whole_chain() {
             assert!(!root.contains("error sending request"), "{name}: {root}");
         }
         if case.class == FailureClass::RateLimited {
-            assert_eq!(typed.retry_after, Some(Duration::from_secs(3600)), "{name}");
+            match &failure.kind {
+                Some(pb::failure::Kind::RateLimited(r)) => assert_eq!(
+                    r.retry_after.and_then(|d| Duration::try_from(d).ok()),
+                    Some(Duration::from_secs(3600)),
+                    "{name}"
+                ),
+                other => panic!("{name}: {other:?}"),
+            }
         }
-
-        // The standard details: ErrorInfo, DebugInfo (the same chain), RetryInfo.
-        let details = status.get_error_details();
-        let info = details.error_info().expect("ErrorInfo");
-        assert_eq!(info.domain, "archivist");
-        assert_eq!(
-            info.reason,
-            case.class.as_str().to_ascii_uppercase(),
-            "{name}"
-        );
-        assert_eq!(
-            info.metadata.get("attempts"),
-            Some(&case.attempts.to_string()),
-            "{name}"
-        );
-        assert_eq!(
-            info.metadata.get("http_status").cloned(),
-            case.http_status.map(|s| s.to_string()),
-            "{name}"
-        );
-        assert_eq!(
-            details.debug_info().map(|d| d.stack_entries.clone()),
-            Some(failure.causes.clone()),
-            "{name}"
-        );
-        if case.class == FailureClass::RateLimited {
-            assert_eq!(
-                details.retry_info().and_then(|r| r.retry_delay),
-                Some(Duration::from_secs(3600))
-            );
-        }
-        assert_eq!(error.chain(), failure.causes.as_slice());
+        let expected_state = match case.class.retryable() {
+            true => pb::SegmentState::Pending,
+            false => pb::SegmentState::Parked,
+        };
+        assert_eq!(closed.state, expected_state as i32, "{name}");
 
         // The segment keeps the very same record.
         let segs = server.segments("s").await;
@@ -255,20 +221,25 @@ async fn every_class_reaches_the_caller_typed_with_its_whole_chain() {
 #[tokio::test]
 async fn the_terminal_client_prints_the_chain() {
     let server = TestServer::start_with(|c| fast(c, &closed_port())).await;
-    let status = append_and_close(&server, "s").await.expect_err("refused");
-    let text = archivist::cli::session::describe(&status);
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0].starts_with("Unavailable:"), "{text}");
-    assert!(lines[0].contains("[TRANSPORT]"), "{text}");
-    let caused: Vec<&&str> = lines
-        .iter()
-        .filter(|l| l.starts_with("caused by: "))
-        .collect();
-    assert!(caused.len() > 2, "{text}");
+    let address = format!("http://{}", server.addr);
+    server.append("s", &["Something to recap."]).await;
+    let ran = crate::operator::archivist(
+        &["session", "--server", &address, "close", "s", "--wait"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let failure_line = ran
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("last failure: transport"))
+        .unwrap_or_else(|| panic!("no failure line in {}", ran.stdout));
+    // The chain down to the socket, after the class and the attempts.
+    assert!(failure_line.contains("after 3 attempts"), "{failure_line}");
     assert!(
-        caused
-            .last()
-            .is_some_and(|l| l.to_lowercase().contains("refused")),
-        "{text}"
+        failure_line.to_lowercase().contains("refused"),
+        "{failure_line}"
     );
+    assert!(ran.stdout.contains("fix: "), "{}", ran.stdout);
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use archivist::client::failure_detail;
+use archivist::failure::FailureClass;
 use archivist::pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
@@ -15,7 +15,9 @@ use tonic_types::StatusExt;
 
 use crate::binary::Process;
 use crate::harness::{TestServer, eventually, reason, state};
-use crate::provider::{Script, append_and_close, completion, error_json, fast};
+use crate::provider::{
+    Script, append_and_close, class_of, completion, error_json, failure_of, fast,
+};
 
 const KEY: &str = "sk-hostile-test-4b7e19c2d8";
 
@@ -244,10 +246,9 @@ async fn a_completion_longer_than_max_output_tokens_allows_is_malformed() {
         c.provider.max_output_tokens = 64;
     })
     .await;
-    let status = append_and_close(&server, "s").await.expect_err("refused");
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert_eq!(reason(&status), "MALFORMED_RESPONSE");
-    let failure = failure_detail(&status).expect("failure detail");
+    let closed = append_and_close(&server, "s").await.expect_err("refused");
+    let failure = failure_of(&closed);
+    assert_eq!(class_of(failure), Some(FailureClass::MalformedResponse));
     assert!(
         failure.causes.join(" ").contains("max_output_tokens"),
         "{:?}",
@@ -268,8 +269,11 @@ async fn a_retry_after_date_in_2099_schedules_within_the_cap() {
     let script = Script::new(vec![answer]);
     let mock = script.mount().await;
     let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
-    let status = append_and_close(&server, "s").await.expect_err("limited");
-    assert_eq!(status.code(), Code::ResourceExhausted);
+    let closed = append_and_close(&server, "s").await.expect_err("limited");
+    assert_eq!(
+        class_of(failure_of(&closed)),
+        Some(FailureClass::RateLimited)
+    );
     let seg = server.segments("s").await.remove(0);
     assert_eq!(state(&seg), pb::SegmentState::Pending);
     let due = seg.next_attempt_at.expect("scheduled");

@@ -91,7 +91,10 @@ async fn a_backfill_with_another_provider_is_refused_naming_both() {
     let served = format!("{base}/v1");
     let server = TestServer::start_with(|c| fast(c, &base)).await;
     server.append("s", &["Something worth an LLM recap."]).await;
-    server.close("s", true).await.expect_err("nothing answered");
+    server
+        .close("s", true)
+        .await
+        .expect("closed; nothing answered");
     let dir = server.stop().await;
     let data_dir = dir.path().to_str().expect("utf-8 path");
 
@@ -138,6 +141,38 @@ async fn a_backfill_with_another_provider_is_refused_naming_both() {
     assert_eq!(report["summarised"], 1);
     assert_eq!(report["provider"]["kind"], "extractive");
     assert_eq!(report["provider_changed_from"]["model"], "test-model");
+}
+
+/// The data directory of a server that ran with the extractive default and
+/// stored an entry.
+async fn extractive_database() -> tempfile::TempDir {
+    let server = TestServer::start().await;
+    server
+        .append("s", &["Served by the extractive provider."])
+        .await;
+    server.stop().await
+}
+
+#[tokio::test]
+async fn a_backfill_with_an_llm_over_an_extractive_database_needs_no_flag() {
+    let dir = extractive_database().await;
+    let data_dir = dir.path().to_str().expect("utf-8 path");
+    let env = openai_env(&closed_port());
+    for dry in [true, false] {
+        let mut args = vec!["backfill", "--data-dir", data_dir];
+        if dry {
+            args.push("--dry-run");
+        }
+        let ran = archivist(&args, &borrowed(&env), None).await;
+        assert_eq!(ran.code, 0, "dry run {dry}: {}{}", ran.stdout, ran.stderr);
+        assert!(
+            ran.stdout.contains(
+                "moving from the built-in extractive provider to an LLM needs no --allow-provider-change"
+            ),
+            "dry run {dry}: {}",
+            ran.stdout
+        );
+    }
 }
 
 #[tokio::test]
@@ -589,10 +624,13 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     let ran = run(client(&["show", "demo", "--json"]), "session").await;
     assert_eq!(ran.code, 0);
     let shown = ran.json();
-    assert_eq!(shown["segments"][0]["state"], "OPEN");
+    assert_eq!(shown["segments"][0]["state"], "SEGMENT_STATE_OPEN");
+    assert_eq!(shown["segments"][0]["level"], 1);
+    assert_eq!(shown["segments"][0]["child_ids"], serde_json::json!([]));
     assert_eq!(shown["segments"][0]["entry_count"], 1);
-    assert!(shown["segments"][0].get("next_attempt_at").is_some());
-    assert!(shown["segments"][0].get("passes").is_some());
+    // Every field, defaults too; an unset message field is left out.
+    assert_eq!(shown["segments"][0]["passes"], 0);
+    assert!(shown["segments"][0].get("summary").is_none());
 
     let ran = run(client(&["--json"]), "sessions").await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
@@ -608,7 +646,7 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let closed = ran.json();
     assert_eq!(closed["closed"], true);
-    assert_eq!(closed["segment"]["state"], "SUMMARISED");
+    assert_eq!(closed["segment"]["state"], "SEGMENT_STATE_SUMMARISED");
 }
 
 #[tokio::test]
@@ -637,12 +675,101 @@ async fn a_close_whose_recap_failed_is_reported_closed_with_what_comes_next() {
     let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
     let address = format!("http://{}", server.addr);
     server.append("p", &["Something to recap."]).await;
-    server.close("p", true).await.expect_err("refused");
+    server.close("p", true).await.expect("closed; refused");
     let ran = archivist(&["session", "--server", &address, "show", "p"], &[], None).await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert!(ran.stdout.contains("PARKED"), "{}", ran.stdout);
     assert!(ran.stdout.contains("--include-parked"), "{}", ran.stdout);
     assert!(ran.stdout.contains("fix:"), "{}", ran.stdout);
+}
+
+#[tokio::test]
+async fn the_terminal_client_names_every_bad_character_and_erases_in_plain_words() {
+    let server = TestServer::start().await;
+    let address = format!("http://{}", server.addr);
+    let ran = archivist(
+        &["session", "--server", &address, "show", "bad id!"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 64, "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("session id contains ' ' and '!'"),
+        "{}",
+        ran.stderr
+    );
+
+    server.append("demo", &["one", "two", "three"]).await;
+    server.close("demo", true).await.expect("closed");
+    let ran = archivist(
+        &["session", "--server", &address, "delete", "demo", "--yes"],
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(
+        ran.stdout.trim(),
+        "erased session demo: 3 entries and 1 node of the memory tree (segments and roll-ups)"
+    );
+
+    // No variable set: --help names it without an empty value.
+    let ran = archivist(
+        &["session", "--help"],
+        &[("ARCHIVIST_SERVER", None), ("ARCHIVIST_TOKEN", None)],
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("[env: ARCHIVIST_SERVER]"),
+        "{}",
+        ran.stdout
+    );
+    assert!(!ran.stdout.contains("="), "{}", ran.stdout);
+}
+
+#[tokio::test]
+async fn show_tells_a_failure_a_later_recap_cleared_as_past() {
+    let script = Script::new(vec![ResponseTemplate::new(401), completion("The recap.")]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    let address = format!("http://{}", server.addr);
+    server.append("p", &["Something to recap."]).await;
+    server.close("p", true).await.expect("closed; refused");
+    let args = ["session", "--server", &address, "show", "p"];
+    let show = || archivist(&args, &[], None);
+    let parked = show().await;
+    assert!(parked.stdout.contains("PARKED"), "{}", parked.stdout);
+    assert!(
+        parked.stdout.contains("last failure: unauthorized"),
+        "{}",
+        parked.stdout
+    );
+    assert!(parked.stdout.contains("fix:"), "{}", parked.stdout);
+
+    // Fixed and requeued, the recap is written: the failure is history.
+    assert_eq!(server.requeue("p", true).await, 1);
+    let summarised = eventually(Duration::from_secs(10), || async {
+        server.backlog().await.summarised == 1
+    })
+    .await;
+    assert!(summarised);
+    let ran = show().await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(ran.stdout.contains("SUMMARISED"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("The recap."), "{}", ran.stdout);
+    assert!(
+        ran.stdout.contains(
+            "an earlier pass failed (unauthorized after 1 attempt); a later one succeeded"
+        ),
+        "{}",
+        ran.stdout
+    );
+    for stale in ["last failure", "fix:", "parked", "requeue"] {
+        assert!(!ran.stdout.contains(stale), "{stale:?} in {}", ran.stdout);
+    }
 }
 
 #[tokio::test]
@@ -857,59 +984,73 @@ async fn a_second_serve_on_one_sqlite_directory_is_refused_naming_the_first() {
 }
 
 #[tokio::test]
-async fn serve_refuses_another_provider_unless_told_and_then_records_it() {
-    let server = TestServer::start().await;
-    server
-        .append("s", &["Served by the extractive provider."])
-        .await;
-    let dir = server.stop().await;
+async fn serve_moves_up_from_extractive_but_refuses_other_changes_unless_told() {
+    let dir = extractive_database().await;
     let data_dir = dir.path().to_str().expect("utf-8 path");
-    let env = openai_env("http://127.0.0.1:9");
-    let mut env = borrowed(&env);
-    env.push(("ARCHIVIST_PROVIDER_CHECK_ON_START", Some("false")));
-    let ran = archivist(
-        &["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir],
-        &env,
-        None,
-    )
-    .await;
-    assert_eq!(ran.code, 1, "{}", ran.stderr);
-    assert!(
-        ran.stderr.contains("last served with extractive"),
-        "{}",
-        ran.stderr
-    );
-    assert!(
-        ran.stderr.contains("http://127.0.0.1:9/v1"),
-        "{}",
-        ran.stderr
-    );
-    assert!(
-        !ran.stderr.contains("archivist is serving"),
-        "{}",
-        ran.stderr
-    );
+    let serve_args = ["serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir];
+    let llm = |base: &str| {
+        let mut env = openai_env(base);
+        env.push((
+            "ARCHIVIST_PROVIDER_CHECK_ON_START",
+            Some("false".to_owned()),
+        ));
+        env
+    };
 
-    let told = Serve::start_args(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data_dir,
-            "--allow-provider-change",
-        ],
-        &env,
-    );
-    let changed = told
+    // From the default to an LLM: the upgrade a newcomer makes, let through
+    // and said in a line.
+    let env = llm("http://127.0.0.1:9");
+    let upgraded = Serve::start(dir.path(), &borrowed(&env));
+    let changed = upgraded
         .logged("the provider changed")
         .await
         .expect("said so at start-up");
-    assert!(changed.contains("extractive"), "{changed}");
+    assert!(changed.contains("from extractive"), "{changed}");
+    assert!(changed.contains("http://127.0.0.1:9/v1"), "{changed}");
+    assert!(changed.contains("INFO"), "{changed}");
+    upgraded
+        .logged("archivist is serving")
+        .await
+        .expect("serving without the flag");
+    drop(upgraded);
+
+    // Back down to extractive (a serve without the server's --config), or
+    // across to another LLM: refused, naming both.
+    let other = llm("http://127.0.0.1:10");
+    for (what, env) in [("extractive", Vec::new()), ("another LLM", other.clone())] {
+        let ran = archivist(&serve_args, &borrowed(&env), None).await;
+        assert_eq!(ran.code, 1, "{what}: {}", ran.stderr);
+        assert!(
+            ran.stderr
+                .contains("last served with openai at http://127.0.0.1:9/v1"),
+            "{what}: {}",
+            ran.stderr
+        );
+        assert!(
+            ran.stderr.contains("--allow-provider-change"),
+            "{what}: {}",
+            ran.stderr
+        );
+        assert!(
+            !ran.stderr.contains("archivist is serving"),
+            "{what}: {}",
+            ran.stderr
+        );
+    }
+
+    let mut told_args = serve_args.to_vec();
+    told_args.push("--allow-provider-change");
+    let told = Serve::start_args(&told_args, &borrowed(&other));
+    let changed = told
+        .logged("the provider changed (--allow-provider-change)")
+        .await
+        .expect("said so at start-up");
+    assert!(changed.contains("http://127.0.0.1:9/v1"), "{changed}");
+    assert!(changed.contains("WARN"), "{changed}");
     told.logged("archivist is serving").await.expect("serving");
     drop(told);
     // The new provider is the server's record now: no flag needed again.
-    let again = Serve::start(dir.path(), &env);
+    let again = Serve::start(dir.path(), &borrowed(&other));
     again
         .logged("archivist is serving")
         .await

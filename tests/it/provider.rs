@@ -5,11 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use archivist::client::failure_detail;
 use archivist::config::{Config, ProviderKind};
+use archivist::failure::FailureClass;
 use archivist::model::estimate_tokens;
 use archivist::pb;
-use tonic::Code;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
@@ -107,10 +106,14 @@ pub fn fast(config: &mut Config, base: &str) {
     config.reconciler.interval = Duration::from_secs(3600);
 }
 
+/// Appends two entries and closes the segment, waiting for its recap:
+/// `Ok` with the segment when it was summarised, `Err` with it (its state
+/// and `last_failure`) when the recap did not succeed. The close itself is
+/// OK either way.
 pub async fn append_and_close(
     server: &TestServer,
     session: &str,
-) -> Result<pb::Segment, tonic::Status> {
+) -> Result<pb::Segment, pb::Segment> {
     server
         .append(
             session,
@@ -120,10 +123,26 @@ pub async fn append_and_close(
             ],
         )
         .await;
-    server
+    let seg = server
         .close(session, true)
         .await
-        .map(|r| r.segment.expect("a segment was open"))
+        .expect("a committed close is OK whatever its recap did")
+        .segment
+        .expect("a segment was open");
+    match pb::SegmentState::try_from(seg.state) {
+        Ok(pb::SegmentState::Summarised) => Ok(seg),
+        _ => Err(seg),
+    }
+}
+
+/// The class of a Failure, as the Rust client decodes it.
+pub fn class_of(f: &pb::Failure) -> Option<FailureClass> {
+    archivist::client::decode_failure(f).map(|f| f.class)
+}
+
+/// The failure a segment's recap ended with.
+pub fn failure_of(seg: &pb::Segment) -> &pb::Failure {
+    seg.last_failure.as_ref().expect("a last_failure")
 }
 
 async fn only_segment(server: &TestServer, session: &str) -> pb::Segment {
@@ -199,18 +218,42 @@ async fn a_dropped_connection_is_retried() {
 }
 
 #[tokio::test]
+async fn a_close_whose_recap_failed_is_ok_and_a_retry_closes_nothing_new() {
+    let script = Script::new(vec![ResponseTemplate::new(503)]);
+    let mock = script.mount().await;
+    let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
+    // The close committed and its recap failed: OK, with the segment and
+    // its failure, so no retry policy (UNAVAILABLE is retryable) repeats it.
+    let closed = append_and_close(&server, "s")
+        .await
+        .expect_err("503 every time");
+    assert_eq!(state(&closed), pb::SegmentState::Pending);
+    assert_eq!(
+        class_of(failure_of(&closed)),
+        Some(FailureClass::Unavailable)
+    );
+    assert_eq!((closed.attempts, closed.passes), (3, 1));
+    assert_eq!(script.calls(), 3);
+    // A host that retries anyway closes nothing and starts no pass.
+    let again = server.close("s", true).await.expect("close");
+    assert!(again.segment.is_none(), "{again:?}");
+    assert_eq!(server.segments("s").await.len(), 1);
+    assert_eq!(script.calls(), 3, "no second pass");
+}
+
+#[tokio::test]
 async fn classes_that_cannot_succeed_are_sent_once() {
-    let cases: Vec<(&str, ResponseTemplate, Code, pb::SegmentState)> = vec![
+    let cases: Vec<(&str, ResponseTemplate, FailureClass, pb::SegmentState)> = vec![
         (
             "401",
             error_json(401, "invalid_api_key", "Incorrect API key provided"),
-            Code::FailedPrecondition,
+            FailureClass::Unauthorized,
             pb::SegmentState::Parked,
         ),
         (
             "403",
             ResponseTemplate::new(403),
-            Code::FailedPrecondition,
+            FailureClass::Unauthorized,
             pb::SegmentState::Parked,
         ),
         (
@@ -220,14 +263,14 @@ async fn classes_that_cannot_succeed_are_sent_once() {
                 "model_not_found",
                 "The model `test-model` does not exist",
             ),
-            Code::FailedPrecondition,
+            FailureClass::UnknownModel,
             pb::SegmentState::Parked,
         ),
         (
             "429 insufficient_quota",
             error_json(429, "insufficient_quota", "You exceeded your current quota")
                 .insert_header("retry-after", "1"),
-            Code::ResourceExhausted,
+            FailureClass::QuotaExhausted,
             pb::SegmentState::Pending,
         ),
         (
@@ -237,22 +280,21 @@ async fn classes_that_cannot_succeed_are_sent_once() {
                 "context_length_exceeded",
                 "maximum context length is 8192 tokens",
             ),
-            Code::FailedPrecondition,
+            FailureClass::InvalidRequest,
             pb::SegmentState::Parked,
         ),
     ];
-    for (name, answer, code, after) in cases {
+    for (name, answer, class, after) in cases {
         let script = Script::new(vec![answer, completion("never reached")]);
         let mock = script.mount().await;
         let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
-        let status = append_and_close(&server, "s").await.expect_err(name);
-        assert_eq!(status.code(), code, "{name}: {status:?}");
+        let closed = append_and_close(&server, "s").await.expect_err(name);
+        assert_eq!(class_of(failure_of(&closed)), Some(class), "{name}");
         assert_eq!(script.calls(), 1, "{name}: exactly one request");
         let seg = only_segment(&server, "s").await;
         assert!(seg.summary.is_none(), "{name}: no summary of any kind");
         assert_eq!(state(&seg), after, "{name}");
         assert_eq!(seg.attempts, 1, "{name}");
-        assert!(failure_detail(&status).is_some(), "{name}: Failure detail");
     }
 }
 
@@ -291,15 +333,13 @@ async fn a_retry_after_beyond_the_blind_wait_cap_or_the_time_left_ends_the_pass(
         })
         .await;
         let started = Instant::now();
-        let status = append_and_close(&server, "s").await.expect_err(name);
-        assert_eq!(status.code(), Code::ResourceExhausted, "{name}");
+        let closed = append_and_close(&server, "s").await.expect_err(name);
         assert_eq!(script.calls(), 1, "{name}: one request");
         assert!(
             started.elapsed() < Duration::from_secs(2),
             "{name}: no sleep"
         );
-        let failure = failure_detail(&status).expect("Failure detail");
-        match failure.kind {
+        match &failure_of(&closed).kind {
             Some(pb::failure::Kind::RateLimited(r)) => assert!(r.retry_after.is_some(), "{name}"),
             other => panic!("{name}: {other:?}"),
         }
@@ -322,14 +362,13 @@ async fn a_provider_that_never_answers_ends_the_pass_within_its_ceiling() {
         })
         .await;
         let started = Instant::now();
-        let status = append_and_close(&server, "s").await.expect_err("no answer");
+        let closed = append_and_close(&server, "s").await.expect_err("no answer");
         let elapsed = started.elapsed();
         assert!(
             elapsed < Duration::from_secs(3),
             "{elapsed:?} (ceiling 1 s)"
         );
-        assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
-        let failure = failure_detail(&status).expect("Failure detail");
+        let failure = failure_of(&closed);
         assert!(
             matches!(
                 failure.kind,
@@ -372,8 +411,14 @@ async fn concurrent_passes_do_not_retry_in_lockstep() {
         }));
     }
     for c in calls {
-        let status = c.await.expect("joined").expect_err("503 every time");
-        assert_eq!(status.code(), Code::Unavailable);
+        let seg = c
+            .await
+            .expect("joined")
+            .expect("the close is OK")
+            .into_inner()
+            .segment
+            .expect("a segment");
+        assert_eq!(class_of(failure_of(&seg)), Some(FailureClass::Unavailable));
     }
     // The gap between each segment's two sends is its jittered wait.
     let requests = script.requests();
@@ -404,11 +449,14 @@ async fn the_exhaustion_warning_names_the_segment_and_the_attempts() {
     let server = TestServer::start_with(|c| fast(c, &mock.uri())).await;
     // Log lines carry the segment id and its session, named uniquely here.
     let session = "exhaustion-warning-session";
-    let status = append_and_close(&server, session)
+    let closed = append_and_close(&server, session)
         .await
         .expect_err("always 503");
     let seg = only_segment(&server, session).await;
-    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(
+        class_of(failure_of(&closed)),
+        Some(FailureClass::Unavailable)
+    );
     let needle = format!("segment_id={}", seg.id);
     let lines = crate::logs::lines();
     let gave_up: Vec<&String> = lines

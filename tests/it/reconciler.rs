@@ -223,8 +223,9 @@ async fn a_refused_key_parks_until_the_key_changes_or_a_requeue() {
     )
     .await;
     server.append("t", &["another thing"]).await;
-    let status = server.close("t", true).await.expect_err("refused");
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let closed = server.close("t", true).await.expect("closed");
+    let seg = closed.segment.expect("a segment");
+    assert_eq!(state(&seg), pb::SegmentState::Parked);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(script.calls(), 1, "parked: no retry");
     let requeued = server.requeue("t", true).await;

@@ -434,6 +434,68 @@ async fn the_terminal_client_shows_the_tree_and_each_items_level() {
     assert!(!context.contains("summary of seq"), "{context}");
     let zoomed = session_cli(&server, &["context", "s", "--max-tokens", "100"]).await;
     assert!(zoomed.contains("[level 2 summary of seq 1..16"), "{zoomed}");
+
+    // --json is the wire message, every field: read back, it is what the
+    // server sent, so a script rebuilds the tree from it.
+    let tree = session_cli(&server, &["tree", "s", "--json"]).await;
+    let tree: serde_json::Value = serde_json::from_str(&tree).expect("JSON");
+    let printed: Vec<pb::Segment> = tree["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(from_json)
+        .collect();
+    let mut listed = levels(&server, "s", (1..=3).collect()).await;
+    listed.sort_by_key(|n| n.id);
+    let mut sorted = printed.clone();
+    sorted.sort_by_key(|n| n.id);
+    assert_eq!(sorted, listed);
+    // Each roll-up's children name their parent: 8 leaves under 2 roll-ups.
+    let parents: Vec<(u32, usize)> = printed
+        .iter()
+        .filter(|n| !n.child_ids.is_empty())
+        .map(|n| (n.level, n.child_ids.len()))
+        .collect();
+    assert_eq!(parents, [(2, 4), (2, 4)]);
+    // The first roll-up's children are the segments of seq 1..16, in order.
+    let first = tree["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["level"] == 2 && n["first_seq"] == 1)
+        .unwrap_or_else(|| panic!("no roll-up of seq 1.. in {tree}"));
+    let mut children: Vec<&pb::Segment> = printed
+        .iter()
+        .filter(|n| n.level == 1 && n.last_seq <= 16)
+        .collect();
+    children.sort_by_key(|n| n.first_seq);
+    let ids: Vec<u64> = children.iter().map(|n| n.id).collect();
+    assert_eq!(first["child_ids"], serde_json::json!(ids), "{tree}");
+
+    let printed = session_cli(&server, &["context", "s", "--max-tokens", "100", "--json"]).await;
+    let printed: pb::GetContextResponse = from_json(&serde_json::from_str(&printed).expect("JSON"));
+    let served = server.context("s", 100).await;
+    assert_eq!(printed, served);
+    assert!(
+        printed.items.iter().any(|i| matches!(
+            &i.item,
+            Some(pb::context_item::Item::Summary(s)) if s.level == 2
+        )),
+        "{printed:?}"
+    );
+}
+
+/// A wire message read back from the terminal client's JSON.
+fn from_json<M: prost::Message + prost::Name + Default>(json: &serde_json::Value) -> M {
+    use prost_reflect::{DescriptorPool, DynamicMessage};
+    let pool = DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let descriptor = pool
+        .get_message_by_name(&M::full_name())
+        .expect("a message of archivist.v1");
+    DynamicMessage::deserialize(descriptor, json)
+        .unwrap_or_else(|e| panic!("{}: {e}: {json}", M::full_name()))
+        .transcode_to()
+        .expect("transcode")
 }
 
 /// A provider that counts the requests it answers.

@@ -1,10 +1,14 @@
 """Fixtures: the real archivist binary started per module or per test, and
-a fake provider. The binary is $ARCHIVIST_BIN if set, else the repository's
-target/debug/archivist (`cargo build` or `cargo test` makes it)."""
+a fake provider. The binary is $ARCHIVIST_BIN if set, else debug/archivist
+in the directory cargo builds into (`cargo build` or `cargo test` makes it):
+the repository's target/, or CARGO_TARGET_DIR, or a cargo config's
+build.target-dir, as `cargo metadata` tells."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,12 +20,30 @@ from support import ArchivistServer, FakeProvider
 REPO = Path(__file__).resolve().parents[3]
 
 
+def cargo_target_dir() -> Path:
+    """Where cargo puts this repository's builds, as `cargo metadata` says
+    (it honours CARGO_TARGET_DIR and build.target-dir); without cargo,
+    CARGO_TARGET_DIR or the repository's target/."""
+    try:
+        metadata = subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--no-deps", "--offline"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        return Path(json.loads(metadata)["target_directory"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+
+
 @pytest.fixture(scope="session")
 def archivist_bin() -> Path:
     configured = os.environ.get("ARCHIVIST_BIN")
-    binary = Path(configured) if configured else REPO / "target" / "debug" / "archivist"
+    binary = Path(configured) if configured else cargo_target_dir() / "debug" / "archivist"
     if not binary.is_file() or not os.access(binary, os.X_OK):
-        how = "ARCHIVIST_BIN" if configured else "the default location"
+        how = "ARCHIVIST_BIN" if configured else "where cargo builds, by `cargo metadata`"
         pytest.fail(
             f"no archivist binary at {binary} ({how}). Build it first with "
             "`cargo build` (or `cargo test`) at the repository root, or point "

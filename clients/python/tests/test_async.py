@@ -11,7 +11,6 @@ from archivist_client import (
     Entry,
     InvalidArgument,
     NotFound,
-    Unavailable,
 )
 from support import error, openai_config
 
@@ -80,21 +79,28 @@ async def test_async_errors_are_archivist_errors(server) -> None:
         with pytest.raises(InvalidArgument):
             async for _ in client.segments("bad id!"):
                 pass
+        # Refused before sending, as the blocking client does.
+        with pytest.raises(InvalidArgument) as caught:
+            await client.context("never-written-to", max_tokens=-1)
+        assert [v.field for v in caught.value.violations] == ["max_tokens"]
+        with pytest.raises(InvalidArgument) as caught:
+            await client.append("never-written-to", [("robot", "beep")])
+        assert caught.value.reason == "INVALID_ROLE"
         assert [s async for s in client.segments("never-written-to")] == []
 
 
-async def test_async_provider_503_is_unavailable_with_its_failure(
+async def test_async_provider_503_returns_the_segment_with_its_failure(
     start_server, fake_provider, session_id: str
 ) -> None:
     fake_provider.reply = lambda: error(503, "upstream overloaded")
     server = start_server(openai_config(fake_provider.base_url, max_attempts=2))
     async with AsyncClient(server.address) as client:
         await client.append(session_id, [("user", "Summarise me, please.")])
-        with pytest.raises(Unavailable) as caught:
-            await client.close(session_id, wait=True)
-    failure = caught.value.failure
+        closed = await client.close(session_id, wait=True)
+    assert closed is not None and closed.state == "pending"
+    failure = closed.last_failure
     assert failure is not None
     assert (failure.kind, failure.retryable, failure.attempts, failure.http_status) == (
         "unavailable", True, 2, 503,
     )
-    assert "503" in caught.value.causes[-1]
+    assert "503" in failure.causes[-1]

@@ -151,8 +151,21 @@ def test_every_bad_field_is_named(client: Client, session_id: str) -> None:
 
 
 def test_bad_messages_are_refused_before_any_call(client: Client, session_id: str) -> None:
-    with pytest.raises(ValueError, match="role must be one of"):
-        client.append(session_id, [("robot", "beep")])
+    # An ArchivistError like every other failure, raised before sending.
+    with pytest.raises(ArchivistError, match="role must be one of") as caught:
+        client.append(session_id, [("user", "fine"), ("robot", "beep")])
+    assert isinstance(caught.value, InvalidArgument)
+    assert caught.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.reason == "INVALID_ROLE"
+    assert [v.field for v in caught.value.violations] == ["entries[1].role"]
+    for bad in (-1, 2**32, "10"):
+        with pytest.raises(InvalidArgument) as caught:
+            client.context(session_id, max_tokens=bad)  # type: ignore[arg-type]
+        assert [v.field for v in caught.value.violations] == ["max_tokens"]
+    with pytest.raises(InvalidArgument):
+        list(client.segments(session_id, states=["finished"]))
+    with pytest.raises(InvalidArgument):
+        list(client.sessions(page_size=-1))
     with pytest.raises(TypeError):
         client.append(session_id, [("user", "a", "b")])  # type: ignore[list-item]
     with pytest.raises(NotFound):

@@ -1,16 +1,16 @@
 """Recap failures from a fake OpenAI-compatible provider reach the caller as
-typed errors with the whole cause chain and the archivist.v1.Failure detail."""
+the typed Failure of the segment a waiting close returns, with the whole
+cause chain; the close itself succeeded, so it is no error."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from archivist_client import Client, FailedPrecondition, ResourceExhausted, Unavailable
+from archivist_client import Client
 from support import KEY_ENV, SECRET_KEY, completion, error, eventually, openai_config
 
 
-def test_provider_401_is_failed_precondition_unauthorized_and_parks(
+def test_provider_401_parks_and_the_close_returns_the_failure(
     start_server, fake_provider, session_id: str
 ) -> None:
     # The provider echoes the key back, as some do: it must not reach us.
@@ -20,15 +20,14 @@ def test_provider_401_is_failed_precondition_unauthorized_and_parks(
     server = start_server(openai_config(fake_provider.base_url), env={KEY_ENV: SECRET_KEY})
     with Client(server.address) as client:
         client.append(session_id, [("user", "Summarise me, please.")])
-        with pytest.raises(FailedPrecondition) as caught:
-            client.close(session_id, wait=True)
-        err = caught.value
-        assert err.code is grpc.StatusCode.FAILED_PRECONDITION
-        assert err.reason == "UNAUTHORIZED"
-        assert err.metadata["http_status"] == "401"
-        assert err.metadata["provider"] == "openai"
+        # The close committed: it returns the segment, whose state and
+        # last_failure say how its recap went.
+        closed = client.close(session_id, wait=True)
+        assert closed is not None
+        assert closed.state == "parked"
+        assert closed.summary is None
 
-        failure = err.failure
+        failure = closed.last_failure
         assert failure is not None
         assert failure.kind == "unauthorized"
         assert failure.retryable is False
@@ -42,67 +41,89 @@ def test_provider_401_is_failed_precondition_unauthorized_and_parks(
         assert SECRET_KEY not in failure.hint
 
         # The cause chain, outermost first, down to the provider's answer.
-        assert len(err.causes) >= 2
-        assert err.causes == failure.causes
-        assert "recap of segment" in err.causes[0]
-        assert "401" in err.causes[-1]
-        assert "Incorrect API key provided" in err.causes[-1]
-        everything = " ".join([err.message, *err.causes, *err.metadata.values()])
-        assert SECRET_KEY not in everything
-        assert "[REDACTED]" in err.causes[-1]
+        assert len(failure.causes) >= 2
+        assert "recap of segment" in failure.causes[0]
+        assert "401" in failure.causes[-1]
+        assert "Incorrect API key provided" in failure.causes[-1]
+        assert SECRET_KEY not in " ".join(failure.causes)
+        assert "[REDACTED]" in failure.causes[-1]
 
         assert fake_provider.count == 1
         assert fake_provider.requests[0]["authorization"] == f"Bearer {SECRET_KEY}"
         assert fake_provider.requests[0]["path"] == "/v1/chat/completions"
 
-        segment_id = int(err.metadata["segment_id"])
-        parked = client.segment(segment_id)
+        parked = client.segment(closed.id)
         assert parked.state == "parked"
-        assert parked.last_failure is not None
-        assert parked.last_failure.kind == "unauthorized"
-        assert parked.last_failure.causes == failure.causes
+        assert parked.last_failure == failure
         assert client.backlog().parked_by_class == {"unauthorized": 1}
 
         # Fixed provider plus a requeue: the reconciler summarises it.
         fake_provider.reply = completion
         assert client.requeue(session_id) == 0  # parked ones need include_parked
         assert client.requeue(session_id, include_parked=True) == 1
-        assert eventually(lambda: client.segment(segment_id).state == "summarised")
-        summary = client.segment(segment_id).summary
+        assert eventually(lambda: client.segment(closed.id).state == "summarised")
+        summary = client.segment(closed.id).summary
         assert summary is not None
         assert (summary.provider, summary.model) == ("openai", "fake-model")
         assert summary.text == "A recap of the segment."
 
 
-def test_provider_503_is_unavailable_after_every_attempt(
+def test_provider_503_stays_pending_after_every_attempt(
     start_server, fake_provider, session_id: str
 ) -> None:
     fake_provider.reply = lambda: error(503, "The server is overloaded")
     server = start_server(openai_config(fake_provider.base_url, max_attempts=3))
     with Client(server.address) as client:
         client.append(session_id, [("user", "Summarise me, please.")])
-        with pytest.raises(Unavailable) as caught:
-            client.close(session_id, wait=True)
-        err = caught.value
-        assert err.reason == "UNAVAILABLE"
-        failure = err.failure
+        closed = client.close(session_id, wait=True)
+        assert closed is not None
+        assert closed.state == "pending"  # retryable: the reconciler tries again
+        failure = closed.last_failure
         assert failure is not None
         assert failure.kind == "unavailable"
         assert failure.retryable is True
         assert failure.attempts == 3
         assert failure.http_status == 503
-        assert err.causes == failure.causes
-        assert "503" in err.causes[-1]
-        assert "overloaded" in err.causes[-1]
+        assert "503" in failure.causes[-1]
+        assert "overloaded" in failure.causes[-1]
+        assert (closed.attempts, closed.passes) == (3, 1)
         # Every attempt of the pass reached the provider (the reconciler may
         # have started the next pass since, hence at least).
         assert fake_provider.count >= 3
 
-        segment = client.segment(int(err.metadata["segment_id"]))
-        assert segment.state == "pending"  # retryable: the reconciler tries again
-        assert segment.last_failure is not None
-        assert segment.last_failure.kind == "unavailable"
-        assert segment.attempts >= 3
+
+def test_a_retry_policy_does_not_repeat_a_close_whose_recap_failed(
+    start_server, fake_provider, session_id: str
+) -> None:
+    """gRPC retry policies retry UNAVAILABLE; a close that committed is OK,
+    so a client with one gets the segment it closed (a retried close would
+    have found nothing open and returned None)."""
+    import json
+
+    fake_provider.reply = lambda: error(503, "The server is overloaded")
+    server = start_server(openai_config(fake_provider.base_url, max_attempts=2))
+    retrying = json.dumps({
+        "methodConfig": [{
+            "name": [{"service": "archivist.v1.Archivist"}],
+            "retryPolicy": {
+                "maxAttempts": 3,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "0.2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE", "DEADLINE_EXCEEDED"],
+            },
+        }],
+    })
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", retrying)]
+    with Client(server.address, options=options) as client:
+        client.append(session_id, [("user", "Summarise me, please.")])
+        closed = client.close(session_id, wait=True)
+        assert closed is not None
+        assert closed.state == "pending"
+        assert closed.last_failure is not None
+        assert closed.last_failure.kind == "unavailable"
+        assert (closed.attempts, closed.passes) == (2, 1)
+        assert [s.id for s in client.segments(session_id)] == [closed.id]
 
 
 def test_a_refused_connection_names_the_root_cause(
@@ -117,14 +138,13 @@ def test_a_refused_connection_names_the_root_cause(
     server = start_server(openai_config(f"http://127.0.0.1:{port}/v1", max_attempts=2))
     with Client(server.address) as client:
         client.append(session_id, [("user", "Summarise me, please.")])
-        with pytest.raises(Unavailable) as caught:
-            client.close(session_id, wait=True)
-    err = caught.value
-    assert err.reason == "TRANSPORT"
-    assert err.failure is not None and err.failure.kind == "transport"
-    assert err.failure.attempts == 2
-    assert err.failure.http_status is None
-    assert "Connection refused" in err.causes[-1]
+        closed = client.close(session_id, wait=True)
+    assert closed is not None and closed.state == "pending"
+    failure = closed.last_failure
+    assert failure is not None and failure.kind == "transport"
+    assert failure.attempts == 2
+    assert failure.http_status is None
+    assert "Connection refused" in failure.causes[-1]
 
 
 def test_a_rate_limit_carries_retry_after(start_server, fake_provider, session_id: str) -> None:
@@ -136,15 +156,14 @@ def test_a_rate_limit_carries_retry_after(start_server, fake_provider, session_i
     server = start_server(openai_config(fake_provider.base_url))
     with Client(server.address) as client:
         client.append(session_id, [("user", "Summarise me, please.")])
-        with pytest.raises(ResourceExhausted) as caught:
-            client.close(session_id, wait=True)
-    err = caught.value
-    assert err.reason == "RATE_LIMITED"
-    assert err.failure is not None and err.failure.kind == "rate_limited"
-    assert err.failure.retry_after is not None
-    assert err.failure.retry_after.total_seconds() == pytest.approx(120, abs=1)
-    assert err.retry_after is not None
-    assert err.retry_after.total_seconds() == pytest.approx(120, abs=1)
+        closed = client.close(session_id, wait=True)
+    assert closed is not None and closed.state == "pending"
+    failure = closed.last_failure
+    assert failure is not None and failure.kind == "rate_limited"
+    assert failure.retry_after is not None
+    assert failure.retry_after.total_seconds() == pytest.approx(120, abs=1)
+    # Due again no sooner than the provider asked.
+    assert closed.next_attempt_at is not None
     # A Retry-After longer than the blind-wait cap ends the pass at once.
     assert fake_provider.count == 1
 

@@ -34,6 +34,7 @@ from .types import (
     Segment,
     SessionEvent,
     SessionInfo,
+    count_value,
     new_entries,
     state_value,
 )
@@ -132,7 +133,7 @@ def _list_request(
     return pb.ListSegmentsRequest(
         session_id=session_id or "",
         states=[cast("pb.SegmentState", state_value(s)) for s in states or ()],
-        page_size=page_size,
+        page_size=count_value("page_size", page_size),
         page_token=page_token,
         levels=_levels(levels),
     )
@@ -159,13 +160,10 @@ class _EntryPages:
     def __init__(
         self, session_id: str, after_seq: int, limit: int | None, page_size: int
     ) -> None:
-        for name, value in (("after_seq", after_seq), ("page_size", page_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int of 0 or more; got {value!r}")
-        if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
-        ):
-            raise ValueError(f"limit must be None or an int of 0 or more; got {limit!r}")
+        count_value("after_seq", after_seq, bits=64)
+        count_value("page_size", page_size)
+        if limit is not None:
+            count_value("limit", limit, bits=64)
         self.session_id = session_id
         self.after_seq = after_seq
         self.left = limit
@@ -513,8 +511,10 @@ class Client(_Base):
 
         Returns the closed segment, or None when nothing was open. With
         `wait=True` it returns once the recap pass ends (or shortly before
-        the deadline); a failed recap raises the error for its failure class
-        with `failure` set, and the segment stays closed.
+        the deadline). The close succeeded whatever the recap did, so a
+        failed recap raises nothing: the segment's `state` is "pending" (the
+        server tries again by itself) or "parked", and its `last_failure`
+        says why. An error means the close itself failed.
         """
         request = pb.CloseSegmentRequest(session_id=session_id, wait=wait)
         response = self._call(self._stub.CloseSegment, request, timeout)
@@ -534,7 +534,9 @@ class Client(_Base):
         one, raw entries elsewhere, oldest first, the oldest dropped to fit
         `max_tokens` (0: the server's cap; `truncated` says something was
         dropped)."""
-        request = pb.GetContextRequest(session_id=session_id, max_tokens=max_tokens)
+        request = pb.GetContextRequest(
+            session_id=session_id, max_tokens=count_value("max_tokens", max_tokens)
+        )
         return Context.from_pb(self._call(self._stub.GetContext, request, timeout))
 
     def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:
@@ -599,7 +601,9 @@ class Client(_Base):
         its own deadline. Only the caller's tenant's sessions are listed."""
         token = ""
         while True:
-            request = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            request = pb.ListSessionsRequest(
+                page_size=count_value("page_size", page_size), page_token=token
+            )
             page = self._call(self._stub.ListSessions, request, timeout)
             for info in page.sessions:
                 yield SessionInfo.from_pb(info)
@@ -624,8 +628,8 @@ class Client(_Base):
         fetched when the previous one is used up, each with its own deadline
         (`page_size` 0: the server's default, 100; at most 1000). Raises
         NotFound, when iteration starts, for a session that does not exist
-        (another tenant's, or an erased one); bad arguments raise ValueError
-        at once.
+        (another tenant's, or an erased one); bad arguments raise
+        InvalidArgument at once.
         """
         return self._entries(_EntryPages(session_id, after_seq, limit, page_size), timeout)
 
@@ -749,7 +753,9 @@ class AsyncClient(_Base):
         self, session_id: str, *, max_tokens: int = 0, timeout: float | None = DEFAULT
     ) -> Context:
         """Summaries and raw entries for a prompt; see `Client.context`."""
-        request = pb.GetContextRequest(session_id=session_id, max_tokens=max_tokens)
+        request = pb.GetContextRequest(
+            session_id=session_id, max_tokens=count_value("max_tokens", max_tokens)
+        )
         return Context.from_pb(await self._call(self._stub.GetContext, request, timeout))
 
     async def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:
@@ -803,7 +809,9 @@ class AsyncClient(_Base):
         see `Client.sessions`."""
         token = ""
         while True:
-            request = pb.ListSessionsRequest(page_size=page_size, page_token=token)
+            request = pb.ListSessionsRequest(
+                page_size=count_value("page_size", page_size), page_token=token
+            )
             page = await self._call(self._stub.ListSessions, request, timeout)
             for info in page.sessions:
                 yield SessionInfo.from_pb(info)

@@ -4,7 +4,9 @@ The server sends the rich error model: a `google.rpc.Status` in the
 `grpc-status-details-bin` trailer, with `ErrorInfo` (domain "archivist", an
 UPPER_SNAKE reason, metadata), `BadRequest` field violations for bad input,
 `RetryInfo` where a wait makes sense, `DebugInfo` whose stack entries are the
-cause chain, and `archivist.v1.Failure` for a failed recap. `from_rpc_error`
+cause chain, and an `archivist.v1.Failure` where a status carries one.
+A recap that fails is no call's error: its Failure is the segment's
+`last_failure` (what `Client.close(wait=True)` returns). `from_rpc_error`
 decodes all of them with the standard `google.rpc` types; an error that did
 not come from archivist (the server unreachable, the deadline passed on the
 client) has the gRPC code and message and empty details.
@@ -18,14 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from google.protobuf.any_pb2 import Any as AnyPb
 from google.rpc import error_details_pb2, status_pb2
 
-from .types import Failure
 from .v1 import archivist_pb2 as pb
+
+if TYPE_CHECKING:
+    # Imported where used: `types` raises InvalidArgument from here.
+    from .types import Failure
 
 __all__ = [
     "AlreadyExists",
@@ -65,10 +70,11 @@ class ArchivistError(Exception):
         metadata: ErrorInfo's metadata (`segment_id`, `attempts`,
             `http_status`, `provider`, `model`, ... as strings).
         causes: the cause chain from DebugInfo, outermost first, down to the
-            root cause (for a failed recap, the Failure's causes).
+            root cause (or the Failure's causes, when only it came).
         retry_after: RetryInfo's delay, when a retry after a wait makes sense.
         violations: BadRequest's field violations as (field, description).
-        failure: the decoded `archivist.v1.Failure` of a failed recap.
+        failure: the decoded `archivist.v1.Failure`, when the status carries
+            one (a failed recap is the segment's `last_failure` instead).
         details: every detail unpacked, including kinds not surfaced above.
     """
 
@@ -145,16 +151,33 @@ def _rebuild(cls: type, code: str, message: str, kwargs: dict[str, Any]) -> Any:
 
 
 class Cancelled(ArchivistError):
-    """CANCELLED: the call or the recap pass was cancelled."""
+    """CANCELLED: the call was cancelled."""
 
 
-class InvalidArgument(ArchivistError):
-    """INVALID_ARGUMENT: bad input; `violations` names every bad field."""
+class InvalidArgument(ArchivistError, ValueError):
+    """INVALID_ARGUMENT: bad input; `violations` names every bad field.
+
+    The client raises it itself, before anything is sent, for an argument
+    it can tell is bad (an unknown role, a negative `max_tokens`): then
+    `domain` is "" and `reason` the one the server would give, or
+    "INVALID_ARGUMENT". It is a ValueError too."""
+
+
+def invalid_argument(
+    field: str, description: str, reason: str = "INVALID_ARGUMENT"
+) -> InvalidArgument:
+    """The InvalidArgument raised before a call is sent, for one bad field."""
+    return InvalidArgument(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{field}: {description}",
+        reason=reason,
+        violations=[Violation(field, description)],
+    )
 
 
 class DeadlineExceeded(ArchivistError):
-    """DEADLINE_EXCEEDED: the call's deadline passed, or a recap timed out
-    or ran out of its pass ceiling."""
+    """DEADLINE_EXCEEDED: the call's deadline passed, or its request did not
+    arrive whole in time."""
 
 
 class NotFound(ArchivistError):
@@ -170,13 +193,12 @@ class PermissionDenied(ArchivistError):
 
 
 class ResourceExhausted(ArchivistError):
-    """RESOURCE_EXHAUSTED: rate-limited or out of quota at the provider, or
-    the server shedding load (see `retry_after`)."""
+    """RESOURCE_EXHAUSTED: the server shedding load (see `retry_after`), a
+    message too large, or the tenant's storage full."""
 
 
 class FailedPrecondition(ArchivistError):
-    """FAILED_PRECONDITION: the call was fine but the server's provider setup
-    is not (unauthorized, unknown model, invalid request)."""
+    """FAILED_PRECONDITION: the call cannot be done in the state things are in."""
 
 
 class Internal(ArchivistError):
@@ -184,8 +206,8 @@ class Internal(ArchivistError):
 
 
 class Unavailable(ArchivistError):
-    """UNAVAILABLE: the server or its provider cannot be reached now; a
-    retry may succeed."""
+    """UNAVAILABLE: the server or its storage cannot be reached now; a
+    retry may succeed (docs/errors.md says which calls are safe to retry)."""
 
 
 class Unauthenticated(ArchivistError):
@@ -268,6 +290,8 @@ def from_status(
         elif isinstance(detail, error_details_pb2.DebugInfo):
             debug_causes = list(detail.stack_entries)
         elif isinstance(detail, pb.Failure):
+            from .types import Failure
+
             kwargs["failure"] = Failure.from_pb(detail)
     failure: Failure | None = kwargs.get("failure")
     if debug_causes is not None:

@@ -61,7 +61,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
     ) from e
 
 from .client import AsyncClient, Client
-from .errors import NotFound
+from .errors import NotFound, invalid_argument
 from .types import Context, ContextSummary, Entry
 
 __all__ = ["ArchivistChatMessageHistory"]
@@ -94,10 +94,12 @@ def _role(message: BaseMessage) -> str:
         return "tool"
     if isinstance(message, ChatMessage) and message.role.lower() in _CHAT_ROLES:
         return _CHAT_ROLES[message.role.lower()]
-    raise ValueError(
+    raise invalid_argument(
+        "role",
         f"cannot store a {type(message).__name__} "
         f"(role {getattr(message, 'role', message.type)!r}) in archivist: "
-        "roles are user, assistant, system and tool"
+        "roles are user, assistant, system and tool",
+        "INVALID_ROLE",
     )
 
 

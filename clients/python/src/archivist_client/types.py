@@ -18,6 +18,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from .errors import invalid_argument
 from .v1 import archivist_pb2 as pb
 
 __all__ = [
@@ -95,20 +96,34 @@ def _level(value: int) -> int:
     return value or 1
 
 
-def role_value(role: str) -> int:
-    """The wire value of a role name ("user", "assistant", "system", "tool")."""
+def role_value(role: str, field: str = "role") -> int:
+    """The wire value of a role name ("user", "assistant", "system", "tool");
+    InvalidArgument for any other."""
     if not isinstance(role, str) or role.lower() not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
+        raise invalid_argument(
+            field, f"role must be one of {', '.join(ROLES)}; got {role!r}", "INVALID_ROLE"
+        )
     return int(pb.Role.Value("ROLE_" + role.upper()))
 
 
 def state_value(state: str | int) -> int:
-    """The wire value of a segment state name ("open", "pending", ...)."""
+    """The wire value of a segment state name ("open", "pending", ...);
+    InvalidArgument for any other."""
     if isinstance(state, int):
         return state
     if not isinstance(state, str) or state.lower() not in STATES:
-        raise ValueError(f"state must be one of {', '.join(STATES)}; got {state!r}")
+        raise invalid_argument(
+            "states", f"state must be one of {', '.join(STATES)}; got {state!r}", "UNKNOWN_STATE"
+        )
     return int(pb.SegmentState.Value("SEGMENT_STATE_" + state.upper()))
+
+
+def count_value(field: str, value: int, bits: int = 32) -> int:
+    """A count or position sent as an unsigned field (`max_tokens`,
+    `page_size`, `after_seq`); InvalidArgument unless an int that fits."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**bits:
+        raise invalid_argument(field, f"must be an int from 0 to {2**bits - 1}; got {value!r}")
+    return value
 
 
 def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
@@ -124,13 +139,13 @@ def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
         if isinstance(message, Mapping):
             unknown = set(message) - {"role", "content", "client_entry_id"}
             if unknown:
-                raise ValueError(
-                    f"messages[{i}] has unknown keys: {', '.join(sorted(unknown))}"
+                raise invalid_argument(
+                    f"entries[{i}]", f"unknown keys: {', '.join(sorted(unknown))}"
                 )
             try:
                 role, content = message["role"], message["content"]
             except KeyError as missing:
-                raise ValueError(f"messages[{i}] has no {missing.args[0]!r}") from None
+                raise invalid_argument(f"entries[{i}]", f"no {missing.args[0]!r}") from None
             client_entry_id = message.get("client_entry_id") or ""
         elif isinstance(message, tuple) and len(message) == 2:
             role, content = message
@@ -143,10 +158,7 @@ def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
             raise TypeError(f"messages[{i}].content must be str")
         if not isinstance(client_entry_id, str):
             raise TypeError(f"messages[{i}].client_entry_id must be str")
-        try:
-            role_wire = role_value(role)
-        except ValueError as e:
-            raise ValueError(f"messages[{i}]: {e}") from None
+        role_wire = role_value(role, f"entries[{i}].role")
         entries.append(
             pb.NewEntry(
                 client_entry_id=client_entry_id,

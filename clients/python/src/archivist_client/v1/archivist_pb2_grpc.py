@@ -117,7 +117,8 @@ class ArchivistServicer:
     def CloseSegment(self, request, context):
         """Closes the open segment (a no-op when none is open) and schedules its
         recap. With `wait`, returns when the recap pass ends or the call's
-        deadline nears.
+        deadline nears. Once the close commits the answer is OK with the
+        segment, whatever its recap did: its state and last_failure tell.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
