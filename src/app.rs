@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 
 use crate::breaker::{Breaker, MAX_PROBE_SPACING};
 use crate::config::{BackendKind, Config, ConfigError, DurabilityConfig, ProviderKind};
-use crate::events::Hub;
+use crate::events::{Hub, WatchLimits};
 use crate::metrics::Metrics;
 use crate::model::{Millis, ProviderIdentity};
 use crate::pass::schedule::lease;
@@ -173,7 +173,16 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let owner = format!("{role}-{}-{}", std::process::id(), Millis::now().0);
         let wake = Arc::new(Notify::new());
-        let events = Hub::relayed(&store, owner.clone(), wake.clone());
+        let events = Hub::relayed(
+            &store,
+            owner.clone(),
+            wake.clone(),
+            WatchLimits {
+                max: config.limits.max_watches as usize,
+                per_tenant: config.limits.max_watches_per_tenant as usize,
+            },
+            metrics.clone(),
+        );
         let summariser = Summariser::new(
             store.clone(),
             provider,

@@ -48,7 +48,8 @@ impl Signal {
             // A refused key or an unknown model fails every segment alike.
             | FailureClass::Unauthorized
             | FailureClass::UnknownModel => Signal::ProviderFailure,
-            FailureClass::InvalidRequest => Signal::Neutral,
+            // Neither says anything of the provider's health.
+            FailureClass::InvalidRequest | FailureClass::Store => Signal::Neutral,
         }
     }
 }

@@ -36,7 +36,8 @@
 //!   over the memory tree (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
 //!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
-//!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used), the
+//!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used,
+//!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
 //!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
 //!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and
@@ -54,8 +55,9 @@
 //!   roll-ups, the closing of segments idle for `segment.max_idle`, and the
 //!   erasure of sessions past `retention.session_ttl`.
 //! - `events`: the hub `WatchSession` streams from, in-process, bounded
-//!   per watcher, relayed to the other replicas through the store's notes
-//!   when it has them.
+//!   per watcher, with the watch budget (server-wide and per tenant),
+//!   relayed to the other replicas through the store's notes when it has
+//!   them (a GAP to every watcher when notes may be lost).
 //! - `backfill`: the operator's drain and its report.
 //! - `service`: the operations behind the RPCs, free of wire types.
 //! - `grpc/`: the tonic service (`mod.rs`), request checks (`validate.rs`),

@@ -24,6 +24,20 @@ pub(crate) struct Metrics {
     sessions_expired: IntCounter,
     breaker_state: IntGauge,
     grpc_calls: IntCounterVec,
+    watches: IntGauge,
+    notes_lost: IntCounterVec,
+}
+
+/// Why session events did not reach the other replicas' watchers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum NotesLost {
+    /// The queue of notes to send was full: these were dropped.
+    QueueFull,
+    /// Sending them to the database failed.
+    PublishFailed,
+    /// The connection hearing the others' notes was lost (each loss a GAP
+    /// to every watcher of this replica).
+    ListenLost,
 }
 
 /// How a pass or an attempt ended, as a label.
@@ -117,6 +131,16 @@ impl Metrics {
                 &["method", "code"],
             )
             .expect("valid metric"),
+            watches: IntGauge::new("watches", "WatchSession streams open now")
+                .expect("valid metric"),
+            notes_lost: IntCounterVec::new(
+                Opts::new(
+                    "event_notes_lost_total",
+                    "Session events between replicas that were not delivered: notes dropped from a full queue or a failed send, and losses of the connection hearing them",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             registry,
         };
         for collector in [
@@ -131,6 +155,8 @@ impl Metrics {
             Box::new(m.sessions_expired.clone()),
             Box::new(m.breaker_state.clone()),
             Box::new(m.grpc_calls.clone()),
+            Box::new(m.watches.clone()),
+            Box::new(m.notes_lost.clone()),
         ] {
             // Each name is registered once, here.
             let _ = m.registry.register(collector);
@@ -170,6 +196,22 @@ impl Metrics {
     /// `NotFound`, ...), from the fixed set gRPC defines.
     pub(crate) fn grpc_call(&self, method: &str, code: &str) {
         self.grpc_calls.with_label_values(&[method, code]).inc();
+    }
+
+    /// The watches open now.
+    pub(crate) fn watches(&self, n: usize) {
+        self.watches.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// `n` notes between replicas lost (for `ListenLost`, `n` losses of the
+    /// connection), for `why`.
+    pub(crate) fn notes_lost(&self, why: NotesLost, n: u64) {
+        let reason = match why {
+            NotesLost::QueueFull => "queue_full",
+            NotesLost::PublishFailed => "publish_failed",
+            NotesLost::ListenLost => "listen_lost",
+        };
+        self.notes_lost.with_label_values(&[reason]).inc_by(n);
     }
 
     /// The Prometheus text exposition, with the gauges set from `backlog`
@@ -216,6 +258,8 @@ mod tests {
         m.tokens(10, 3);
         m.scan();
         m.grpc_call("AppendEntries", "Ok");
+        m.watches(3);
+        m.notes_lost(NotesLost::QueueFull, 1);
         let text = m.render(&Backlog::default(), BreakerState::Open);
         for name in [
             "archivist_summarise_attempts_total{class=\"unavailable\",outcome=\"failure\"} 1",
@@ -228,6 +272,8 @@ mod tests {
             "archivist_reconciler_scans_total 1",
             "archivist_breaker_state 1",
             "archivist_grpc_calls_total{code=\"Ok\",method=\"AppendEntries\"} 1",
+            "archivist_watches 3",
+            "archivist_event_notes_lost_total{reason=\"queue_full\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

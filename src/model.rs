@@ -356,6 +356,9 @@ pub struct Backlog {
     pub parked: u64,
     pub oldest_pending_age: Option<Duration>,
     pub parked_by_class: Vec<(String, u64)>,
+    /// Erasures committed whose text a checkpoint has yet to scrub from
+    /// the SQLite files (always 0 on PostgreSQL).
+    pub erasures_pending: u64,
 }
 
 /// A rough token count: about four bytes of text a token, plus a few for the

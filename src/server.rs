@@ -33,6 +33,9 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// The fewest streams one connection may have open at once.
 const MIN_STREAMS: u32 = 100;
+/// How long watchers get at shutdown to take their UNAVAILABLE before the
+/// connections left only to watches are closed.
+const WATCH_STOP_GRACE: Duration = Duration::from_secs(1);
 /// The longest a probe of the store may take before it counts as failed,
 /// unless the interval between probes is longer.
 const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -183,10 +186,12 @@ pub async fn run_with_key(
         // found by pings and its connection closed.
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        // Streams past the call cap are refused at once (TOO_MANY_CALLS),
-        // but each open one costs memory: a connection gets no more than
-        // the server serves calls (and gRPC's customary 100 at least).
-        .max_concurrent_streams(config.limits.max_concurrent_calls.max(MIN_STREAMS));
+        // Streams past the call and watch caps are refused at once, but
+        // each open one costs memory: a connection gets no more than the
+        // server serves calls (and gRPC's customary 100 at least) and one
+        // tenant may watch, so one tenant's watches on one connection leave
+        // its calls room.
+        .max_concurrent_streams(streams_per_connection(&config.limits));
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
         info!(mutual = config.tls.client_ca.is_some(), "TLS is on");
@@ -206,6 +211,7 @@ pub async fn run_with_key(
         config.limits.max_connections as usize,
         config.limits.idle_timeout,
     );
+    let connections = incoming.connections();
     let layers = tower::ServiceBuilder::new()
         .layer(RecordCalls::new(app.metrics.clone()))
         .layer(NameRefusals::new(config.limits.max_message_bytes as usize));
@@ -234,8 +240,17 @@ pub async fn run_with_key(
             );
             let deadline = Instant::now() + config.shutdown.ceiling;
             stop_accepting.cancel();
-            // Watch streams would hold the graceful shutdown open forever.
+            // Watch streams would hold the graceful shutdown open forever:
+            // each is told UNAVAILABLE, and a watcher that does not read
+            // (its stream stuck behind HTTP/2 flow control) has its
+            // connection closed once the others have had a moment.
             service.stop_watchers();
+            let grace = (config.shutdown.ceiling / 4).min(WATCH_STOP_GRACE);
+            let connections = connections.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                connections.close_watching();
+            });
             // The probe stops first, so that nothing says SERVING again.
             watcher_stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(1), watcher).await;
@@ -272,9 +287,14 @@ pub async fn run_with_key(
             .is_ok()
     };
     if !settled_in_time {
-        warn!(
-            "cancelling recap passes still running at the shutdown ceiling; their segments stay PENDING for the next start"
-        );
+        if tracker.is_empty() {
+            warn!("calls still running near the shutdown ceiling; they are cut off");
+        } else {
+            warn!(
+                passes = tracker.len(),
+                "cancelling recap passes still running at the shutdown ceiling; their segments stay PENDING for the next start"
+            );
+        }
         summariser.cancel_all();
         let finish = async {
             if !calls_done {
@@ -341,6 +361,16 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
             status,
         )
         .await;
+}
+
+/// Streams one connection may have open: the calls the server serves at
+/// once (gRPC's customary 100 at least) and the watches one tenant may
+/// hold.
+fn streams_per_connection(limits: &crate::config::LimitsConfig) -> u32 {
+    limits
+        .max_concurrent_calls
+        .max(MIN_STREAMS)
+        .saturating_add(limits.max_watches_per_tenant.min(limits.max_watches))
 }
 
 /// Probes the store every `every` (a small write committed and read back)

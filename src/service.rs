@@ -5,14 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::config::LimitsConfig;
-use crate::events::{Event, EventKind, Hub};
+use crate::events::{EventKind, Hub, Watch, WatchRefused};
 use crate::model::{
     AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionInfo, SessionName, Tenant,
@@ -29,6 +29,8 @@ const FOREIGN_PASS_POLL: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ServiceError {
+    #[error(transparent)]
+    WatchRefused(#[from] WatchRefused),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -151,19 +153,19 @@ impl Service {
         Ok(erased)
     }
 
-    /// A watcher of an existing session, and what ends its stream at
-    /// shutdown.
-    pub(crate) async fn watch(
+    /// A watcher of the tenant's session, and what ends its stream at
+    /// shutdown. The session need not exist yet: sessions come into being
+    /// with their first append, and "watch, then append" is the one order
+    /// that cannot miss the first CLOSED, so a watch of a session with no
+    /// entry waits for its events. The watch budget bounds what such
+    /// waiting holds.
+    pub(crate) fn watch(
         &self,
         tenant: &Tenant,
         session: &SessionName,
-    ) -> Result<(broadcast::Receiver<Event>, CancellationToken), ServiceError> {
-        // Subscribed before the check, so nothing between them is missed.
-        let events = self.events.subscribe(tenant, session.as_str());
-        if !self.store.has_session(tenant, session).await? {
-            return Err(StoreError::SessionNotFound(session.as_str().to_owned()).into());
-        }
-        Ok((events, self.stopping.clone()))
+    ) -> Result<(Watch, CancellationToken), WatchRefused> {
+        let watch = self.events.subscribe(tenant, session.as_str())?;
+        Ok((watch, self.stopping.clone()))
     }
 
     pub(crate) async fn append(
@@ -213,7 +215,8 @@ impl Service {
             self.wake.notify_one();
             return Ok(Some(self.store.segment(tenant, id).await?));
         };
-        if let Err(e) = self.await_pass(id, deadline).await {
+        let pass = self.await_pass(id, deadline);
+        if let Err(e) = self.unless_erased(tenant, session, pass).await? {
             tracing::warn!(
                 segment_id = id,
                 error = %crate::error_chain(&e),
@@ -252,7 +255,8 @@ impl Service {
             .filter(|&(id, due)| due.is_none_or(|due| due <= now) || self.summariser.is_running(id))
             .map(|(id, _)| id)
             .collect();
-        let _ = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until)).await;
+        let passes = tokio::time::timeout_at(until, self.run_all(pending, cancel_at, until));
+        let _ = self.unless_erased(tenant, session, passes).await?;
         let (segments, complete) = self
             .store
             .flushed(tenant, session, self.limits.max_message_bytes as usize)
@@ -278,6 +282,23 @@ impl Service {
             if set.join_next().await.is_none() {
                 return;
             }
+        }
+    }
+
+    /// `wait`'s result, or NOT_FOUND as soon as the session is erased: a
+    /// caller waiting on a pass of an erased session learns it when the
+    /// erasure lands, not when the pass ends (the pass goes on in its own
+    /// task and writes nothing).
+    async fn unless_erased<T>(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        wait: impl std::future::Future<Output = T>,
+    ) -> Result<T, ServiceError> {
+        let erased = self.events.erased(tenant, session.as_str());
+        tokio::select! {
+            result = wait => Ok(result),
+            () = erased => Err(StoreError::SessionNotFound(session.as_str().to_owned()).into()),
         }
     }
 

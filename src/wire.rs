@@ -119,6 +119,7 @@ pub(crate) fn failure_to_pb(f: &Failure) -> pb::Failure {
             Kind::MalformedResponse(pb::failure::MalformedResponse {})
         }
         FailureClass::BudgetExhausted => Kind::BudgetExhausted(pb::failure::BudgetExhausted {}),
+        FailureClass::Store => Kind::Store(pb::failure::Store {}),
     };
     pb::Failure {
         kind: Some(kind),
@@ -154,6 +155,7 @@ pub(crate) fn failure_from_pb(f: &pb::Failure) -> Option<Failure> {
         // A cancelled pass is not a failure; only older servers send it.
         Kind::Cancelled(_) => return None,
         Kind::BudgetExhausted(_) => FailureClass::BudgetExhausted,
+        Kind::Store(_) => FailureClass::Store,
     };
     Some(Failure {
         class,
@@ -231,6 +233,7 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
         parked: b.parked,
         oldest_pending_age: b.oldest_pending_age.map(duration),
         parked_by_class: b.parked_by_class.into_iter().collect(),
+        erasures_pending: b.erasures_pending,
     }
 }
 
@@ -293,7 +296,7 @@ pub(crate) fn append_to_pb(outcome: AppendOutcome) -> pb::AppendEntriesResponse 
     }
 }
 
-pub(crate) fn event_to_pb(event: Event) -> pb::SessionEvent {
+pub(crate) fn event_to_pb(event: &Event) -> pb::SessionEvent {
     pb::SessionEvent {
         kind: match event.kind {
             EventKind::Closed => pb::SessionEventKind::Closed,
@@ -301,9 +304,10 @@ pub(crate) fn event_to_pb(event: Event) -> pb::SessionEvent {
             EventKind::Failed => pb::SessionEventKind::Failed,
             EventKind::Parked => pb::SessionEventKind::Parked,
             EventKind::Deleted => pb::SessionEventKind::Deleted,
+            EventKind::Gap => pb::SessionEventKind::Gap,
         }
         .into(),
-        segment: event.segment.map(segment_to_pb),
+        segment: event.segment.clone().map(segment_to_pb),
         at: Some(timestamp(event.at)),
         missed: 0,
     }

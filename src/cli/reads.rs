@@ -175,6 +175,12 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
     for (class, n) in by_class {
         println!("  {class}: {n}");
     }
+    if b.erasures_pending > 0 {
+        println!(
+            "erasures pending: {} (erased, but their text is still in the write-ahead log: another program holds a read of the database; it leaves the files once that read ends)",
+            b.erasures_pending
+        );
+    }
     if b.parked > 0 {
         println!(
             "parked segments wait for a fixed provider setup: `archivist check` (with the server's configuration) shows what is wrong; once fixed, restart the server or run `archivist session requeue --include-parked`"

@@ -323,6 +323,11 @@ ceiling = "15s"
             ),
             ("[limits]\nmax_connections = 0\n", "limits.max_connections"),
             ("[limits]\nidle_timeout = \"0s\"\n", "limits.idle_timeout"),
+            ("[limits]\nmax_watches = 0\n", "limits.max_watches"),
+            (
+                "[limits]\nmax_watches_per_tenant = 0\n",
+                "limits.max_watches_per_tenant",
+            ),
             (
                 "[limits]\nmax_context_tokens = 0\n",
                 "limits.max_context_tokens",

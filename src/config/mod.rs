@@ -295,6 +295,11 @@ pub struct LimitsConfig {
     /// A connection with no call running this long is closed.
     #[serde(with = "duration")]
     pub idle_timeout: Duration,
+    /// WatchSession streams open at once on the server; they hold no call
+    /// slot, and past this a watch is refused (RESOURCE_EXHAUSTED).
+    pub max_watches: u32,
+    /// WatchSession streams one tenant may have open at once.
+    pub max_watches_per_tenant: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -416,6 +421,8 @@ impl Default for LimitsConfig {
             max_receiving_bytes: 64 * 1024 * 1024,
             max_connections: 256,
             idle_timeout: Duration::from_secs(300),
+            max_watches: 1024,
+            max_watches_per_tenant: 256,
         }
     }
 }

@@ -45,6 +45,12 @@ impl Config {
         if self.limits.max_connections == 0 {
             return invalid("limits.max_connections", "must be at least 1");
         }
+        if self.limits.max_watches == 0 {
+            return invalid("limits.max_watches", "must be at least 1");
+        }
+        if self.limits.max_watches_per_tenant == 0 {
+            return invalid("limits.max_watches_per_tenant", "must be at least 1");
+        }
         if self.limits.idle_timeout.is_zero() {
             return invalid("limits.idle_timeout", "must be longer than zero");
         }

@@ -37,10 +37,14 @@ pub enum FailureClass {
     InvalidRequest,
     MalformedResponse,
     BudgetExhausted,
+    /// The provider's recap came back but archivist's own database refused
+    /// what the pass had to write: a pass that ends so is counted and
+    /// recorded like any other failure, never retried silently.
+    Store,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 10] = [
+    pub const ALL: [FailureClass; 11] = [
         FailureClass::Transport,
         FailureClass::Timeout,
         FailureClass::Unavailable,
@@ -51,6 +55,7 @@ impl FailureClass {
         FailureClass::InvalidRequest,
         FailureClass::MalformedResponse,
         FailureClass::BudgetExhausted,
+        FailureClass::Store,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +70,7 @@ impl FailureClass {
             FailureClass::InvalidRequest => "invalid_request",
             FailureClass::MalformedResponse => "malformed_response",
             FailureClass::BudgetExhausted => "budget_exhausted",
+            FailureClass::Store => "store",
         }
     }
 
@@ -84,7 +90,9 @@ impl FailureClass {
             | FailureClass::Unauthorized
             | FailureClass::UnknownModel
             | FailureClass::InvalidRequest
-            | FailureClass::BudgetExhausted => false,
+            | FailureClass::BudgetExhausted
+            // It comes after the sends, from the store, not the provider.
+            | FailureClass::Store => false,
         }
     }
 
@@ -98,6 +106,7 @@ impl FailureClass {
             | FailureClass::MalformedResponse
             | FailureClass::RateLimited
             | FailureClass::BudgetExhausted
+            | FailureClass::Store
             // Quota waits out a long delay while PENDING rather than parking:
             // a refill or a new billing period fixes it with nobody acting.
             | FailureClass::QuotaExhausted => false,

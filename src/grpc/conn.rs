@@ -72,6 +72,19 @@ impl Registry {
         }
     }
 
+    /// Closes every connection whose running calls are all watch streams
+    /// (at shutdown, once their watchers have been told: a watcher that
+    /// does not read would otherwise hold its stream, and the shutdown,
+    /// open to the ceiling).
+    fn close_watching(&self) {
+        for c in self.open().values() {
+            let calls = c.calls.load(Ordering::SeqCst);
+            if calls > 0 && calls == c.watches.load(Ordering::SeqCst) {
+                c.closing.cancel();
+            }
+        }
+    }
+
     /// Closes every connection idle for `idle_timeout` or more.
     fn sweep(&self) {
         let now = self.now_ms();
@@ -91,6 +104,8 @@ pub(crate) struct ConnState {
     registry: Weak<Registry>,
     /// Calls running on it now.
     calls: AtomicUsize,
+    /// Of those, the watch streams.
+    watches: AtomicUsize,
     /// When its last call ended (or it opened), in ms since the registry's
     /// epoch.
     idle_since: AtomicU64,
@@ -99,22 +114,48 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    /// Marks a call running on this connection until the guard is dropped.
-    pub(crate) fn begin_call(self: &Arc<Self>) -> CallOnConn {
+    /// Marks a call (a watch stream, if `watch`) running on this
+    /// connection until the guard is dropped.
+    pub(crate) fn begin_call(self: &Arc<Self>, watch: bool) -> CallOnConn {
+        if watch {
+            self.watches.fetch_add(1, Ordering::SeqCst);
+        }
         self.calls.fetch_add(1, Ordering::SeqCst);
-        CallOnConn(self.clone())
+        CallOnConn {
+            conn: self.clone(),
+            watch,
+        }
     }
 }
 
 /// A call running on a connection.
-pub(crate) struct CallOnConn(Arc<ConnState>);
+pub(crate) struct CallOnConn {
+    conn: Arc<ConnState>,
+    watch: bool,
+}
 
 impl Drop for CallOnConn {
     fn drop(&mut self) {
-        if let Some(registry) = self.0.registry.upgrade() {
-            self.0.idle_since.store(registry.now_ms(), Ordering::SeqCst);
+        if let Some(registry) = self.conn.registry.upgrade() {
+            self.conn
+                .idle_since
+                .store(registry.now_ms(), Ordering::SeqCst);
         }
-        self.0.calls.fetch_sub(1, Ordering::SeqCst);
+        self.conn.calls.fetch_sub(1, Ordering::SeqCst);
+        if self.watch {
+            self.conn.watches.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What the server's shutdown asks of the open connections.
+#[derive(Clone)]
+pub(crate) struct Connections(Arc<Registry>);
+
+impl Connections {
+    /// Closes the connections whose running calls are all watch streams.
+    pub(crate) fn close_watching(&self) {
+        self.0.close_watching();
     }
 }
 
@@ -244,6 +285,11 @@ impl Incoming {
         }
     }
 
+    /// What the shutdown uses to close the connections left to watchers.
+    pub(crate) fn connections(&self) -> Connections {
+        Connections(self.registry.clone())
+    }
+
     /// Takes a new connection in, making room by closing the longest-idle
     /// one if the cap is reached; None (and the socket closed at once) when
     /// every open connection is busy.
@@ -280,6 +326,7 @@ impl Incoming {
         let state = Arc::new(ConnState {
             registry: Arc::downgrade(registry),
             calls: AtomicUsize::new(0),
+            watches: AtomicUsize::new(0),
             idle_since: AtomicU64::new(registry.now_ms()),
             closing: closing.clone(),
         });

@@ -21,6 +21,9 @@
 //! - `Shed` caps the archivist calls served at once: past the cap a call
 //!   is refused at once (RESOURCE_EXHAUSTED, TOO_MANY_CALLS, with a
 //!   RetryInfo) instead of waiting in a queue that would grow without bound.
+//!   A watch stream holds its slot only until its stream starts: watches
+//!   have a budget of their own (`events.rs`), so however many are open,
+//!   unary calls keep their slots.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -41,6 +44,8 @@ use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 
 const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
+/// The one streaming method, whose stream holds no call slot.
+const WATCH_PATH: &str = "/archivist.v1.Archivist/WatchSession";
 
 /// What tonic says when a request is over `max_decoding_message_size`.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
@@ -162,10 +167,11 @@ where
             metrics: self.metrics.clone(),
             method: method_label(request.uri().path()),
         };
+        let watch = request.uri().path() == WATCH_PATH;
         let on_conn = request
             .extensions()
             .get::<ConnInfo>()
-            .map(|info| info.state.begin_call());
+            .map(|info| info.state.begin_call(watch));
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = match call.await {
@@ -622,11 +628,17 @@ where
             let response = status.into_http::<tonic::body::Body>();
             return Box::pin(async move { Ok(response) });
         };
+        let stream = request.uri().path() == WATCH_PATH;
         let call = self.inner.call(request);
         Box::pin(async move {
-            // The slot is the answer's until it is sent whole: a unary
-            // answer's moments, a watch stream's whole life (one slot).
             let response = call.await?;
+            if stream {
+                // A watch's stream is bounded by the watch budget, not by
+                // the call slots: the slot covered its start only.
+                drop(permit);
+                return Ok(response);
+            }
+            // The slot is a unary answer's until it is sent whole.
             Ok(response.map(|body| {
                 tonic::body::Body::new(Held {
                     body,

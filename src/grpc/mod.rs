@@ -29,7 +29,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::auth::{Auth, AuthError};
 use crate::config::LimitsConfig;
-use crate::events::{Event, EventKind};
+use crate::events::{EventKind, Watch};
 use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
@@ -352,8 +352,7 @@ impl pb::archivist_server::Archivist for GrpcService {
         let (events, stopping) = self
             .service
             .watch(&tenant, &session)
-            .await
-            .map_err(service_status)?;
+            .map_err(|refused| service_status(refused.into()))?;
         let (tx, rx) = mpsc::channel(WATCH_SEND_BUFFER);
         tokio::spawn(forward_events(events, stopping, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -367,7 +366,7 @@ const WATCH_SEND_BUFFER: usize = 16;
 /// Feeds one watcher's stream until the session is erased (the stream ends
 /// after that event), the server stops (UNAVAILABLE), or the client goes.
 async fn forward_events(
-    mut events: broadcast::Receiver<Event>,
+    mut events: Watch,
     stopping: CancellationToken,
     tx: mpsc::Sender<Result<pb::SessionEvent, Status>>,
 ) {
@@ -391,7 +390,7 @@ async fn forward_events(
         let (message, last) = match event {
             Ok(event) => {
                 let last = event.kind == EventKind::Deleted;
-                (event_to_pb(event), last)
+                (event_to_pb(&event), last)
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => (gap_to_pb(missed), false),
             Err(broadcast::error::RecvError::Closed) => return,

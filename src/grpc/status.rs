@@ -11,6 +11,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
+use crate::events::WatchRefused;
 use crate::failure::cause_chain;
 use crate::service::ServiceError;
 use crate::store::StoreError;
@@ -23,6 +24,10 @@ pub(crate) const ERROR_DOMAIN: &str = "archivist";
 const MAX_VIOLATIONS: usize = 50;
 /// How long a caller refused for a full disk is asked to wait.
 const STORAGE_FULL_RETRY: Duration = Duration::from_secs(5);
+
+/// How long a caller refused a watch for a full watch budget is asked to
+/// wait: watches are long-lived, so places free slowly.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 static STORE_ERRORS: Throttle = Throttle::new(LOG_INTERVAL);
 static STORAGE_FULL: Throttle = Throttle::new(LOG_INTERVAL);
@@ -61,6 +66,23 @@ pub(super) fn invalid(violations: Vec<FieldViolation>) -> Status {
 pub(super) fn service_status(err: ServiceError) -> Status {
     match err {
         ServiceError::Store(e) => store_status(&e),
+        ServiceError::WatchRefused(refused) => {
+            let (scope, limit) = match refused {
+                WatchRefused::Server { limit } => ("server", limit),
+                WatchRefused::Tenant { limit } => ("tenant", limit),
+            };
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "TOO_MANY_WATCHES",
+                ERROR_DOMAIN,
+                HashMap::from([
+                    ("scope".to_owned(), scope.to_owned()),
+                    ("limit".to_owned(), limit.to_string()),
+                ]),
+            );
+            details.set_retry_info(Some(WATCH_RETRY));
+            Status::with_error_details(Code::ResourceExhausted, refused.to_string(), details)
+        }
     }
 }
 

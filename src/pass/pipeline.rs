@@ -119,7 +119,7 @@ impl Summariser {
             started.elapsed().as_secs_f64(),
             tally.attempts.saturating_sub(tally.passes),
         );
-        let end = match result {
+        let failure = match result {
             Ok(Some(recap)) => {
                 self.metrics.tokens(tally.input_tokens, tally.output_tokens);
                 // A provider may echo a secret (its key) inside a completion
@@ -134,44 +134,67 @@ impl Summariser {
                     output_tokens: tally.output_tokens,
                     created_at: Millis::now(),
                 };
-                let completed = self
+                match self
                     .store
                     .complete(&claim, summary, tally.attempts, self.config.fanout)
-                    .await?;
-                if completed.rollup.is_some() {
-                    // A roll-up is owed now: have the reconciler look.
-                    self.wake.notify_one();
+                    .await
+                {
+                    Ok(completed) => {
+                        if !completed.rollups.is_empty() {
+                            // A roll-up is owed now: have the reconciler look.
+                            self.wake.notify_one();
+                        }
+                        if !completed.held {
+                            return Ok(PassOutcome::NotClaimed);
+                        }
+                        self.tell(&input, EventKind::Summarised).await;
+                        // A roll-up comes into being PENDING, owed a recap,
+                        // as a segment does when it closes: CLOSED.
+                        for rollup in completed.rollups {
+                            self.tell_node(&input, EventKind::Closed, rollup).await;
+                        }
+                        return Ok(PassOutcome::Summarised);
+                    }
+                    // Shutting down: the lease lets the claim go.
+                    Err(e @ StoreError::Closed) => return Err(e),
+                    // The provider was asked and answered: a store that
+                    // refuses what the pass writes ends it as a failure,
+                    // counted and spaced like any other, so the provider is
+                    // not asked again and again in silence.
+                    Err(e) => {
+                        warn!(error = %cause_chain(&e).join(": "), "the recap could not be stored");
+                        Some(record::store_failure(
+                            &self.provider,
+                            record::Subject::Segment(id),
+                            e,
+                            tally.attempts,
+                            started.elapsed(),
+                            &self.config.retry,
+                        ))
+                    }
                 }
-                if !completed.held {
-                    return Ok(PassOutcome::NotClaimed);
-                }
-                self.tell(&input, EventKind::Summarised).await;
-                return Ok(PassOutcome::Summarised);
             }
             // The claim was lost between parts: someone else owns it now.
             Ok(None) => return Ok(PassOutcome::NotClaimed),
-            Err(end) => end,
+            Err(PassEnd::Cancelled) => None,
+            Err(PassEnd::GaveUp(end)) => Some(record::failure(
+                &self.provider,
+                record::Subject::Segment(id),
+                end,
+                tally.attempts,
+                started.elapsed(),
+                &self.config.retry,
+            )),
         };
-        let (failure, disposition) = match end {
-            PassEnd::Cancelled => (None, Disposition::Release),
-            PassEnd::GaveUp(end) => {
-                let failure = record::failure(
-                    &self.provider,
-                    record::Subject::Segment(id),
-                    end,
-                    tally.attempts,
-                    started.elapsed(),
-                    &self.config.retry,
-                );
-                let disposition = after_failure(
-                    &failure,
-                    input.segment.passes + 1,
-                    &self.config.reconciler,
-                    Millis::now(),
-                    &mut rand::thread_rng(),
-                );
-                (Some(failure), disposition)
-            }
+        let disposition = match &failure {
+            None => Disposition::Release,
+            Some(failure) => after_failure(
+                failure,
+                input.segment.passes + 1,
+                &self.config.reconciler,
+                Millis::now(),
+                &mut rand::thread_rng(),
+            ),
         };
         let ended = EndedPass {
             disposition,
@@ -309,13 +332,19 @@ impl Summariser {
     /// Tells the watchers of the node's session how its pass ended, with the
     /// node as it is now.
     async fn tell(&self, input: &PassInput, kind: EventKind) {
+        self.tell_node(input, kind, input.segment.id).await;
+    }
+
+    /// Tells the watchers of the session of `input` that `kind` happened
+    /// to its node `id`.
+    async fn tell_node(&self, input: &PassInput, kind: EventKind, id: SegmentId) {
         self.events
             .tell(
                 &self.store,
                 &input.tenant,
                 &input.segment.session,
                 kind,
-                Some(input.segment.id),
+                Some(id),
             )
             .await;
     }

@@ -9,6 +9,7 @@ use crate::config::RetryConfig;
 use crate::failure::{Failure, FailureClass, cause_chain};
 use crate::model::SegmentId;
 use crate::provider::{Provider, ProviderError, Symptom};
+use crate::store::StoreError;
 use crate::text::{count, human_duration};
 
 /// What a pass was for.
@@ -54,6 +55,8 @@ enum PassCause {
         human_duration(*.0)
     )]
     Ceiling(Duration, #[source] Option<ProviderError>),
+    #[error("the recap could not be stored")]
+    Store(#[source] StoreError),
 }
 
 /// The record of a pass for `subject` that gave up after `attempts` sends
@@ -82,14 +85,48 @@ pub(crate) fn failure(
         attempts,
         cause,
     };
-    Failure {
+    recorded(provider, error, retry_after, http_status, elapsed, hint)
+}
+
+/// The record of a pass for `subject` whose recap came back after
+/// `attempts` sends in `elapsed` but could not be stored (`error`).
+pub(crate) fn store_failure(
+    provider: &Provider,
+    subject: Subject,
+    error: StoreError,
+    attempts: u32,
+    elapsed: Duration,
+    retry: &RetryConfig,
+) -> Failure {
+    let class = FailureClass::Store;
+    let hint = hint(provider, class, None, retry);
+    let error = PassFailed {
+        subject,
         class,
+        attempts,
+        cause: PassCause::Store(error),
+    };
+    recorded(provider, error, None, None, elapsed, hint)
+}
+
+/// A pass's failure as it is kept and told: every cause and the hint
+/// redacted.
+fn recorded(
+    provider: &Provider,
+    error: PassFailed,
+    retry_after: Option<Duration>,
+    http_status: Option<u16>,
+    elapsed: Duration,
+    hint: String,
+) -> Failure {
+    Failure {
+        class: error.class,
         retry_after,
         causes: cause_chain(&error)
             .iter()
             .map(|c| provider.redact(c))
             .collect(),
-        attempts,
+        attempts: error.attempts,
         elapsed,
         http_status,
         provider: provider.name().to_owned(),
@@ -186,6 +223,10 @@ fn hint(
         (FailureClass::Unavailable, _) => {
             format!("the provider reported a failure on its side{status}; {later}")
         }
+        (FailureClass::Store, _) => format!(
+            "the provider's recap came back but archivist's database refused to store it (the \
+             causes say why); {later}"
+        ),
         (FailureClass::BudgetExhausted, _) => format!(
             "no recap came back within retry.pass_ceiling ({}); {later}",
             human_duration(retry.pass_ceiling)

@@ -356,13 +356,13 @@ pub(crate) struct Erased {
 }
 
 /// What completing a pass did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Completed {
     /// The claim still held: the summary is written.
     pub(crate) held: bool,
-    /// The roll-up this completion made whole, created PENDING in the same
-    /// transaction.
-    pub(crate) rollup: Option<SegmentId>,
+    /// The roll-ups this completion made whole (usually none or one),
+    /// created PENDING in the same transaction, oldest first.
+    pub(crate) rollups: Vec<SegmentId>,
 }
 
 /// Which segments a listing or a requeue covers.
@@ -416,7 +416,7 @@ pub struct Store {
 }
 
 pub use context::Budget;
-pub(crate) use postgres::Notes;
+pub(crate) use postgres::{Heard, Notes};
 pub(crate) use sqlite::ServingClaim;
 
 #[derive(Clone)]
@@ -556,10 +556,11 @@ impl Store {
 
     /// Notes between the processes that share this database, when its
     /// backend carries them (PostgreSQL's LISTEN/NOTIFY): the tasks that
-    /// publish and receive them start here.
-    pub(crate) fn notes(&self) -> Option<Notes> {
+    /// publish and receive them start here, counting lost notes in
+    /// `metrics`.
+    pub(crate) fn notes(&self, metrics: Arc<crate::metrics::Metrics>) -> Option<Notes> {
         match &self.backend {
-            Backend::Postgres(p) => Some(p.notes()),
+            Backend::Postgres(p) => Some(p.notes(metrics)),
             Backend::Sqlite(_) | Backend::Detached => None,
         }
     }
@@ -616,7 +617,9 @@ impl Store {
         on_backend!(self, b => b.delete_session(tenant, session).await)
     }
 
-    /// Whether the tenant has a session of that name.
+    /// Whether the tenant has a session of that name (the store suite
+    /// checks erasure with it).
+    #[cfg(test)]
     pub(crate) async fn has_session(
         &self,
         tenant: &Tenant,

@@ -186,6 +186,22 @@ impl TestServer {
     }
 }
 
+/// Closes the open segment of `session` through `client`, not waiting for
+/// its recap; the segment it closed.
+pub async fn close_now(client: &archivist::client::Client, session: &str) -> pb::Segment {
+    client
+        .clone()
+        .close_segment(pb::CloseSegmentRequest {
+            session_id: session.to_owned(),
+            wait: false,
+        })
+        .await
+        .expect("close")
+        .into_inner()
+        .segment
+        .expect("a segment closed")
+}
+
 /// Every node of `session` at `levels`, through every page.
 pub async fn levels(server: &TestServer, session: &str, levels: Vec<u32>) -> Vec<pb::Segment> {
     list_segments_at(&mut server.client.clone(), session, levels).await
@@ -201,7 +217,7 @@ pub async fn list_segments(
 
 /// Every node of `session` ("" for all) at `levels` (empty: level 1),
 /// through every page.
-async fn list_segments_at(
+pub async fn list_segments_at(
     client: &mut archivist::client::Client,
     session: &str,
     levels: Vec<u32>,

@@ -1013,3 +1013,80 @@ async fn health_is_not_serving_while_the_store_cannot_write_and_serving_after() 
         .count();
     assert!(said >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_never_reads_does_not_hold_the_shutdown_to_its_ceiling() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut server = Process::start(
+        dir.path(),
+        &[
+            ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1"),
+            ("ARCHIVIST_SHUTDOWN_CEILING", "15s"),
+        ],
+    )
+    .await;
+    let addr: std::net::SocketAddr = server
+        .address
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let mut appender = server.client().await;
+    appender
+        .append_entries(crate::harness::append_request("s", &["turn 0"]))
+        .await
+        .expect("append");
+    // A watcher whose window takes 16 bytes, and that never reads.
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(16)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = client.ready().await.expect("ready");
+    let (response, mut send) = client
+        .send_request(grpc_request(addr, "WatchSession"), false)
+        .expect("send");
+    // WatchSessionRequest { session_id: "s" }
+    send.send_data(bytes::Bytes::from(frame(b"\x0a\x01s")), true)
+        .expect("data");
+    let response = response.await.expect("the watch is open");
+    assert_eq!(response.status(), 200);
+    assert!(
+        tonic::Status::from_header_map(response.headers()).is_none(),
+        "the watch was refused"
+    );
+    // Far more events than its window and the server's buffers hold.
+    for i in 1..40 {
+        appender
+            .append_entries(crate::harness::append_request("s", &[&format!("turn {i}")]))
+            .await
+            .expect("append");
+    }
+    let stopping = std::time::Instant::now();
+    let pid = server.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let exited = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait();
+        (server, status)
+    })
+    .await
+    .expect("join");
+    let (server, status) = exited;
+    let took = stopping.elapsed();
+    assert!(status.expect("exit").success());
+    eprintln!("shutdown with a watcher that never reads took {took:?} (ceiling 15 s)");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let log = server.log.lock().expect("log").clone();
+    assert!(
+        !log.iter().any(|l| l.contains("cancelling recap passes")),
+        "no pass was running: {log:?}"
+    );
+    drop(response);
+}

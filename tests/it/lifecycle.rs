@@ -9,12 +9,12 @@ use archivist::pb;
 use tonic::Code;
 use wiremock::{Request, Respond, ResponseTemplate};
 
-use crate::harness::{TestServer, append_request, eventually};
+use crate::harness::{TestServer, append_request, eventually, state};
 use crate::provider::{completion, error_json, fast, provider};
 use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
 
 /// True when `needle` appears in any file of `dir`.
-fn in_any_file(dir: &std::path::Path, needle: &str) -> Vec<String> {
+pub(crate) fn in_any_file(dir: &std::path::Path, needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).expect("read dir") {
         let path = entry.expect("entry").path();
@@ -150,6 +150,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
 #[derive(Clone, Default)]
 struct Gate {
     open: Arc<AtomicBool>,
+    answered: Arc<AtomicBool>,
 }
 
 impl Respond for Gate {
@@ -157,6 +158,7 @@ impl Respond for Gate {
         while !self.open.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.answered.store(true, Ordering::SeqCst);
         completion("A recap written after the erasure.")
     }
 }
@@ -188,10 +190,23 @@ async fn an_erasure_racing_a_pass_leaves_nothing_behind() {
         .expect("delete")
         .into_inner();
     assert_eq!(erased.segments_deleted, 1);
-    gate.open.store(true, Ordering::SeqCst);
-    let answer = waiting.await.expect("joined");
-    let status = answer.expect_err("the segment is gone");
+    // The waiting caller learns it from the erasure, while the pass is
+    // still held at the provider.
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("answered before the pass ended")
+        .expect("joined");
+    let status = answer.expect_err("the session is gone");
     assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(crate::harness::reason(&status), "SESSION_NOT_FOUND");
+    gate.open.store(true, Ordering::SeqCst);
+    let answered = eventually(Duration::from_secs(10), || async {
+        gate.answered.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(answered);
+    // The pass has its recap now; give it the moment its write would take.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // The pass wrote nothing: no segment, no summary, no counts.
     let b = server.backlog().await;
     assert_eq!((b.open, b.pending, b.summarised, b.parked), (0, 0, 0, 0));
@@ -284,13 +299,24 @@ async fn a_watcher_sees_recaps_land_fail_and_the_session_end() {
 
     // Once it recovers: that segment, then the roll-up of both.
     switch.failing.store(false, Ordering::SeqCst);
+    // The roll-up comes into being PENDING (CLOSED), then is summarised.
+    let mut rollup_closed = None;
     let mut rollup_summarised = false;
     while !rollup_summarised {
         let event = next(&mut stream).await.expect("event");
-        if kind(&event) == pb::SessionEventKind::Summarised
-            && event.segment.as_ref().is_some_and(|s| s.level == 2)
-        {
-            rollup_summarised = true;
+        let Some(node) = event.segment.as_ref().filter(|s| s.level == 2) else {
+            continue;
+        };
+        match kind(&event) {
+            pb::SessionEventKind::Closed => {
+                assert_eq!(state(node), pb::SegmentState::Pending);
+                rollup_closed = Some(node.id);
+            }
+            pb::SessionEventKind::Summarised => {
+                assert_eq!(rollup_closed, Some(node.id), "CLOSED came first");
+                rollup_summarised = true;
+            }
+            _ => {}
         }
     }
 
@@ -312,27 +338,49 @@ async fn a_watcher_sees_recaps_land_fail_and_the_session_end() {
 }
 
 #[tokio::test]
-async fn watching_is_tenant_scoped_and_needs_the_session() {
+async fn a_watch_of_a_session_not_there_yet_waits_for_it_and_sees_only_its_tenants() {
     let server = TestServer::start_with(tenants).await;
     let mut a = client(&server, Some(TOKEN_A)).await;
     let mut b = client(&server, Some(TOKEN_B)).await;
     a.append_entries(append_request("s", &["a's"]))
         .await
         .expect("append");
-    let status = b
+    // B has no session "s" yet: its watch waits for one.
+    let mut watch = b
         .watch_session(pb::WatchSessionRequest {
             session_id: "s".into(),
         })
         .await
-        .expect_err("b has no session s");
-    assert_eq!(status.code(), Code::NotFound);
+        .expect("a watch of a session to come")
+        .into_inner();
+    let a_closed = crate::harness::close_now(&a, "s").await;
+    b.append_entries(append_request("s", &["b's"]))
+        .await
+        .expect("append");
+    let b_closed = crate::harness::close_now(&b, "s").await;
+    assert_ne!(a_closed.id, b_closed.id);
+    // B hears of its own session only: its close, then its recap.
+    let closed = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&closed), pb::SessionEventKind::Closed);
+    assert_eq!(closed.segment.map(|s| s.id), Some(b_closed.id));
+    let summarised = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&summarised), pb::SessionEventKind::Summarised);
+    assert_eq!(summarised.segment.map(|s| s.id), Some(b_closed.id));
     let status = b
         .delete_session(pb::DeleteSessionRequest {
-            session_id: "s".into(),
+            session_id: "nothing-here".into(),
         })
         .await
-        .expect_err("b has no session s");
+        .expect_err("b has no such session");
     assert_eq!(status.code(), Code::NotFound);
+    b.delete_session(pb::DeleteSessionRequest {
+        session_id: "s".into(),
+    })
+    .await
+    .expect("delete b's s");
+    let deleted = next(&mut watch).await.expect("event");
+    assert_eq!(kind(&deleted), pb::SessionEventKind::Deleted);
+    assert!(next(&mut watch).await.is_none(), "ends after DELETED");
     a.get_context(pb::GetContextRequest {
         session_id: "s".into(),
         max_tokens: 0,
@@ -410,44 +458,51 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
     assert_eq!(server.backlog().await.open, 1);
 }
 
-#[tokio::test]
-async fn a_watch_holds_one_call_slot_for_as_long_as_it_is_open() {
-    let server = TestServer::start_with(|c| c.limits.max_concurrent_calls = 2).await;
-    server.append("s", &["x"]).await;
-    let watch = || async {
-        server
-            .client
-            .clone()
-            .watch_session(pb::WatchSessionRequest {
-                session_id: "s".into(),
-            })
-            .await
-            .expect("watch")
-            .into_inner()
-    };
-    let first = watch().await;
-    // One watch open: one slot taken, another call still fits.
-    server.backlog().await;
-    let second = watch().await;
-    let refused = server
+async fn watch(
+    server: &TestServer,
+    session: &str,
+) -> Result<tonic::Streaming<pb::SessionEvent>, tonic::Status> {
+    server
         .client
         .clone()
-        .get_backlog(pb::GetBacklogRequest {})
+        .watch_session(pb::WatchSessionRequest {
+            session_id: session.to_owned(),
+        })
         .await
-        .expect_err("both slots are held by watches");
-    assert_eq!(refused.code(), Code::ResourceExhausted);
-    drop(first);
-    let freed = eventually(Duration::from_secs(5), || async {
-        server
-            .client
-            .clone()
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .is_ok()
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn open_watches_hold_no_call_slot_and_are_capped_on_their_own() {
+    let server = TestServer::start_with(|c| {
+        c.limits.max_concurrent_calls = 2;
+        c.limits.max_watches = 6;
+        c.limits.max_watches_per_tenant = 5;
     })
     .await;
-    assert!(freed, "a closed watch gives its slot back");
-    drop(second);
+    let mut open = Vec::new();
+    for i in 0..5 {
+        open.push(watch(&server, &format!("s{i}")).await.expect("watch"));
+    }
+    // Five watches open, two call slots: both are free.
+    let (one, two) = tokio::join!(server.backlog(), server.backlog());
+    assert_eq!((one.open, two.open), (0, 0));
+    let refused = watch(&server, "s5")
+        .await
+        .expect_err("the tenant's share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert_eq!(crate::harness::reason(&refused), "TOO_MANY_WATCHES");
+    open.pop();
+    let mut freed = false;
+    for _ in 0..250 {
+        if let Ok(stream) = watch(&server, "s5").await {
+            open.push(stream);
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "a closed watch gives its place back");
 }
 
 #[tokio::test]

@@ -34,8 +34,8 @@ fn admin_url() -> String {
 }
 
 /// A database of this test's own, dropped (connections and all) after.
-struct Database {
-    url: String,
+pub(crate) struct Database {
+    pub(crate) url: String,
     name: String,
 }
 
@@ -68,7 +68,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// A fresh database, or None (with a notice) when no server answers and
 /// none is required.
-async fn database() -> Option<Database> {
+pub(crate) async fn database() -> Option<Database> {
     let url = admin_url();
     let connected =
         tokio::time::timeout(Duration::from_secs(5), tokio_postgres::connect(&url, NoTls)).await;
@@ -621,4 +621,102 @@ async fn migrate_creates_the_postgresql_schema_once_and_never_prints_the_passwor
     for text in [&out, &err] {
         assert!(!text.contains(secret), "{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_hears_a_gap_when_its_replica_loses_the_listen_connection() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let Some(db) = database().await else {
+        return;
+    };
+    let (_counting, server) = counting_provider(Duration::ZERO).await;
+    let a = replica(&db, &server, &[]).await;
+    let b = replica(&db, &server, &[]).await;
+    let mut client_a = a.client().await;
+    let mut client_b = b.client().await;
+    // Watched before the session exists.
+    let mut stream = client_b
+        .watch_session(pb::WatchSessionRequest {
+            session_id: "watched".to_owned(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let (admin, conn) = tokio_postgres::connect(&db.url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    for round in 1..=3u32 {
+        // Both replicas listen (again).
+        let listening = eventually(Duration::from_secs(10), || async {
+            admin
+                .query(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                     AND query = 'LISTEN archivist_events'",
+                    &[],
+                )
+                .await
+                .is_ok_and(|rows| rows.len() == 2)
+        })
+        .await;
+        assert!(listening, "round {round}: both replicas listen");
+        // Every replica's LISTEN connection is terminated, as a database
+        // restart or a failover would.
+        let terminated = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND query = 'LISTEN archivist_events' \
+                 AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .expect("terminate");
+        assert_eq!(terminated.len(), 2, "round {round}: both replicas listen");
+        // b's watcher is told: once for the loss, once when b listens again.
+        for _ in 0..2 {
+            let event = next(&mut stream).await;
+            assert_eq!(event.kind, pb::SessionEventKind::Gap as i32, "{event:?}");
+            assert_eq!(event.missed, 0, "how many is unknown");
+        }
+        // Listening again: a's events reach b's watcher.
+        let closed = client_a
+            .append_entries(pb::AppendEntriesRequest {
+                session_id: "watched".to_owned(),
+                entries: vec![entry(&format!("Entry marker-{round}."))],
+            })
+            .await
+            .expect("append")
+            .into_inner()
+            .closed_segment_ids;
+        // Its close, then its recap (whichever replica writes it), so
+        // that nothing of this round is left for the next.
+        let mut kinds = Vec::new();
+        while kinds.last() != Some(&(pb::SessionEventKind::Summarised as i32)) {
+            let event = next(&mut stream).await;
+            assert_eq!(
+                event.segment.map(|s| s.id),
+                closed.first().copied(),
+                "round {round}"
+            );
+            kinds.push(event.kind);
+        }
+        assert_eq!(
+            kinds,
+            [
+                pb::SessionEventKind::Closed as i32,
+                pb::SessionEventKind::Summarised as i32
+            ],
+            "round {round}"
+        );
+    }
+    drop(client_b);
+}
+
+/// The next event, within 20 seconds.
+async fn next(stream: &mut tonic::Streaming<pb::SessionEvent>) -> pb::SessionEvent {
+    tokio::time::timeout(Duration::from_secs(20), stream.message())
+        .await
+        .expect("an event in time")
+        .expect("stream")
+        .expect("an event")
 }

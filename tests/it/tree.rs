@@ -497,3 +497,206 @@ fn from_json<M: prost::Message + prost::Name + Default>(json: &serde_json::Value
         .transcode_to()
         .expect("transcode")
 }
+
+/// A provider that counts the requests it answers.
+#[derive(Clone, Default)]
+struct Tally {
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Respond for Tally {
+    fn respond(&self, _: &Request) -> ResponseTemplate {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        completion("Recap of the talk so far.")
+    }
+}
+
+/// Every node of `session` at levels 1 to 4.
+async fn nodes(process: &crate::binary::Process, session: &str) -> Vec<pb::Segment> {
+    let mut client = process.client().await;
+    crate::harness::list_segments_at(&mut client, session, vec![1, 2, 3, 4]).await
+}
+
+/// Appends `n` entries to `session`, each closing a segment, then flushes;
+/// asserts the flush completes.
+async fn segments_flushed(process: &crate::binary::Process, session: &str, from: u32, n: u32) {
+    let mut client = process.client().await;
+    for i in from..from + n {
+        client
+            .append_entries(crate::harness::append_request(
+                session,
+                &[&format!("Turn {i} of the planning talk.")],
+            ))
+            .await
+            .expect("append");
+    }
+    let flushed = client
+        .flush_session(pb::FlushSessionRequest {
+            session_id: session.to_owned(),
+        })
+        .await
+        .expect("flush")
+        .into_inner();
+    assert!(flushed.complete, "{:?}", flushed.segments);
+}
+
+/// Serves `session` under fanout 2, then restarts under fanout 4 and
+/// carries on: every node ends SUMMARISED after exactly one send (the
+/// provider is asked once per node, no pass fails), and the groups formed
+/// after the change have four children.
+async fn fanout_raised_between_restarts(env: &[(&str, &str)], dir: &std::path::Path) {
+    let tally = Tally::default();
+    let mock = provider(tally.clone()).await;
+    let start = |fanout: &'static str| {
+        let mut env = env.to_vec();
+        env.extend_from_slice(&[
+            ("ARCHIVIST_MEMORY_FANOUT", fanout),
+            ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1"),
+            ("ARCHIVIST_RETRY_MAX_ATTEMPTS", "1"),
+        ]);
+        let uri = mock.uri();
+        async move { crate::binary::Process::start_openai(dir, &uri, &env).await }
+    };
+    let before = start("2").await;
+    // Six segments: roll-ups [1,2] [3,4] [5,6] at level 2, [1,2] at level 3.
+    segments_flushed(&before, "s", 1, 6).await;
+    let settled = eventually(Duration::from_secs(20), || async {
+        let all = nodes(&before, "s").await;
+        all.len() == 10 && all.iter().all(|n| state(n) == pb::SegmentState::Summarised)
+    })
+    .await;
+    assert!(settled, "{:?}", nodes(&before, "s").await);
+    drop(before);
+
+    let after = start("4").await;
+    // Ten more: level-1 groups [7..10] and [11..14] roll up in fours;
+    // 15 and 16 wait for two more.
+    segments_flushed(&after, "s", 7, 10).await;
+    let settled = eventually(Duration::from_secs(30), || async {
+        let all = nodes(&after, "s").await;
+        all.len() == 22 && all.iter().all(|n| state(n) == pb::SegmentState::Summarised)
+    })
+    .await;
+    let all = nodes(&after, "s").await;
+    assert!(settled, "{all:?}");
+    for node in &all {
+        assert_eq!(
+            (node.attempts, node.passes, node.last_failure.is_some()),
+            (1, 1, false),
+            "node {} (level {}, ordinal {})",
+            node.id,
+            node.level,
+            node.ordinal
+        );
+    }
+    assert_eq!(
+        tally.requests.load(Ordering::SeqCst),
+        all.len(),
+        "one send per node"
+    );
+    let shape = |level: u32| -> Vec<(u32, usize)> {
+        all.iter()
+            .filter(|n| n.level == level)
+            .map(|n| (n.ordinal, n.child_ids.len()))
+            .collect()
+    };
+    assert_eq!(shape(2), vec![(1, 2), (2, 2), (3, 2), (4, 4), (5, 4)]);
+    assert_eq!(shape(3), vec![(1, 2)]);
+    // Nothing is owed: the reconciler has nothing left to send.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(tally.requests.load(Ordering::SeqCst), all.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_the_fanout_between_restarts_summarises_every_node_once_on_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fanout_raised_between_restarts(&[], dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_the_fanout_between_restarts_summarises_every_node_once_on_postgres() {
+    let Some(db) = crate::replicas::database().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = [
+        ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+        ("ARCHIVIST_STORAGE_URL", db.url.as_str()),
+    ];
+    fanout_raised_between_restarts(&env, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recap_the_store_refuses_is_a_counted_store_failure_not_a_silent_retry() {
+    let tally = Tally::default();
+    let mock = provider(tally.clone()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = [
+        ("ARCHIVIST_MEMORY_FANOUT", "0"),
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1"),
+        ("ARCHIVIST_RETRY_MAX_ATTEMPTS", "1"),
+    ];
+    let server = crate::binary::Process::start_openai(dir.path(), &mock.uri(), &env).await;
+    // A fault injector beside the server: the database refuses every
+    // summary.
+    let db = rusqlite::Connection::open(dir.path().join("archivist.sqlite3")).expect("open");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
+    db.execute_batch(
+        "CREATE TRIGGER inject_store_fault BEFORE INSERT ON summaries \
+         BEGIN SELECT RAISE(ABORT, 'injected store fault'); END;",
+    )
+    .expect("trigger");
+    let mut client = server.client().await;
+    let id = client
+        .append_entries(crate::harness::append_request("s", &["Refused once."]))
+        .await
+        .expect("append")
+        .into_inner()
+        .closed_segment_ids[0];
+    let segment = |mut client: archivist::client::Client| async move {
+        client
+            .get_segment(pb::GetSegmentRequest { segment_id: id })
+            .await
+            .expect("segment")
+            .into_inner()
+    };
+    let failed = eventually(Duration::from_secs(10), || async {
+        segment(client.clone()).await.passes >= 2
+    })
+    .await;
+    let seen = segment(client.clone()).await;
+    assert!(failed, "{seen:?}");
+    assert_eq!(state(&seen), pb::SegmentState::Pending);
+    let failure = seen.last_failure.clone().expect("the failure is recorded");
+    assert!(
+        matches!(failure.kind, Some(pb::failure::Kind::Store(_))),
+        "{failure:?}"
+    );
+    assert!(failure.retryable);
+    assert!(
+        failure
+            .causes
+            .iter()
+            .any(|c| c.contains("injected store fault")),
+        "{:?}",
+        failure.causes
+    );
+    assert!(seen.next_attempt_at.is_some(), "spaced by the schedule");
+    // Once the store takes summaries again, the segment is summarised; and
+    // every send the provider got was counted by a pass.
+    db.execute_batch("DROP TRIGGER inject_store_fault")
+        .expect("drop trigger");
+    let done = eventually(Duration::from_secs(30), || async {
+        state(&segment(client.clone()).await) == pb::SegmentState::Summarised
+    })
+    .await;
+    let last = segment(client.clone()).await;
+    assert!(done, "{last:?}");
+    let sent = tally.requests.load(Ordering::SeqCst);
+    assert_eq!(
+        (last.attempts as usize, last.passes as usize),
+        (sent, sent),
+        "every send counted by a pass"
+    );
+}

@@ -19,7 +19,6 @@ from archivist_client import (
     Client,
     DeadlineExceeded,
     InvalidArgument,
-    NotFound,
     Segment,
     SessionEvent,
     SessionWatch,
@@ -76,10 +75,23 @@ def test_a_watcher_sees_closed_then_summarised_then_deleted_and_the_end(
             next(events)
 
 
-def test_watching_a_missing_session_is_not_found(client: Client, session_id: str) -> None:
-    with pytest.raises(NotFound) as caught:
-        client.watch(session_id, timeout=WATCH_LIMIT)
-    assert caught.value.reason == "SESSION_NOT_FOUND"
+def test_watching_before_the_first_append_sees_closed_then_summarised(
+    client: Client, session_id: str
+) -> None:
+    # The session does not exist yet: the watch waits for it.
+    with client.watch(session_id, timeout=WATCH_LIMIT) as events:
+        client.append(session_id, [("user", "Invoice 4471 is due on Friday.")])
+        closed_segment = client.close(session_id)
+        assert closed_segment is not None
+        closed = next(events)
+        assert (closed.kind, closed.segment and closed.segment.id) == (
+            "closed",
+            closed_segment.id,
+        )
+        summarised = next(events)
+        assert summarised.kind == "summarised"
+        assert summarised.segment is not None and summarised.segment.summary is not None
+        assert "4471" in summarised.segment.summary.text
     with pytest.raises(InvalidArgument) as bad:
         client.watch("bad id!", timeout=WATCH_LIMIT)
     assert "session_id" in [v.field for v in bad.value.violations]
@@ -164,11 +176,15 @@ async def test_async_watcher_sees_closed_then_summarised_then_deleted(
             assert [e.kind for e in await asyncio.wait_for(rest(), STEP)] == ["deleted"]
             assert events.active is False
 
-        with pytest.raises(NotFound):
-            await client.watch(session_id, timeout=WATCH_LIMIT)
-        with pytest.raises(NotFound):
-            async for _ in client.watch(session_id, timeout=WATCH_LIMIT):
-                pass
+        # Erased: a new watch waits for the session to come again, and
+        # sees its first close.
+        async with client.watch(session_id, timeout=WATCH_LIMIT) as events:
+            await client.append(session_id, [("user", "Back again.")])
+            again = await client.close(session_id)
+            assert again is not None
+            closed = await asyncio.wait_for(anext(events), STEP)
+            assert closed.kind == "closed"
+            assert closed.segment is not None and closed.segment.id == again.id
 
 
 async def test_async_watch_stops_by_aclose_from_another_task_or_by_cancelling(

@@ -104,15 +104,14 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
-            // The group's rows first, in id order, as every transaction
-            // that changes several segments takes them (see the module
-            // doc of `postgres`): this one may adopt them all under a new
-            // roll-up.
-            let Some(group) = lock_group(&client, claim.segment_id, fanout).await? else {
+            // The rows a roll-up may adopt first, in id order, as every
+            // transaction that changes several segments takes them (see
+            // the module doc of `postgres`).
+            let Some(level) = lock_level(&client, claim.segment_id, fanout).await? else {
                 // Erased meanwhile.
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             };
             let held = update_held(
@@ -128,7 +127,7 @@ impl Postgres {
             if !held {
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             }
             let stmt = client
@@ -156,12 +155,15 @@ impl Postgres {
                     ],
                 )
                 .await?;
-            let rollup = if fanout < 2 {
-                None
+            let rollups = if fanout < 2 {
+                Vec::new()
             } else {
-                roll_up(&client, &group).await?
+                roll_up(&client, level, fanout).await?
             };
-            Ok(Completed { held: true, rollup })
+            Ok(Completed {
+                held: true,
+                rollups,
+            })
         };
         self.noting_full(transact(&client, body).await)
     }
@@ -367,85 +369,133 @@ async fn carried(
 
 /// The nodes of one level of a session that one roll-up covers (or would):
 /// ordinals `first..=last` of `level`, the `group`-th such run (from 0).
+/// The level of a completing node, whose roll-ups its transaction may form.
 #[derive(Clone, Copy)]
-struct Group {
+struct Level {
     session_id: i64,
     level: i64,
-    group: i64,
-    first: i64,
-    last: i64,
 }
 
-/// Locks the session of `node` (a key-share lock), then, in id order,
-/// every existing node of the group `node` belongs to (with `fanout` below
-/// 2, when no roll-ups are made, `node` alone), and returns the group;
-/// None when `node` is gone (its session was erased).
+/// Locks the session of `node` (a key-share lock), then the forming of
+/// roll-ups over `node`'s level of that session, then, in id order, the
+/// level's nodes a roll-up may adopt (those SUMMARISED and in none yet)
+/// and `node` itself; returns the level. With `fanout` below 2 (no
+/// roll-ups) only `node` is locked. None when `node` is gone (its session
+/// was erased).
 ///
 /// The key-share lock is the one inserting a roll-up takes anyway; taken
 /// first, it keeps the order of the module doc of `postgres` (session,
 /// then segments) and makes an erasure of the session, which locks the
 /// session's row outright, wait for this pass or this pass for it.
 ///
-/// Locking the whole group is also what makes a roll-up once: two siblings
-/// completing at once (on two replicas) each lock the group before reading
-/// it, so the second waits for the first to commit, and its reads, each
-/// statement taking a fresh snapshot (READ COMMITTED), see the first's
-/// writes: the roll-up made and its children adopted.
-async fn lock_group(
+/// The lock on the level (a transaction-scoped advisory lock, which
+/// nothing else takes) is what makes each roll-up once: two siblings
+/// completing at once (on two replicas) take it in turn, so the second
+/// reads after the first has committed (each statement takes a fresh
+/// snapshot under READ COMMITTED) and sees its writes: the sibling
+/// SUMMARISED, the roll-up made and its children adopted. Which nodes form
+/// the next group depends on what is rolled up already (see `roll_up`), so
+/// no set of rows locked in advance could stand for it.
+async fn lock_level(
     client: &Object,
     node: SegmentId,
     fanout: u32,
-) -> Result<Option<Group>, StoreError> {
-    let width = i64::from(fanout.max(1));
+) -> Result<Option<Level>, StoreError> {
     let session = client
         .prepare_cached(
             "SELECT 1 FROM sessions WHERE id = (SELECT session_id FROM segments WHERE id = $1) \
              FOR KEY SHARE",
         )
         .await?;
-    // The node's own row is only read (its session, level and ordinal
-    // never change); the group's rows, itself among them, are locked in
-    // the order ORDER BY gives them, as the locking step runs above the
-    // sort.
-    let group = client
-        .prepare_cached(
-            "SELECT g.id, n.session_id, n.level, (n.ordinal - 1) / $2 FROM segments n \
-             JOIN segments g ON g.session_id = n.session_id AND g.level = n.level \
-             AND g.ordinal BETWEEN (n.ordinal - 1) / $2 * $2 + 1 AND (n.ordinal - 1) / $2 * $2 + $2 \
-             WHERE n.id = $1 ORDER BY g.id FOR UPDATE OF g",
-        )
+    // The node's session and level never change: read, not locked here.
+    let read = client
+        .prepare_cached("SELECT session_id, level FROM segments WHERE id = $1")
         .await?;
     let id = signed(node);
     // One round trip; the server runs them in this order.
     let (_, rows) = tokio::try_join!(
         biased;
         async { client.query(&session, &[&id]).await },
-        async { client.query(&group, &[&id, &width]).await },
+        async { client.query(&read, &[&id]).await },
     )?;
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let group: i64 = row.try_get(3)?;
-    Ok(Some(Group {
-        session_id: row.try_get(1)?,
-        level: row.try_get(2)?,
-        group,
-        first: group * width + 1,
-        last: group * width + width,
-    }))
+    let level = Level {
+        session_id: row.try_get(0)?,
+        level: row.try_get(1)?,
+    };
+    if fanout >= 2 {
+        // Levels stay below 256 (validate.rs caps the levels read at 64):
+        // the key is the session's id and its level, one per pair.
+        let forming = client
+            .prepare_cached("SELECT pg_advisory_xact_lock(($1::BIGINT << 8) | $2::BIGINT)")
+            .await?;
+        client
+            .execute(&forming, &[&level.session_id, &level.level])
+            .await?;
+    }
+    let adoptable = client
+        .prepare_cached(
+            "SELECT id FROM segments WHERE session_id = $1 AND level = $2 \
+             AND parent_id IS NULL AND (id = $3 OR (state = $4 AND $5)) \
+             ORDER BY id FOR UPDATE",
+        )
+        .await?;
+    let locked = client
+        .query(
+            &adoptable,
+            &[
+                &level.session_id,
+                &level.level,
+                &id,
+                &SegmentState::Summarised.code(),
+                &(fanout >= 2),
+            ],
+        )
+        .await?;
+    if locked.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(level))
 }
 
-/// Creates the roll-up of `group`, whose rows the caller has locked (see
-/// `lock_group`), if one of its nodes just SUMMARISED completes it, in the
-/// transaction that completed that node.
-async fn roll_up(client: &Object, group: &Group) -> Result<Option<SegmentId>, StoreError> {
-    let Group {
-        session_id,
-        level,
-        group,
-        first,
-        last,
-    } = *group;
+/// Creates the roll-ups that a node of `level` just SUMMARISED completes,
+/// if any, in the transaction that completed it (whose locks `lock_level`
+/// took). A level's groups are formed in order: the next group is the
+/// `fanout` nodes that follow the last node already in a roll-up, rolled
+/// up once all are SUMMARISED, taking the next ordinal of the level above.
+/// So a change of `memory.fanout` applies to groups formed after it (a
+/// smaller fanout may complete two groups at once). Returns the roll-ups
+/// made, oldest first.
+async fn roll_up(client: &Object, level: Level, fanout: u32) -> Result<Vec<SegmentId>, StoreError> {
+    let mut made = Vec::new();
+    while let Some(id) = roll_up_next(client, level, i64::from(fanout)).await? {
+        made.push(id);
+    }
+    Ok(made)
+}
+
+/// Rolls up the next group of `level` if it is complete.
+async fn roll_up_next(
+    client: &Object,
+    level: Level,
+    fanout: i64,
+) -> Result<Option<SegmentId>, StoreError> {
+    let Level { session_id, level } = level;
+    // The level's first node not yet in a roll-up (the session's roots, in
+    // seq order, are few: a cover of the session).
+    let first = client
+        .prepare_cached(
+            "SELECT ordinal FROM segments WHERE session_id = $1 AND parent_id IS NULL \
+             AND level = $2 ORDER BY first_seq LIMIT 1",
+        )
+        .await?;
+    let Some(row) = client.query_opt(&first, &[&session_id, &level]).await? else {
+        return Ok(None);
+    };
+    let first: i64 = row.try_get(0)?;
+    let last = first + fanout - 1;
     let check = client
         .prepare_cached(
             "SELECT count(*), count(*) FILTER (WHERE state = $5), \
@@ -467,7 +517,6 @@ async fn roll_up(client: &Object, group: &Group) -> Result<Option<SegmentId>, St
             ],
         )
         .await?;
-    let fanout = last - first + 1;
     let (count, summarised, parented): (i64, i64, i64) =
         (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
     if count != fanout || summarised != fanout || parented != 0 {
@@ -492,7 +541,8 @@ async fn roll_up(client: &Object, group: &Group) -> Result<Option<SegmentId>, St
         .prepare_cached(
             "INSERT INTO segments (session_id, level, ordinal, state, first_seq, last_seq, \
              entry_count, token_estimate, next_attempt_at, closed_at, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $9) RETURNING id",
+             SELECT $1, $2, coalesce(max(ordinal), 0) + 1, $3, $4, $5, $6, $7, $8, $8, $8 \
+             FROM segments WHERE session_id = $1 AND level = $2 RETURNING id",
         )
         .await?;
     let id: i64 = client
@@ -501,7 +551,6 @@ async fn roll_up(client: &Object, group: &Group) -> Result<Option<SegmentId>, St
             &[
                 &session_id,
                 &(level + 1),
-                &(group + 1),
                 &SegmentState::Pending.code(),
                 &first_seq,
                 &last_seq,

@@ -18,9 +18,10 @@
 //! `SELECT ... ORDER BY id FOR UPDATE`, and changes no other.
 //!
 //! - A completing pass takes a key-share lock on its session (the lock
-//!   that inserting a roll-up takes anyway), then every node of its
-//!   roll-up group; holding the group is also what makes each roll-up
-//!   once.
+//!   that inserting a roll-up takes anyway), then an advisory lock on
+//!   forming the roll-ups of its node's level (taken by nothing else; it
+//!   is what makes each roll-up once), then the nodes of that level a
+//!   roll-up may adopt, and its own.
 //! - An erasure locks its session's row outright (FOR UPDATE, which no
 //!   key-share holder shares: it waits for the passes completing the
 //!   session's nodes and keeps new ones out), then every node of the
@@ -81,7 +82,7 @@ use tokio_postgres::error::SqlState;
 
 use super::{Durability, FullSeen, OpenMode, StoreError};
 
-pub(crate) use notes::Notes;
+pub(crate) use notes::{Heard, Notes};
 
 /// Connections one process keeps open at most.
 const POOL_SIZE: usize = 16;

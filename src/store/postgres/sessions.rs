@@ -926,6 +926,7 @@ impl Postgres {
         }
     }
 
+    #[cfg(test)]
     pub(crate) async fn has_session(
         &self,
         tenant: &Tenant,

@@ -288,7 +288,7 @@ async fn siblings_completed_on_two_replicas_at_once_make_their_roll_up_once() {
         );
         let made: Vec<_> = [ra.expect("a"), rb.expect("b")]
             .into_iter()
-            .filter_map(|c| c.rollup)
+            .flat_map(|c| c.rollups)
             .collect();
         assert_eq!(made.len(), 1, "round {round}: one roll-up, made once");
         let rollup = stores[1].segment(&t, made[0]).await.expect("roll-up");
@@ -430,7 +430,7 @@ async fn complete_up_the_tree(store: Store, claim: crate::store::Claim) -> Vec<u
             .complete(&claim, summary(), 1, 2)
             .await
             .unwrap_or_else(|e| panic!("complete {}: {e:?}", claim.segment_id));
-        let Some(rollup) = done.rollup else {
+        let Some(&rollup) = done.rollups.last() else {
             return made;
         };
         made.push(rollup);

@@ -18,17 +18,59 @@
 //! Nothing here changes what a commit promises: a checkpoint only copies
 //! committed pages from the log into the database file, and syncs both as
 //! SQLite's own does (the connection has the writer's `synchronous`).
+//!
+//! The same thread finishes erasures. An erasure records itself in
+//! `erasures_pending`, in its own transaction, and its text leaves the
+//! files only when a checkpoint has copied the whole log into the database
+//! file (over the text's pages, zeroed by `secure_delete`) and truncated
+//! the log to nothing. That needs no reader on an older snapshot (another
+//! program's read transaction: a backup, an operator's shell) and no
+//! writer at that moment, so the thread tries it without waiting on
+//! either (its connection has no busy handler): a try that cannot finish
+//! holds the writer's lock no longer than its copy takes, and the next try
+//! comes shortly, backing off to once a second, until one finishes; then
+//! it removes the records of the erasures it finished. A record outlives a
+//! crash, so after a restart the first try comes at once.
 
 use std::ffi::c_int;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, sync_channel};
+use std::time::Duration;
 
 use rusqlite::hooks::Wal;
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, OpenFlags};
+use tokio::sync::watch;
 
-use super::configure;
+use super::{BUSY_TIMEOUT, configure};
 use crate::store::{Durability, StoreError};
+
+/// The first wait before trying an unfinished scrub again; it doubles, up
+/// to `SCRUB_RETRY_MAX`, while readers keep the log.
+const SCRUB_RETRY_MIN: Duration = Duration::from_millis(20);
+const SCRUB_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long the thread sleeps with nothing asked and nothing to scrub.
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// The checkpoint thread as the store sees it: what asks it to scrub, and
+/// the newest erasure it has scrubbed from the files.
+pub(super) struct Checkpoints {
+    asks: SyncSender<()>,
+    scrubbed: watch::Receiver<i64>,
+}
+
+impl Checkpoints {
+    /// Asks for a scrub of the erasures recorded so far, and waits until
+    /// the one recorded as `erasure` is done, or `within` has passed;
+    /// true when done.
+    pub(super) async fn scrub(&self, erasure: i64, within: Duration) -> bool {
+        let _ = self.asks.try_send(());
+        let mut scrubbed = self.scrubbed.clone();
+        tokio::time::timeout(within, scrubbed.wait_for(|done| *done >= erasure))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}
 
 /// Pages committed to the log between two background checkpoints (SQLite's
 /// default for its automatic one).
@@ -43,7 +85,7 @@ pub(super) fn start(
     path: &Path,
     durability: Durability,
     writer: &mut Connection,
-) -> Result<(), StoreError> {
+) -> Result<Checkpoints, StoreError> {
     let open_err = |e: rusqlite::Error| StoreError::Open {
         path: path.to_owned(),
         source: e.into(),
@@ -54,16 +96,24 @@ pub(super) fn start(
     configure(&conn).map_err(open_err)?;
     conn.pragma_update(None, "synchronous", durability.pragma())
         .map_err(open_err)?;
+    // Never waits on the writer or a reader: see the module doc.
+    conn.busy_timeout(Duration::ZERO).map_err(open_err)?;
     // One request waiting is enough: a checkpoint copies all there is.
     let (asks, asked) = sync_channel(1);
+    let (done, scrubbed) = watch::channel(0);
+    // Erasures recorded before a crash are scrubbed first.
+    let pending = pending_erasures(&conn).map_err(open_err)?;
     std::thread::Builder::new()
         .name("archivist-store-checkpoint".to_owned())
-        .spawn(move || checkpoint_loop(conn, asked))
+        .spawn(move || checkpoint_loop(conn, asked, pending, done))
         .map_err(|source| StoreError::DataDir {
             path: path.to_owned(),
             source,
         })?;
-    let mut hook = LogHook { asks, asked_at: 0 };
+    let mut hook = LogHook {
+        asks: asks.clone(),
+        asked_at: 0,
+    };
     // Replaces SQLite's automatic checkpoint (itself a log hook).
     writer
         .wal_hook(Some(move |wal: &mut Wal, pages: c_int| {
@@ -73,7 +123,7 @@ pub(super) fn start(
             Ok(())
         }))
         .map_err(open_err)?;
-    Ok(())
+    Ok(Checkpoints { asks, scrubbed })
 }
 
 /// The writer's side: asks for checkpoints as the log grows.
@@ -103,14 +153,89 @@ impl LogHook {
     }
 }
 
-/// The checkpoint thread: a PASSIVE checkpoint each time it is asked, until
-/// the writer's connection (and so its hook) is gone. A checkpoint that
+/// The checkpoint thread: a PASSIVE checkpoint each time it is asked, and
+/// the scrub of recorded erasures while any are left, until the writer's
+/// connection (and so its hook) and the store are gone. A checkpoint that
 /// cannot run now (another one is running, a reader holds part of the log)
 /// is simply left to the next.
-fn checkpoint_loop(conn: Connection, asked: Receiver<()>) {
-    while asked.recv().is_ok() {
+fn checkpoint_loop(
+    conn: Connection,
+    asked: Receiver<()>,
+    mut pending: bool,
+    done: watch::Sender<i64>,
+) {
+    let mut retry = SCRUB_RETRY_MIN;
+    loop {
+        let wait = if pending { retry } else { IDLE };
+        let woken = match asked.recv_timeout(wait) {
+            Ok(()) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if woken {
+            // An erasure may have been recorded: look, and try at once.
+            retry = SCRUB_RETRY_MIN;
+        }
+        match scrub(&conn) {
+            Ok(Scrub::Done { upto }) => {
+                pending = false;
+                if let Some(upto) = upto {
+                    done.send_replace(upto);
+                    tracing::info!("erased text is gone from the database files");
+                }
+            }
+            Ok(Scrub::Held) => {
+                pending = true;
+                retry = (retry * 2).min(SCRUB_RETRY_MAX);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot scrub erased text from the log yet");
+                pending = true;
+                retry = (retry * 2).min(SCRUB_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Whether erasures are recorded that no checkpoint has finished.
+fn pending_erasures(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT EXISTS (SELECT 1 FROM erasures_pending)", [], |r| {
+        r.get(0)
+    })
+}
+
+/// What a scrub did.
+enum Scrub {
+    /// The log is empty and the records up to `upto` (None: there were
+    /// none) are removed.
+    Done { upto: Option<i64> },
+    /// A reader or the writer holds the log: try again later.
+    Held,
+}
+
+/// With erasures recorded, copies the whole log into the database file and
+/// truncates it, without waiting on anyone, then removes the records of the
+/// erasures that were recorded before it began: their text is gone from
+/// both files. With none, a PASSIVE checkpoint.
+fn scrub(conn: &Connection) -> rusqlite::Result<Scrub> {
+    let upto: Option<i64> =
+        conn.query_row("SELECT max(id) FROM erasures_pending", [], |r| r.get(0))?;
+    if upto.is_none() {
         if let Err(e) = conn.wal_checkpoint_v2(Some(c"main"), CheckpointMode::PASSIVE) {
             tracing::debug!(error = %e, "a background checkpoint did not run");
         }
+        return Ok(Scrub::Done { upto: None });
     }
+    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    if busy != 0 {
+        return Ok(Scrub::Held);
+    }
+    if let Some(upto) = upto {
+        // A small write beside the writer: here waiting a moment is fine.
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let removed = conn.execute("DELETE FROM erasures_pending WHERE id <= ?1", [upto]);
+        conn.busy_timeout(Duration::ZERO)?;
+        removed?;
+    }
+    Ok(Scrub::Done { upto })
 }

@@ -107,7 +107,7 @@ impl Sqlite {
             if !held {
                 return Ok(Completed {
                     held: false,
-                    rollup: None,
+                    rollups: Vec::new(),
                 });
             }
             conn.prepare_cached(
@@ -126,7 +126,7 @@ impl Sqlite {
             ])?;
             Ok(Completed {
                 held: true,
-                rollup: roll_up(conn, claim.segment_id, fanout)?,
+                rollups: roll_up(conn, claim.segment_id, fanout)?,
             })
         })
         .await
@@ -351,24 +351,48 @@ fn carried(conn: &Connection, session_id: i64, ordinal: u32) -> Result<Option<St
     Ok(newest.map(|(_, text)| text))
 }
 
-/// Creates the roll-up that `node` (just SUMMARISED) completes, if it does:
-/// its group is the `fanout` consecutive nodes of its level and session
-/// (ordinals 1..=fanout form roll-up 1, and so on), all SUMMARISED and none
-/// yet in a roll-up. Runs in the transaction that completed `node`, so a
-/// crash never loses a roll-up. Returns the roll-up's id.
-fn roll_up(
+/// Creates the roll-ups that `node` (just SUMMARISED) completes, if any,
+/// in the transaction that completed it, so a crash never loses one. A
+/// level's groups are formed in order: the next group is the `fanout` nodes
+/// that follow the last node already in a roll-up, and it is rolled up once
+/// all of them are SUMMARISED, taking the next ordinal of the level above.
+/// So a change of `memory.fanout` applies to groups formed after it (a
+/// smaller fanout may complete two groups at once). Returns the roll-ups
+/// made, oldest first.
+fn roll_up(conn: &Connection, node: SegmentId, fanout: u32) -> Result<Vec<SegmentId>, StoreError> {
+    let mut made = Vec::new();
+    if fanout < 2 {
+        return Ok(made);
+    }
+    let (session_id, level): (i64, u32) = conn
+        .prepare_cached("SELECT session_id, level FROM segments WHERE id = ?1")?
+        .query_row([node], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    while let Some(id) = roll_up_next(conn, session_id, level, fanout)? {
+        made.push(id);
+    }
+    Ok(made)
+}
+
+/// Rolls up the next group of `level` in the session if it is complete.
+fn roll_up_next(
     conn: &Connection,
-    node: SegmentId,
+    session_id: i64,
+    level: u32,
     fanout: u32,
 ) -> Result<Option<SegmentId>, StoreError> {
-    if fanout < 2 {
+    // The level's first node not yet in a roll-up (the session's roots, in
+    // seq order, are few: a cover of the session).
+    let first: Option<u32> = conn
+        .prepare_cached(
+            "SELECT ordinal FROM segments WHERE session_id = ?1 AND parent_id IS NULL \
+             AND level = ?2 ORDER BY first_seq LIMIT 1",
+        )?
+        .query_row(params![session_id, level], |r| r.get(0))
+        .optional()?;
+    let Some(first) = first else {
         return Ok(None);
-    }
-    let (session_id, level, ordinal): (i64, u32, u32) = conn
-        .prepare_cached("SELECT session_id, level, ordinal FROM segments WHERE id = ?1")?
-        .query_row([node], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    let group = (ordinal - 1) / fanout;
-    let (first, last) = (group * fanout + 1, group * fanout + fanout);
+    };
+    let last = first + fanout - 1;
     let (count, summarised, parented, first_seq, last_seq, entries): (u32, u32, u32, u64, u64, u64) =
         conn.prepare_cached(
             "SELECT count(*), coalesce(sum(state = ?5), 0), coalesce(sum(parent_id IS NOT NULL), 0), \
@@ -395,13 +419,13 @@ fn roll_up(
         .prepare_cached(
             "INSERT INTO segments (session_id, level, ordinal, state, first_seq, last_seq, \
              entry_count, token_estimate, next_attempt_at, closed_at, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?9) RETURNING id",
+             SELECT ?1, ?2, coalesce(max(ordinal), 0) + 1, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?8 \
+             FROM segments WHERE session_id = ?1 AND level = ?2 RETURNING id",
         )?
         .query_row(
             params![
                 session_id,
                 level + 1,
-                group + 1,
                 SegmentState::Pending.code(),
                 first_seq,
                 last_seq,

@@ -54,6 +54,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often an erasure's checkpoint is tried before the call says the
 /// text is still in the WAL (50 tries, 20 ms apart).
 const CHECKPOINT_TRIES: usize = 50;
+/// How long an erasure waits for its text to leave the files before it
+/// answers ERASURE_PENDING (the scrub then finishes in the background).
+const ERASURE_WAIT: Duration = Duration::from_secs(1);
 /// The database file inside the data directory.
 const DATABASE_FILE: &str = "archivist.sqlite3";
 /// The file inside the data directory naming the process that serves it
@@ -97,6 +100,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     /// A write failed for want of room since the last health probe.
     full_seen: FullSeen,
+    /// The checkpoint thread, which scrubs erasures (None read-only).
+    checkpoints: Option<checkpoint::Checkpoints>,
 }
 
 impl Sqlite {
@@ -153,6 +158,7 @@ impl Sqlite {
                     jobs: None,
                     readers: Mutex::new(vec![reader]),
                     full_seen: FullSeen::default(),
+                    checkpoints: None,
                 }),
             });
         }
@@ -183,7 +189,7 @@ impl Sqlite {
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         schema::migrate(&mut writer)?;
-        checkpoint::start(&path, durability, &mut writer)?;
+        let checkpoints = checkpoint::start(&path, durability, &mut writer)?;
         let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
         std::thread::Builder::new()
             .name("archivist-store-writer".to_owned())
@@ -198,6 +204,7 @@ impl Sqlite {
                 jobs: Some(jobs),
                 readers: Mutex::new(Vec::new()),
                 full_seen: FullSeen::default(),
+                checkpoints: Some(checkpoints),
             }),
         })
     }
@@ -238,6 +245,24 @@ impl Sqlite {
         let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
         jobs.try_send(job).map_err(super::refused)?;
         self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
+    }
+
+    /// Waits, up to `ERASURE_WAIT`, for the erasure recorded as `scrub` to
+    /// leave the files; past that it is `CheckpointBusy` (ERASURE_PENDING):
+    /// the erasure is committed and recorded, and the checkpoint thread
+    /// finishes it as soon as readers allow, holding no writer meanwhile.
+    pub(super) async fn scrubbed(&self, scrub: i64) -> Result<(), StoreError> {
+        let Some(checkpoints) = &self.inner.checkpoints else {
+            return Ok(());
+        };
+        if checkpoints.scrub(scrub, ERASURE_WAIT).await {
+            Ok(())
+        } else {
+            tracing::warn!(
+                "an erasure is committed but its text is still in the write-ahead log: another program holds a read of the database; it leaves the files as soon as that read ends"
+            );
+            Err(StoreError::CheckpointBusy)
+        }
     }
 
     /// Copies every committed page from the WAL into the database file and

@@ -262,6 +262,17 @@ CREATE TABLE health_probe (
     at INTEGER NOT NULL
 );
 "#,
+    r#"
+-- Erasures whose text may still be in the write-ahead log (and in pages of
+-- the database file the log has not yet overwritten): recorded in the
+-- erasure's transaction, removed by the checkpoint that empties the log
+-- after it (checkpoint.rs), so a crash in between loses none.
+CREATE TABLE erasures_pending (
+    id INTEGER PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    erased_at INTEGER NOT NULL
+);
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -303,6 +303,11 @@ impl Sqlite {
             for row in rows {
                 backlog.parked_by_class.push(row?);
             }
+            backlog.erasures_pending = conn
+                .prepare_cached(
+                    "SELECT count(*) FROM erasures_pending WHERE (?1 IS NULL OR tenant = ?1)",
+                )?
+                .query_row([&tenant], |r| r.get(0))?;
             Ok(backlog)
         })
         .await

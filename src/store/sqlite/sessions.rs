@@ -25,8 +25,15 @@ pub(super) struct SessionRow {
 }
 
 /// Erases the session `id` (the tenant's `name`): summaries, segments,
-/// entries and the session row, and its bytes from the tenant's count.
-fn erase_tx(conn: &Connection, id: i64, tenant: &str, name: &str) -> Result<Erased, StoreError> {
+/// entries and the session row, and its bytes from the tenant's count; and
+/// records the erasure as owed a scrub of the files. Returns what it erased
+/// and the record's id.
+fn erase_tx(
+    conn: &Connection,
+    id: i64,
+    tenant: &str,
+    name: &str,
+) -> Result<(Erased, i64), StoreError> {
     // What the appends counted for this session, so the tenant's byte
     // count drops by exactly that.
     let (entries, bytes): (u64, u64) = conn
@@ -54,7 +61,12 @@ fn erase_tx(conn: &Connection, id: i64, tenant: &str, name: &str) -> Result<Eras
         "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
     )?
     .execute(params![tenant, freed])?;
-    Ok(Erased { entries, segments })
+    let scrub: i64 = conn
+        .prepare_cached(
+            "INSERT INTO erasures_pending (tenant, erased_at) VALUES (?1, ?2) RETURNING id",
+        )?
+        .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
+    Ok((Erased { entries, segments }, scrub))
 }
 
 /// The tenant's session of that name, if it exists.
@@ -131,7 +143,7 @@ impl Sqlite {
     ) -> Result<Erased, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
-        let erased = self
+        let (erased, scrub) = self
             .write(move |conn| {
                 let Some(row) = session_row(conn, &tenant, &session)? else {
                     return Err(StoreError::SessionNotFound(session));
@@ -139,10 +151,11 @@ impl Sqlite {
                 erase_tx(conn, row.id, &tenant, &session)
             })
             .await?;
-        self.checkpoint().await?;
+        self.scrubbed(scrub).await?;
         Ok(erased)
     }
 
+    #[cfg(test)]
     pub(crate) async fn has_session(
         &self,
         tenant: &Tenant,
@@ -218,15 +231,18 @@ impl Sqlite {
                     })?
                     .collect::<Result<_, _>>()?;
                 let mut out = Vec::with_capacity(old.len());
+                let mut newest = None;
                 for (id, session) in old {
-                    let erased = erase_tx(conn, id, &session.tenant.0, &session.session)?;
+                    let (erased, scrub) = erase_tx(conn, id, &session.tenant.0, &session.session)?;
+                    newest = Some(scrub);
                     out.push((session, erased));
                 }
-                Ok(out)
+                Ok((out, newest))
             })
             .await?;
-        if !expired.is_empty() {
-            self.checkpoint().await?;
+        let (expired, newest) = expired;
+        if let Some(scrub) = newest {
+            self.scrubbed(scrub).await?;
         }
         Ok(expired)
     }

@@ -320,7 +320,7 @@ class AsyncSessionWatch:
 
     async def subscribed(self) -> AsyncSessionWatch:
         """Returns once the server has subscribed this watcher; raises the
-        call's error (`NotFound` for a session that does not exist, ...)."""
+        call's error (`ResourceExhausted` past the server's watch caps, ...)."""
         if self._subscribed:
             return self
         self._subscribed = True
@@ -656,8 +656,10 @@ class Client(_Base):
 
         No replay: read `segments()` after this returns to see what happened
         before. `timeout` is the whole watch's deadline (None, the default:
-        none; it ends with `DeadlineExceeded`). Raises NotFound for a session
-        that does not exist. Stop it with `close()` or `cancel()`, or use it
+        none; it ends with `DeadlineExceeded`). A session with no entry yet is
+        waited for, so watching first and then appending misses nothing;
+        past the server's watch caps it raises ResourceExhausted
+        (`TOO_MANY_WATCHES`). Stop it with `close()` or `cancel()`, or use it
         in a `with` block:
 
             with client.watch("demo") as events:
@@ -850,7 +852,7 @@ class AsyncClient(_Base):
         iterator of `SessionEvent` ending after "deleted"; see
         `Client.watch`. Not a coroutine: `async with client.watch(s) as
         events` (or `await client.watch(s)`) waits for the subscription and
-        raises NotFound for a session that does not exist.
+        waits for a session with no entry yet, like `Client.watch`.
 
             async with client.watch("demo") as events:
                 async for event in events:

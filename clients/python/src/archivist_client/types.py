@@ -175,8 +175,8 @@ class Failure:
 
     `kind` is the failure class: "transport", "timeout", "unavailable",
     "rate_limited", "quota_exhausted", "unauthorized", "unknown_model",
-    "invalid_request", "malformed_response", "cancelled" or
-    "budget_exhausted". `causes` is the cause chain, outermost first, down to
+    "invalid_request", "malformed_response", "cancelled", "budget_exhausted"
+    or "store". `causes` is the cause chain, outermost first, down to
     the root. `retry_after` is set for "rate_limited" when the provider said
     how long to wait. `hint` says what most likely fixes it, for a person
     (empty from servers that do not send one).
@@ -460,8 +460,9 @@ class FlushResult:
 
 @dataclass(frozen=True)
 class Backlog:
-    """Segment counts per state, the oldest PENDING segment's age, and
-    parked segments per failure class."""
+    """Segment counts per state, the oldest PENDING segment's age,
+    parked segments per failure class, and erasures whose text is still
+    in the SQLite write-ahead log (`erasures_pending`)."""
 
     open: int
     pending: int
@@ -469,6 +470,7 @@ class Backlog:
     parked: int
     oldest_pending_age: timedelta | None
     parked_by_class: dict[str, int]
+    erasures_pending: int
     raw: pb.Backlog = field(repr=False, compare=False)
 
     @classmethod
@@ -480,6 +482,7 @@ class Backlog:
             parked=backlog.parked,
             oldest_pending_age=_dur(backlog, "oldest_pending_age"),
             parked_by_class=dict(backlog.parked_by_class),
+            erasures_pending=backlog.erasures_pending,
             raw=backlog,
         )
 

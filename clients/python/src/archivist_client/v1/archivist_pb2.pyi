@@ -159,7 +159,7 @@ class Summary(_message.Message):
     def __init__(self, text: _Optional[str] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., prompt_version: _Optional[str] = ..., input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("transport", "timeout", "unavailable", "rate_limited", "quota_exhausted", "unauthorized", "unknown_model", "invalid_request", "malformed_response", "cancelled", "budget_exhausted", "retryable", "causes", "attempts", "elapsed", "http_status", "provider", "model", "hint")
+    __slots__ = ("transport", "timeout", "unavailable", "rate_limited", "quota_exhausted", "unauthorized", "unknown_model", "invalid_request", "malformed_response", "cancelled", "budget_exhausted", "store", "retryable", "causes", "attempts", "elapsed", "http_status", "provider", "model", "hint")
     class Transport(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
@@ -195,6 +195,9 @@ class Failure(_message.Message):
     class BudgetExhausted(_message.Message):
         __slots__ = ()
         def __init__(self) -> None: ...
+    class Store(_message.Message):
+        __slots__ = ()
+        def __init__(self) -> None: ...
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +209,7 @@ class Failure(_message.Message):
     MALFORMED_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     CAUSES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +229,7 @@ class Failure(_message.Message):
     malformed_response: Failure.MalformedResponse
     cancelled: Failure.Cancelled
     budget_exhausted: Failure.BudgetExhausted
+    store: Failure.Store
     retryable: bool
     causes: _containers.RepeatedScalarFieldContainer[str]
     attempts: int
@@ -233,7 +238,7 @@ class Failure(_message.Message):
     provider: str
     model: str
     hint: str
-    def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., hint: _Optional[str] = ...) -> None: ...
+    def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., store: _Optional[_Union[Failure.Store, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., hint: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
     __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at", "level", "child_ids")
@@ -388,7 +393,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Backlog(_message.Message):
-    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class")
+    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending")
     class ParkedByClassEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -402,13 +407,15 @@ class Backlog(_message.Message):
     PARKED_FIELD_NUMBER: _ClassVar[int]
     OLDEST_PENDING_AGE_FIELD_NUMBER: _ClassVar[int]
     PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ERASURES_PENDING_FIELD_NUMBER: _ClassVar[int]
     open: int
     pending: int
     summarised: int
     parked: int
     oldest_pending_age: _duration_pb2.Duration
     parked_by_class: _containers.ScalarMap[str, int]
-    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    erasures_pending: int
+    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
     __slots__ = ("session_id",)

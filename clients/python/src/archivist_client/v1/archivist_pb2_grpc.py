@@ -178,7 +178,10 @@ class ArchivistServicer:
         """Erases a session: its entries, segments, roll-ups, summaries and
         failures, in one transaction. A pass running for it writes nothing
         afterwards; the next append starts a new session at seq 1. With SQLite
-        the erased text is gone from the database files when the call returns.
+        the erased text is gone from the database files when the call returns,
+        or, while another program holds a read of the database, the call says
+        UNAVAILABLE (ERASURE_PENDING) after about a second: the session is
+        erased and its text leaves the files once that read ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,7 +192,10 @@ class ArchivistServicer:
         summarised, failed, parked, and the session's erasure, which ends the
         stream. No replay: read ListSegments after subscribing. A watcher too
         slow to keep up loses the oldest events and gets a GAP event saying how
-        many; it never slows the service. Ends with UNAVAILABLE at shutdown.
+        many; it never slows the service. Ends with UNAVAILABLE at shutdown. A
+        session with no entry yet is waited for (subscribe, then append, misses
+        nothing). Watches hold no call slot; past limits.max_watches (or
+        max_watches_per_tenant) a watch is RESOURCE_EXHAUSTED, TOO_MANY_WATCHES.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
