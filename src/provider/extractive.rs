@@ -302,11 +302,13 @@ fn score<'a>(units: &'a [Unit<'a>], whole: bool) -> Vec<Sentence<'a>> {
             cue += 0.3;
         }
         let update = has(UPDATE) || says_now(&words) || lower.contains("no longer");
-        if update {
-            // A correction is what a memory must not lose: the value it
-            // replaces may already be kept elsewhere in the tree.
+        // A correction of a value is what a memory must not lose: the
+        // value it replaces may already be kept elsewhere in the tree.
+        // Change words alone ("the dashboards were never updated") say
+        // nothing has changed.
+        s.correction = update && terms.iter().any(|t| t.digits || t.capital);
+        if s.correction {
             cue *= 1.6;
-            s.correction = terms.iter().any(|t| t.digits || t.capital);
         }
         if s.text.trim_end().ends_with('?') {
             cue *= 0.6;
