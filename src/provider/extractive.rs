@@ -134,10 +134,10 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         .filter(|&i| sentences[i].score > 0.0)
         .collect();
     ranked.sort_by(|&a, &b| {
-        let (a_, b_) = (&sentences[a], &sentences[b]);
-        b_.correction
-            .cmp(&a_.correction)
-            .then(b_.score.total_cmp(&a_.score))
+        let (x, y) = (&sentences[a], &sentences[b]);
+        y.correction
+            .cmp(&x.correction)
+            .then(y.score.total_cmp(&x.score))
             .then(a.cmp(&b))
     });
     // What is worth far less than the best is filler, even where it fits.
@@ -146,28 +146,26 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         .map(|&i| sentences[i].score)
         .fold(0.0, f64::max);
     ranked.retain(|&i| sentences[i].correction || sentences[i].score >= best * FLOOR);
-    {
-        // Round by round: a group's (a roll-up's child's) n-th best line is
-        // ranked after every group's (n-1)-th; in a transcript, a
-        // message's second sentence after every message's best, so that a
-        // message's best sentence speaks for it before any takes two
-        // places.
-        let mut round: HashMap<usize, usize> = HashMap::new();
-        let mut rounds: Vec<(usize, usize)> = ranked
-            .iter()
-            .map(|&i| {
-                let key = match per_group {
-                    true => units[sentences[i].unit].group,
-                    false => sentences[i].unit,
-                };
-                let n = round.entry(key).or_default();
-                *n += 1;
-                (*n, i)
-            })
-            .collect();
-        rounds.sort_by_key(|&(n, _)| n);
-        ranked = rounds.into_iter().map(|(_, i)| i).collect();
-    }
+    // Round by round: a group's (a roll-up's child's) n-th best line is
+    // ranked after every group's (n-1)-th; in a transcript, a
+    // message's second sentence after every message's best, so that a
+    // message's best sentence speaks for it before any takes two
+    // places.
+    let mut round: HashMap<usize, usize> = HashMap::new();
+    let mut rounds: Vec<(usize, usize)> = ranked
+        .iter()
+        .map(|&i| {
+            let key = match per_group {
+                true => units[sentences[i].unit].group,
+                false => sentences[i].unit,
+            };
+            let n = round.entry(key).or_default();
+            *n += 1;
+            (*n, i)
+        })
+        .collect();
+    rounds.sort_by_key(|&(n, _)| n);
+    ranked = rounds.into_iter().map(|(_, i)| i).collect();
 
     // Each kept sentence, as kept: the first may be cut to fit.
     let mut chosen: Vec<(usize, &str)> = Vec::new();
