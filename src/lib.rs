@@ -25,6 +25,12 @@
 //!   commands, `reads.rs` and `waits.rs` the longer ones, `terminal.rs`
 //!   the flags, connection and exit status they share, `output.rs` what
 //!   they print, as text or JSON).
+//! - `mcp`: `archivist mcp`, the Model Context Protocol server (stdio or
+//!   streamable HTTP, on `rmcp`) in front of a running archivist: the
+//!   tools (`tools.rs`), their arguments checked before any call
+//!   (`args.rs`), every failure a tool error (`error.rs`), answers within
+//!   a cap (`answer.rs`), the handler and its shared connection
+//!   (`handler.rs`).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!
@@ -80,7 +86,10 @@
 //!   `src/provider/` files only.
 //! - tonic is seen by the gRPC edge and the client only:
 //!   `grep -rl 'tonic' src` lists `grpc/`, `server.rs`, `client.rs`,
-//!   `wire.rs`, the terminal client in `cli/` and this file (for `pb`).
+//!   `wire.rs`, the terminal client in `cli/`, the MCP server's calls and
+//!   errors in `mcp/` and this file (for `pb`).
+//! - Only `mcp/` sees the MCP SDK: `grep -rl 'rmcp' src` lists `mcp/`
+//!   files only.
 //! - Only `wire.rs` converts between domain and `pb` types:
 //!   `grep -rn 'fn .*_to_pb\|fn .*_from_pb' src` finds them in `wire.rs`.
 //! - Retries happen in one place, `pass/retry.rs`'s `run_pass`; nothing
@@ -100,7 +109,7 @@
 //! - No two modules import each other. The layers, bottom up: `text`,
 //!   `throttle` and `failure`; `model`; `config`; `auth`, `store`, `provider`, `breaker`
 //!   and `metrics`; `events`; `pass`; `reconciler` and `service`; `app`; `backfill`,
-//!   `wire`, `grpc` and `client`; `server` and `cli`. A module's non-test
+//!   `wire`, `grpc` and `client`; `server` and `cli`; `mcp`. A module's non-test
 //!   `crate::` paths name only modules in its own layer or below.
 
 mod app;
@@ -113,6 +122,7 @@ pub mod config;
 mod events;
 pub mod failure;
 mod grpc;
+pub mod mcp;
 mod metrics;
 pub mod model;
 mod pass;

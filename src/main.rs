@@ -20,6 +20,7 @@ use archivist::cli::migrate::{self, MigrateArgs};
 use archivist::cli::session::{self, ClientFlags, SessionArgs};
 use archivist::cli::{EXIT_USAGE, load_config, parse_listen, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
+use archivist::mcp::{self, McpArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -83,6 +84,11 @@ enum Command {
     /// migrate as a step of their own (serve still migrates at start-up).
     /// Exits 0 when the database is current, 1 when it is not.
     Migrate(MigrateArgs),
+    /// Serve the Model Context Protocol (stdio, or streamable HTTP with
+    /// --listen) in front of a running server, so an MCP-capable agent
+    /// gets a memory: tools remember, context, list_sessions, and forget
+    /// with --allow-forget.
+    Mcp(McpArgs),
 }
 
 fn main() -> ExitCode {
@@ -143,6 +149,12 @@ fn main() -> ExitCode {
         Command::Sessions(flags) => {
             init_logging(LogFormat::Text, "warn");
             runtime.block_on(session::sessions(flags))
+        }
+        Command::Mcp(args) => {
+            // Standard output is the protocol on stdio: logs go to
+            // standard error only.
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(mcp::run(args))
         }
         Command::Backlog(flags) => {
             init_logging(LogFormat::Text, "warn");

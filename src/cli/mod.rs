@@ -17,6 +17,9 @@ pub mod session;
 mod terminal;
 mod waits;
 
+pub use terminal::ConnectFlags;
+pub(crate) use terminal::parse_duration;
+
 use crate::config::{self, Config, Overrides};
 use crate::failure::cause_chain;
 

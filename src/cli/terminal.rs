@@ -18,10 +18,10 @@ use crate::pb;
 /// it failed, or was still running when the call's bound came.
 const EXIT_RECAP_NOT_DONE: u8 = 3;
 
-/// How to reach the server, and how to print; shared by every client
-/// command.
-#[derive(Debug, Args)]
-pub struct ClientFlags {
+/// How to reach the server and as whom: the flags every client of a
+/// running server takes (the terminal client, `archivist mcp`).
+#[derive(Clone, Debug, Args)]
+pub struct ConnectFlags {
     /// The server to talk to (https:// for TLS).
     // The value is not shown: clap would print `ARCHIVIST_SERVER=` with
     // nothing after it when the variable is unset.
@@ -45,6 +45,29 @@ pub struct ClientFlags {
     /// PEM client key, for mutual TLS.
     #[arg(long, global = true, requires = "client_cert")]
     pub client_key: Option<std::path::PathBuf>,
+}
+
+impl ConnectFlags {
+    /// The connection these flags describe, giving up on setting it up
+    /// after `connect_timeout`.
+    pub(crate) fn options(&self, connect_timeout: Option<Duration>) -> ClientOptions {
+        ClientOptions {
+            address: self.server.clone(),
+            token: self.token.clone(),
+            ca_cert: self.ca_cert.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            connect_timeout,
+        }
+    }
+}
+
+/// How to reach the server, and how to print; shared by every client
+/// command.
+#[derive(Debug, Args)]
+pub struct ClientFlags {
+    #[command(flatten)]
+    pub connect: ConnectFlags,
     /// The longest a call may take ("10s", "2m"); a waiting close or flush
     /// answers with the state as it stands a little before it. Default: no
     /// limit of the client's own (the server's bounds hold).
@@ -89,16 +112,9 @@ pub(super) fn exit(result: Result<(), Failed>) -> ExitCode {
 }
 
 pub(super) async fn connect(flags: &ClientFlags) -> Result<Client, Failed> {
-    connect_with(&ClientOptions {
-        address: flags.server.clone(),
-        token: flags.token.clone(),
-        ca_cert: flags.ca_cert.clone(),
-        client_cert: flags.client_cert.clone(),
-        client_key: flags.client_key.clone(),
-        connect_timeout: flags.timeout,
-    })
-    .await
-    .map_err(|e| Failed::Error(crate::failure::cause_chain(&e).join(": ")))
+    connect_with(&flags.connect.options(flags.timeout))
+        .await
+        .map_err(|e| Failed::Error(crate::failure::cause_chain(&e).join(": ")))
 }
 
 /// A request carrying the `--timeout` as its deadline.
@@ -186,7 +202,7 @@ pub(super) async fn ensure_session(
 }
 
 /// "2m", "10s", "1h 30m".
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{text:?} is not a duration ({e}); write it like \"10s\" or \"2m\""))
 }

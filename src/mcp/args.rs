@@ -1,0 +1,549 @@
+//! The tools' arguments: each tool's argument type (whose JSON schema is
+//! the tool's input schema), and the reading of a call's JSON arguments
+//! into it, every bad field named at once before anything is sent.
+//!
+//! Arguments are read field by field rather than through serde: a model
+//! that sends `sessionId`, a number for a string or `role: "bot"` is told
+//! which field, why, and every other mistake of the same call, where a
+//! derived `Deserialize` stops at the first with no path.
+
+use rmcp::model::JsonObject;
+use schemars::JsonSchema;
+use serde_json::Value;
+
+use super::error::Violation;
+use crate::model::{Role, SessionName};
+
+/// Most messages one `remember` takes: beyond that a model is pasting a
+/// transcript, which an agent host should stream over gRPC instead.
+pub(super) const MAX_MESSAGES: usize = 100;
+/// The longest a client_entry_id may be (the server's own bound).
+const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// Sessions one `list_sessions` page holds at most.
+pub(super) const MAX_PAGE_SIZE: u32 = 100;
+pub(super) const DEFAULT_PAGE_SIZE: u32 = 20;
+/// The budget `context` asks for when the model names none.
+pub(super) const DEFAULT_MAX_TOKENS: u32 = 2000;
+/// A page token is opaque and short; anything longer is not ours.
+const MAX_PAGE_TOKEN: usize = 1024;
+
+/// Who said a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[schemars(rename_all = "lowercase")]
+pub(super) enum RoleArg {
+    User,
+    Assistant,
+    System,
+    Tool,
+}
+
+impl RoleArg {
+    pub(super) fn role(self) -> Role {
+        match self {
+            RoleArg::User => Role::User,
+            RoleArg::Assistant => Role::Assistant,
+            RoleArg::System => Role::System,
+            RoleArg::Tool => Role::Tool,
+        }
+    }
+}
+
+/// One message to remember.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct MessageArg {
+    /// Who said it: user, assistant, system or tool.
+    pub role: RoleArg,
+    /// The text, exactly as said (not empty).
+    #[schemars(length(min = 1))]
+    pub content: String,
+    /// Optional idempotency key, unique within the session (at most 128
+    /// characters): sending the same id with the same text again stores it
+    /// once, so a retry after a timeout is safe.
+    #[schemars(length(min = 1, max = 128))]
+    pub client_entry_id: Option<String>,
+}
+
+/// `remember`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct RememberArgs {
+    /// The session (one conversation's memory) to add to: 1 to 128
+    /// characters of letters, digits and . _ : -. A new id starts a new
+    /// session.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    pub session_id: String,
+    /// What to remember, oldest first: 1 to 100 messages.
+    #[schemars(length(min = 1, max = 100))]
+    pub messages: Vec<MessageArg>,
+}
+
+/// `context`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct ContextArgs {
+    /// The session to read.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    pub session_id: String,
+    /// The most tokens (about four characters each) the memory may take
+    /// in your prompt; default 2000. Older history is zoomed out to recaps
+    /// to fit, and the newest turns come verbatim.
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u32>,
+}
+
+/// `list_sessions`' arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct ListSessionsArgs {
+    /// Sessions per page, 1 to 100; default 20.
+    #[schemars(range(min = 1, max = 100))]
+    pub page_size: Option<u32>,
+    /// The next_page_token of the previous page, to read on.
+    pub page_token: Option<String>,
+}
+
+/// `forget`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct ForgetArgs {
+    /// The session to erase, with everything remembered in it.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    pub session_id: String,
+}
+
+/// A tool's arguments, read from the JSON a call sent.
+pub(super) trait FromArgs: Sized {
+    /// Every field the tool takes: any other is a violation.
+    const FIELDS: &'static [&'static str];
+    fn read(reader: &mut Reader) -> Option<Self>;
+
+    /// The arguments, or every violation in them.
+    fn parse(arguments: Option<JsonObject>) -> Result<Self, Vec<Violation>> {
+        let mut reader = Reader::new(arguments.unwrap_or_default(), "");
+        let value = Self::read(&mut reader);
+        reader.finish(Self::FIELDS);
+        match (value, reader.violations.is_empty()) {
+            (Some(value), true) => Ok(value),
+            _ => Err(reader.violations),
+        }
+    }
+}
+
+impl FromArgs for RememberArgs {
+    const FIELDS: &'static [&'static str] = &["session_id", "messages"];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        let session_id = r.session_id("session_id");
+        let messages = r.array("messages", 1, MAX_MESSAGES).map(|items| {
+            items
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, item)| r.message(i, item))
+                .collect::<Vec<_>>()
+        });
+        Some(RememberArgs {
+            session_id: session_id?,
+            messages: messages?,
+        })
+    }
+}
+
+impl FromArgs for ContextArgs {
+    const FIELDS: &'static [&'static str] = &["session_id", "max_tokens"];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        let session_id = r.session_id("session_id");
+        let max_tokens = r.count("max_tokens", 1, u32::MAX);
+        Some(ContextArgs {
+            session_id: session_id?,
+            max_tokens: max_tokens?,
+        })
+    }
+}
+
+impl FromArgs for ListSessionsArgs {
+    const FIELDS: &'static [&'static str] = &["page_size", "page_token"];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        let page_size = r.count("page_size", 1, MAX_PAGE_SIZE);
+        let page_token = r.opt_string("page_token", MAX_PAGE_TOKEN);
+        Some(ListSessionsArgs {
+            page_size: page_size?,
+            page_token: page_token?.filter(|t| !t.is_empty()),
+        })
+    }
+}
+
+impl FromArgs for ForgetArgs {
+    const FIELDS: &'static [&'static str] = &["session_id"];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        Some(ForgetArgs {
+            session_id: r.session_id("session_id")?,
+        })
+    }
+}
+
+/// Takes the fields of one JSON object, noting every violation; a field's
+/// reader gives None when the field is bad (absent optional fields are
+/// `Some(None)`).
+pub(super) struct Reader {
+    object: JsonObject,
+    /// The path of this object in the arguments (`messages[2].`).
+    prefix: String,
+    violations: Vec<Violation>,
+}
+
+impl Reader {
+    fn new(object: JsonObject, prefix: &str) -> Reader {
+        Reader {
+            object,
+            prefix: prefix.to_owned(),
+            violations: Vec::new(),
+        }
+    }
+
+    fn bad(&mut self, field: &str, description: impl Into<String>) {
+        self.violations.push(Violation {
+            field: format!("{}{field}", self.prefix),
+            description: description.into(),
+        });
+    }
+
+    /// The field's value; null counts as absent (models send it for
+    /// "not given").
+    fn take(&mut self, field: &str) -> Option<Value> {
+        self.object.remove(field).filter(|v| !v.is_null())
+    }
+
+    fn required(&mut self, field: &str) -> Option<Value> {
+        let value = self.take(field);
+        if value.is_none() {
+            self.bad(field, "required");
+        }
+        value
+    }
+
+    fn string(&mut self, field: &str) -> Option<String> {
+        match self.required(field)? {
+            Value::String(s) => Some(s),
+            other => {
+                self.bad(field, format!("must be a string, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    fn opt_string(&mut self, field: &str, max_len: usize) -> Option<Option<String>> {
+        match self.take(field) {
+            None => Some(None),
+            Some(Value::String(s)) if s.chars().count() > max_len => {
+                self.bad(field, format!("is longer than {max_len} characters"));
+                None
+            }
+            Some(Value::String(s)) => Some(Some(s)),
+            Some(other) => {
+                self.bad(field, format!("must be a string, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    fn session_id(&mut self, field: &str) -> Option<String> {
+        let raw = self.string(field)?;
+        match SessionName::parse(&raw) {
+            Ok(_) => Some(raw),
+            Err(e) => {
+                self.bad(
+                    field,
+                    format!(
+                        "{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional whole number within `min..=max`.
+    fn count(&mut self, field: &str, min: u32, max: u32) -> Option<Option<u32>> {
+        let Some(value) = self.take(field) else {
+            return Some(None);
+        };
+        // 2000.0 is a whole number a model may well send.
+        let whole: Option<i128> = match &value {
+            Value::Number(n) => n
+                .as_i64()
+                .map(i128::from)
+                .or_else(|| n.as_u64().map(i128::from))
+                .or_else(|| {
+                    n.as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 1e18)
+                        .map(|f| f as i128)
+                }),
+            _ => None,
+        };
+        match whole {
+            Some(n) if n >= i128::from(min) && n <= i128::from(max) => Some(u32::try_from(n).ok()),
+            Some(_) => {
+                self.bad(field, format!("must be from {min} to {max}, not {value}"));
+                None
+            }
+            None => {
+                let what = match &value {
+                    Value::Number(n) => n.to_string(),
+                    other => kind(other).to_owned(),
+                };
+                self.bad(field, format!("must be a whole number, not {what}"));
+                None
+            }
+        }
+    }
+
+    fn array(&mut self, field: &str, min: usize, max: usize) -> Option<Vec<Value>> {
+        match self.required(field)? {
+            Value::Array(items) if items.len() < min => {
+                self.bad(field, format!("needs at least {min} item(s)"));
+                None
+            }
+            Value::Array(items) if items.len() > max => {
+                self.bad(
+                    field,
+                    format!("holds {} items; at most {max} are allowed", items.len()),
+                );
+                None
+            }
+            Value::Array(items) => Some(items),
+            other => {
+                self.bad(field, format!("must be an array, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    /// `messages[i]`, its violations added to this reader's.
+    fn message(&mut self, i: usize, item: Value) -> Option<MessageArg> {
+        let path = format!("{}messages[{i}]", self.prefix);
+        let Value::Object(object) = item else {
+            self.violations.push(Violation {
+                field: path,
+                description: format!("must be an object, not {}", kind(&item)),
+            });
+            return None;
+        };
+        let mut r = Reader::new(object, &format!("{path}."));
+        let role = match r.string("role") {
+            Some(name) => match Role::parse(&name) {
+                Some(Role::User) => Some(RoleArg::User),
+                Some(Role::Assistant) => Some(RoleArg::Assistant),
+                Some(Role::System) => Some(RoleArg::System),
+                Some(Role::Tool) => Some(RoleArg::Tool),
+                None => {
+                    r.bad(
+                        "role",
+                        format!("{name:?} is not a role: user, assistant, system or tool"),
+                    );
+                    None
+                }
+            },
+            None => None,
+        };
+        let content = match r.string("content") {
+            Some(c) if c.trim().is_empty() => {
+                r.bad("content", "is empty");
+                None
+            }
+            other => other,
+        };
+        let client_entry_id = match r.opt_string("client_entry_id", MAX_CLIENT_ENTRY_ID) {
+            Some(Some(id)) if id.is_empty() => {
+                r.bad("client_entry_id", "is empty (leave it out for none)");
+                None
+            }
+            other => other,
+        };
+        r.finish(&["role", "content", "client_entry_id"]);
+        self.violations.append(&mut r.violations);
+        Some(MessageArg {
+            role: role?,
+            content: content?,
+            client_entry_id: client_entry_id?,
+        })
+    }
+
+    /// Every field left is one the tool does not take.
+    fn finish(&mut self, fields: &[&str]) {
+        let mut unknown: Vec<String> = self.object.keys().cloned().collect();
+        unknown.sort();
+        for name in unknown {
+            self.bad(
+                &name,
+                format!(
+                    "is not an argument of this tool; it takes {}",
+                    fields.join(", ")
+                ),
+            );
+        }
+        self.object.clear();
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(value: Value) -> Option<JsonObject> {
+        match value {
+            Value::Object(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    fn fields(violations: &[Violation]) -> Vec<&str> {
+        violations.iter().map(|v| v.field.as_str()).collect()
+    }
+
+    #[test]
+    fn remember_reads_every_field() {
+        let args = RememberArgs::parse(object(json!({
+            "session_id": "agent-1",
+            "messages": [
+                {"role": "user", "content": "My name is Ada."},
+                {"role": "assistant", "content": "Noted.", "client_entry_id": "t2", },
+            ],
+        })))
+        .expect("good arguments");
+        assert_eq!(args.session_id, "agent-1");
+        assert_eq!(args.messages.len(), 2);
+        assert_eq!(args.messages[0].role, RoleArg::User);
+        assert_eq!(args.messages[1].client_entry_id.as_deref(), Some("t2"));
+    }
+
+    #[test]
+    fn every_bad_field_is_named_with_its_path() {
+        let violations = RememberArgs::parse(object(json!({
+            "sessionId": "x",
+            "session_id": "bad id!",
+            "messages": [
+                {"role": "bot", "content": ""},
+                "hello",
+                {"role": "user", "content": 5, "extra": true},
+            ],
+        })))
+        .expect_err("bad arguments");
+        assert_eq!(
+            fields(&violations),
+            [
+                "session_id",
+                "messages[0].role",
+                "messages[0].content",
+                "messages[1]",
+                "messages[2].content",
+                "messages[2].extra",
+                "sessionId",
+            ]
+        );
+        assert!(violations[1].description.contains("\"bot\" is not a role"));
+        assert!(
+            violations[4]
+                .description
+                .contains("must be a string, not a number")
+        );
+        assert!(
+            violations[6]
+                .description
+                .contains("takes session_id, messages")
+        );
+    }
+
+    #[test]
+    fn missing_arguments_are_required_ones() {
+        let violations = RememberArgs::parse(None).expect_err("nothing given");
+        assert_eq!(fields(&violations), ["session_id", "messages"]);
+        assert!(violations.iter().all(|v| v.description == "required"));
+        let too_many: Vec<Value> = (0..=MAX_MESSAGES)
+            .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+            .collect();
+        let violations =
+            RememberArgs::parse(object(json!({"session_id": "s", "messages": too_many})))
+                .expect_err("too many");
+        assert_eq!(fields(&violations), ["messages"]);
+        assert!(violations[0].description.contains("at most 100"));
+    }
+
+    #[test]
+    fn numbers_are_whole_and_in_range() {
+        let args = ContextArgs::parse(object(json!({"session_id": "s", "max_tokens": 500.0})))
+            .expect("a whole float");
+        assert_eq!(args.max_tokens, Some(500));
+        let args = ContextArgs::parse(object(json!({"session_id": "s", "max_tokens": null})))
+            .expect("null is absent");
+        assert_eq!(args.max_tokens, None);
+        for bad in [
+            json!(0),
+            json!(-3),
+            json!(1.5),
+            json!("20"),
+            json!(5_000_000_000u64),
+        ] {
+            let violations =
+                ContextArgs::parse(object(json!({"session_id": "s", "max_tokens": bad})))
+                    .expect_err("bad max_tokens");
+            assert_eq!(fields(&violations), ["max_tokens"], "{bad}");
+        }
+        let violations = ListSessionsArgs::parse(object(json!({"page_size": 101})))
+            .expect_err("past the page cap");
+        assert!(violations[0].description.contains("from 1 to 100"));
+        assert_eq!(
+            ListSessionsArgs::parse(None).expect("all optional"),
+            ListSessionsArgs {
+                page_size: None,
+                page_token: None
+            }
+        );
+    }
+
+    /// The schema a model reads and the fields read here are one list.
+    #[test]
+    fn each_schema_names_the_fields_read() {
+        fn properties<T: JsonSchema>() -> Vec<String> {
+            let schema = schemars::schema_for!(T);
+            let mut names: Vec<String> = schema
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default();
+            names.sort();
+            names
+        }
+        fn sorted(fields: &[&str]) -> Vec<String> {
+            let mut names: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
+            names.sort();
+            names
+        }
+        assert_eq!(properties::<RememberArgs>(), sorted(RememberArgs::FIELDS));
+        assert_eq!(properties::<ContextArgs>(), sorted(ContextArgs::FIELDS));
+        assert_eq!(
+            properties::<ListSessionsArgs>(),
+            sorted(ListSessionsArgs::FIELDS)
+        );
+        assert_eq!(properties::<ForgetArgs>(), sorted(ForgetArgs::FIELDS));
+        assert_eq!(
+            properties::<MessageArg>(),
+            sorted(&["role", "content", "client_entry_id"])
+        );
+    }
+}

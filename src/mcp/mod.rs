@@ -1,0 +1,196 @@
+//! `archivist mcp`: archivist as a Model Context Protocol server, so any
+//! MCP-capable agent gets a memory from one entry of its configuration.
+//! It serves over stdio (the host starts it as a child process) or, with
+//! `--listen`, over streamable HTTP at `/mcp`, on the official SDK
+//! (`rmcp`), and is a client of a running `archivist serve` over gRPC,
+//! reached as the terminal client reaches it (`--server`, TLS, the
+//! tenant's token from `ARCHIVIST_TOKEN`).
+//!
+//! Tools: `remember` (AppendEntries), `context` (GetContext within a
+//! budget), `list_sessions` (ListSessions) and, only when started with
+//! `--allow-forget`, `forget` (DeleteSession): without the flag it is not
+//! listed, and a call naming it anyway is refused with a tool error saying
+//! which flag would allow it.
+//!
+//! What holds for every call: arguments are checked here, every bad field
+//! named, before anything is sent (`args.rs`); every failure is a tool
+//! error carrying the gRPC code and reason, retryability and its delay,
+//! the causes and a recap's `Failure`, in text and in structured content
+//! (`error.rs`); an answer stays within `--max-answer-bytes`, cut with a
+//! note (`answer.rs`); and nothing a caller sends or a server does ends
+//! the process: an archivist that went away is a retryable error until it
+//! is back. `tools.rs` holds the tools, `handler.rs` the MCP handler and
+//! the shared connection.
+
+mod answer;
+mod args;
+mod error;
+mod handler;
+mod tools;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{ConnectFlags, parse_duration, parse_listen, shutdown_signal};
+use crate::client::{ConnectError, connect_with};
+use handler::{Archivist, Backend};
+
+/// The smallest answer cap: one session line or a short context.
+const MIN_ANSWER_BYTES: usize = 1024;
+
+/// `archivist mcp`'s flags.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub connect: ConnectFlags,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (IP:PORT
+    /// or HOST:PORT; port 0 picks a free one, printed at start-up).
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    pub listen: Option<SocketAddr>,
+    /// Offer the `forget` tool, which erases a session for good. Without
+    /// it `forget` is not listed and a call to it is refused.
+    #[arg(long)]
+    pub allow_forget: bool,
+    /// The longest one call to archivist may take ("30s", "2m").
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    pub timeout: Duration,
+    /// The most bytes one answer may take (its text, and its structured
+    /// content); a larger one is cut, saying so. The default is about
+    /// 8,000 tokens, within common hosts' limits.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024,
+          value_parser = clap::value_parser!(u32).range(MIN_ANSWER_BYTES as i64..))]
+    pub max_answer_bytes: u32,
+    /// Allow --listen on an address other than loopback. The MCP endpoint
+    /// has no authentication of its own: anyone who reaches it acts as
+    /// the tenant whose token this process holds.
+    #[arg(long)]
+    pub insecure_open: bool,
+}
+
+/// Runs the MCP server until its input ends (stdio) or a signal comes.
+pub async fn run(args: McpArgs) -> ExitCode {
+    if let Some(addr) = args.listen
+        && !addr.ip().is_loopback()
+        && !args.insecure_open
+    {
+        eprintln!(
+            "error: --listen {addr} is not a loopback address, and the MCP endpoint has no authentication of its own (anyone who reaches it acts as this tenant); listen on 127.0.0.1, or pass --insecure-open behind your own access control"
+        );
+        return ExitCode::from(crate::cli::EXIT_USAGE);
+    }
+    let options = args.connect.options(Some(args.timeout));
+    // A server that does not answer yet is no reason not to start: hosts
+    // start their MCP servers with themselves, and each call says so until
+    // archivist is up. Settings that can never work are.
+    let client = match connect_with(&options).await {
+        Ok(client) => Some(client),
+        Err(
+            e @ (ConnectError::Refused(..)
+            | ConnectError::Connect(..)
+            | ConnectError::ConnectTimeout(..)),
+        ) => {
+            tracing::warn!(
+                "{}; starting anyway: each tool call says so until it answers",
+                crate::error_chain(&e)
+            );
+            None
+        }
+        Err(
+            e @ (ConnectError::BadAddress(..)
+            | ConnectError::NotTls(..)
+            | ConnectError::Tls(..)
+            | ConnectError::Read(..)
+            | ConnectError::HalfIdentity
+            | ConnectError::BadToken
+            | ConnectError::TlsNeedsHttps(..)),
+        ) => {
+            eprintln!("error: {}", crate::error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = Arc::new(Backend::new(
+        options,
+        args.timeout,
+        args.allow_forget,
+        args.max_answer_bytes as usize,
+        client,
+    ));
+    match args.listen {
+        None => serve_stdio(backend).await,
+        Some(addr) => serve_http(backend, addr, args.insecure_open).await,
+    }
+}
+
+async fn serve_stdio(backend: Arc<Backend>) -> ExitCode {
+    let service = match Archivist::new(backend)
+        .serve(rmcp::transport::io::stdio_pipes())
+        .await
+    {
+        Ok(service) => service,
+        Err(e) => {
+            // The host closed the pipe or spoke no MCP before the
+            // handshake ended.
+            eprintln!("error: the MCP handshake on stdio failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::select! {
+        quit = service.waiting() => match quit {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: the MCP service stopped: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        _ = shutdown_signal() => ExitCode::SUCCESS,
+    }
+}
+
+async fn serve_http(backend: Arc<Backend>, addr: SocketAddr, open: bool) -> ExitCode {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = listener.local_addr().unwrap_or(addr);
+    let stop = CancellationToken::new();
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+    // On loopback the SDK's own Host check (loopback names only) stands
+    // against DNS rebinding; an open endpoint answers any name it is
+    // reached by.
+    if open {
+        config = config.disable_allowed_hosts();
+    }
+    let service = StreamableHttpService::new(
+        move || Ok(Archivist::new(backend.clone())),
+        LocalSessionManager::default().into(),
+        config,
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    // Tests and scripts read the address from this line.
+    eprintln!("archivist mcp is serving at http://{local}/mcp");
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            stop.cancel();
+        })
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: the MCP HTTP server stopped: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

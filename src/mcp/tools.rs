@@ -1,0 +1,638 @@
+//! The tools: what each is called, the description a model reads, its
+//! input and output schemas and hints, and what a call does: one or two
+//! gRPC calls to archivist, their answer as text and structured content.
+
+use rmcp::handler::server::tool::{schema_for_input, schema_for_output};
+use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use super::answer::{Cut, Room, cost, shorten, success};
+use super::args::{
+    ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ListSessionsArgs, RememberArgs,
+};
+use super::error::ToolError;
+use super::handler::Backend;
+use crate::pb;
+use crate::text::count;
+use crate::wire::{role_from_pb, role_to_pb};
+
+pub(super) const REMEMBER: &str = "remember";
+pub(super) const CONTEXT: &str = "context";
+pub(super) const LIST_SESSIONS: &str = "list_sessions";
+pub(super) const FORGET: &str = "forget";
+
+/// What the server tells a model about itself at the handshake.
+pub(super) const INSTRUCTIONS: &str = "archivist is a long-term memory that keeps what was said across conversations. \
+`remember` stores messages in a session (one per conversation or topic; reuse its session_id later to continue it). \
+`context` reads a session back within a token budget: recaps of older history, the newest messages verbatim. \
+`list_sessions` finds earlier sessions. \
+A failed call is a tool error whose structured content says the code, whether it is retryable (and after how long) and what_to_do.";
+
+const REMEMBER_DESCRIPTION: &str = "Store messages in long-term memory, to be recalled in later conversations. \
+Use it for what should outlive this conversation: what the user said, decided or prefers, facts learned, your own conclusions. \
+Messages are kept verbatim and durably (an acknowledged message is never lost) and recapped in the background. \
+Use one session_id per conversation or per topic, and the same id again later to add to that memory. \
+A client_entry_id on each message makes a retry safe: the same id and text are stored once.";
+
+const CONTEXT_DESCRIPTION: &str = "Read back what a session remembers, sized for your prompt: recaps of older history and the newest messages verbatim, oldest first, within max_tokens (default 2000). \
+Call it when a conversation continues an earlier one, or when you need what was said before in a session. \
+Each item is a recap (covering a range of message seq numbers) or a message; `truncated` means the oldest history did not fit even as recaps.";
+
+const LIST_SESSIONS_DESCRIPTION: &str = "List this memory's sessions in session_id order, each with its message count and when it was created and last written. \
+Use it to find the session_id of an earlier conversation. Pages: pass next_page_token back as page_token to read on.";
+
+const FORGET_DESCRIPTION: &str = "Erase a session for good: every message, recap and record of it. It cannot be undone. \
+Only when the user asks for it to be forgotten.";
+
+/// Every tool this server offers: `forget` only when allowed.
+pub(super) fn tools(allow_forget: bool) -> Vec<Tool> {
+    let mut tools = vec![
+        tool::<RememberArgs, RememberOutput>(REMEMBER, REMEMBER_DESCRIPTION)
+            .with_title("Remember")
+            .with_annotations(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(false)
+                    .idempotent(false)
+                    .open_world(false),
+            ),
+        tool::<ContextArgs, ContextOutput>(CONTEXT, CONTEXT_DESCRIPTION)
+            .with_title("Read a session's memory")
+            .with_annotations(read_only()),
+        tool::<ListSessionsArgs, ListSessionsOutput>(LIST_SESSIONS, LIST_SESSIONS_DESCRIPTION)
+            .with_title("List sessions")
+            .with_annotations(read_only()),
+    ];
+    if allow_forget {
+        tools.push(
+            tool::<ForgetArgs, ForgetOutput>(FORGET, FORGET_DESCRIPTION)
+                .with_title("Forget a session")
+                .with_annotations(
+                    ToolAnnotations::new()
+                        .read_only(false)
+                        .destructive(true)
+                        .idempotent(true)
+                        .open_world(false),
+                ),
+        );
+    }
+    tools
+}
+
+fn read_only() -> ToolAnnotations {
+    ToolAnnotations::new()
+        .read_only(true)
+        .idempotent(true)
+        .open_world(false)
+}
+
+fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
+    name: &'static str,
+    description: &'static str,
+) -> Tool {
+    // Our own argument types are objects; a failure here is a bug the
+    // tool-list test catches, not a caller's doing.
+    let input = schema_for_input::<A>()
+        .unwrap_or_else(|e| panic!("{name}'s argument type is not a JSON object: {e}"));
+    Tool::new(name, description, input).with_raw_output_schema(schema_for_output::<O>())
+}
+
+/// `remember`'s answer.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct RememberOutput {
+    pub session_id: String,
+    /// One per message sent, in order.
+    pub stored: Vec<StoredEntry>,
+    /// The segment now open, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_segment_id: Option<u64>,
+    /// Segments this call closed (their recaps are written in the
+    /// background).
+    pub closed_segment_ids: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct StoredEntry {
+    /// The message's number in the session (1, 2, 3, …).
+    pub seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_entry_id: Option<String>,
+    /// Stored by an earlier call with the same client_entry_id; not
+    /// stored twice.
+    pub duplicate: bool,
+}
+
+/// `context`'s answer.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct ContextOutput {
+    pub session_id: String,
+    /// The budget the memory was fitted to.
+    pub max_tokens: u32,
+    /// About how many tokens the items take.
+    pub estimated_tokens: u32,
+    /// The oldest history did not fit, even as recaps.
+    pub truncated: bool,
+    /// Oldest first.
+    pub items: Vec<MemoryItem>,
+    /// Set when this answer left items out or shortened them to stay
+    /// within this server's answer cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut: Option<Cut>,
+    /// Set when max_tokens was lowered to fit the answer cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A recap of a stretch of the session, or one message verbatim.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(super) enum MemoryItem {
+    Recap {
+        /// 1: a recap of messages; 2 and up: a recap of recaps.
+        level: u32,
+        first_seq: u64,
+        last_seq: u64,
+        text: String,
+    },
+    Message {
+        seq: u64,
+        /// user, assistant, system or tool.
+        role: String,
+        content: String,
+        /// When it was stored, RFC 3339.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        created_at: Option<String>,
+    },
+}
+
+/// `list_sessions`' answer.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct ListSessionsOutput {
+    pub sessions: Vec<SessionSummary>,
+    /// Pass it as page_token for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct SessionSummary {
+    pub session_id: String,
+    /// Messages stored.
+    pub entry_count: u64,
+    /// The newest message's seq.
+    pub last_seq: u64,
+    /// Recaps owed and being retried.
+    pub recaps_pending: u64,
+    /// Recaps the server cannot write until its provider is fixed.
+    pub recaps_parked: u64,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_append_at: Option<String>,
+}
+
+/// `forget`'s answer.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct ForgetOutput {
+    pub session_id: String,
+    pub entries_deleted: u64,
+    pub segments_deleted: u64,
+}
+
+pub(super) async fn remember(
+    backend: &Backend,
+    args: Option<JsonObject>,
+) -> Result<CallToolResult, ToolError> {
+    let args = backend.parse::<RememberArgs>(args)?;
+    let request = pb::AppendEntriesRequest {
+        session_id: args.session_id.clone(),
+        entries: args
+            .messages
+            .iter()
+            .map(|m| pb::NewEntry {
+                client_entry_id: m.client_entry_id.clone().unwrap_or_default(),
+                role: role_to_pb(m.role.role()) as i32,
+                content: m.content.clone(),
+            })
+            .collect(),
+    };
+    let mut client = backend.client().await?;
+    let resp = client
+        .append_entries(backend.request(request))
+        .await
+        .map_err(|s| backend.status(&s, REMEMBER))?
+        .into_inner();
+    let out = RememberOutput {
+        session_id: args.session_id,
+        stored: resp
+            .entries
+            .iter()
+            .map(|e| StoredEntry {
+                seq: e.seq,
+                client_entry_id: Some(e.client_entry_id.clone()).filter(|id| !id.is_empty()),
+                duplicate: e.duplicate,
+            })
+            .collect(),
+        open_segment_id: resp.open_segment_id,
+        closed_segment_ids: resp.closed_segment_ids,
+    };
+    let seqs: Vec<u64> = out.stored.iter().map(|e| e.seq).collect();
+    let mut text = format!(
+        "Remembered {} in session {}",
+        count(out.stored.len() as u64, "message", "messages"),
+        out.session_id
+    );
+    match (seqs.iter().min(), seqs.iter().max()) {
+        (Some(lo), Some(hi)) if lo == hi => text.push_str(&format!(" (seq {lo}).")),
+        (Some(lo), Some(hi)) => text.push_str(&format!(" (seq {lo} to {hi}).")),
+        _ => text.push('.'),
+    }
+    let duplicates = out.stored.iter().filter(|e| e.duplicate).count() as u64;
+    if duplicates > 0 {
+        text.push_str(&format!(
+            " {} already stored by an earlier call with the same client_entry_id, not stored twice.",
+            count(duplicates, "was", "were")
+        ));
+    }
+    if !out.closed_segment_ids.is_empty() {
+        text.push_str(" A stretch of the session closed; its recap is written in the background.");
+    }
+    Ok(success(text, &out))
+}
+
+pub(super) async fn context(
+    backend: &Backend,
+    args: Option<JsonObject>,
+) -> Result<CallToolResult, ToolError> {
+    let args = backend.parse::<ContextArgs>(args)?;
+    let asked = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    // A budget the answer cap cannot carry is lowered here, so the server
+    // zooms out to recaps rather than this answer dropping whole items:
+    // about four bytes a token, and room for each item's framing.
+    let cap_tokens = u32::try_from(backend.max_answer_bytes / 5).unwrap_or(u32::MAX);
+    let mut max_tokens = asked.min(cap_tokens).max(1);
+    let mut client = backend.client().await?;
+    let mut result = client
+        .get_context(backend.request(pb::GetContextRequest {
+            session_id: args.session_id.clone(),
+            max_tokens,
+        }))
+        .await;
+    // The newest item alone is larger than the lowered budget, though not
+    // than what was asked: ask again for what it needs, and shorten it to
+    // fit the answer below.
+    if let Err(status) = &result
+        && let Some(min) = context_min(status).filter(|&min| min > max_tokens && min <= asked)
+    {
+        max_tokens = min;
+        result = client
+            .get_context(backend.request(pb::GetContextRequest {
+                session_id: args.session_id.clone(),
+                max_tokens,
+            }))
+            .await;
+    }
+    let resp = result
+        .map_err(|s| backend.status(&s, CONTEXT))?
+        .into_inner();
+    let note = (max_tokens < asked).then(|| {
+        format!(
+            "max_tokens was lowered from {asked} to {max_tokens} to fit this server's answer cap of {} bytes",
+            backend.max_answer_bytes
+        )
+    });
+    let items: Vec<MemoryItem> = resp.items.into_iter().filter_map(memory_item).collect();
+    let header = format!(
+        "Memory of session {}: oldest first, about {} of {max_tokens} tokens.",
+        args.session_id, resp.estimated_tokens
+    );
+    let mut room = Room::new(backend.max_answer_bytes, header.len() + 600);
+    let per_item = room.per_item();
+    // The newest matter most: fill from the newest back, and leave out the
+    // oldest that do not fit.
+    let mut kept: Vec<(MemoryItem, String)> = Vec::new();
+    let mut shortened = 0;
+    for mut item in items.iter().rev().cloned() {
+        if shorten_item(&mut item, per_item) {
+            shortened += 1;
+        }
+        let line = item_line(&item);
+        if !room.take(cost(&line, &item)) {
+            break;
+        }
+        kept.push((item, line));
+    }
+    kept.reverse();
+    let left_out = items.len() - kept.len();
+    let cut = (left_out > 0 || shortened > 0).then(|| Cut {
+        left_out,
+        shortened,
+        note: format!(
+            "{} left out and {} shortened to keep this answer within {} bytes; a smaller max_tokens gives recaps in their place",
+            count(left_out as u64, "oldest item", "oldest items"),
+            count(shortened as u64, "item", "items"),
+            backend.max_answer_bytes
+        ),
+    });
+    let mut text = header;
+    if resp.truncated {
+        text.push_str(" The oldest history did not fit, even as recaps (truncated).");
+    }
+    if let Some(note) = &note {
+        text.push_str(&format!(" Note: {note}."));
+    }
+    if let Some(cut) = &cut {
+        text.push_str(&format!(" Cut: {}.", cut.note));
+    }
+    if kept.is_empty() {
+        text.push_str("\n(nothing to show)");
+    }
+    for (_, line) in &kept {
+        text.push('\n');
+        text.push_str(line);
+    }
+    let out = ContextOutput {
+        session_id: args.session_id,
+        max_tokens,
+        estimated_tokens: resp.estimated_tokens,
+        truncated: resp.truncated,
+        items: kept.into_iter().map(|(item, _)| item).collect(),
+        cut,
+        note,
+    };
+    Ok(success(text, &out))
+}
+
+/// The smallest budget a CONTEXT_BUDGET_TOO_SMALL names.
+fn context_min(status: &tonic::Status) -> Option<u32> {
+    let call = crate::client::CallError::from_status(status);
+    if call.reason.as_deref() != Some("CONTEXT_BUDGET_TOO_SMALL") {
+        return None;
+    }
+    call.metadata
+        .iter()
+        .find(|(k, _)| k == "min_max_tokens")
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+fn memory_item(item: pb::ContextItem) -> Option<MemoryItem> {
+    match item.item? {
+        pb::context_item::Item::Summary(s) => Some(MemoryItem::Recap {
+            level: s.level,
+            first_seq: s.first_seq,
+            last_seq: s.last_seq,
+            text: s.summary.map(|s| s.text).unwrap_or_default(),
+        }),
+        pb::context_item::Item::Entry(e) => Some(MemoryItem::Message {
+            seq: e.seq,
+            role: role_from_pb(e.role)
+                .map_or("unknown", |r| r.as_str())
+                .to_owned(),
+            content: e.content,
+            created_at: e.created_at.as_ref().and_then(rfc3339),
+        }),
+    }
+}
+
+/// Shortens an item's text to `max` bytes; true when it did.
+fn shorten_item(item: &mut MemoryItem, max: usize) -> bool {
+    let text = match item {
+        MemoryItem::Recap { text, .. } => text,
+        MemoryItem::Message { content, .. } => content,
+    };
+    match shorten(text, max) {
+        Some(cut) => {
+            *text = cut;
+            true
+        }
+        None => false,
+    }
+}
+
+/// One item as a model reads it.
+fn item_line(item: &MemoryItem) -> String {
+    match item {
+        MemoryItem::Recap {
+            level,
+            first_seq,
+            last_seq,
+            text,
+        } => {
+            let of = match level {
+                1 => String::new(),
+                l => format!(", level {l}"),
+            };
+            format!("[recap of seq {first_seq}-{last_seq}{of}] {text}")
+        }
+        MemoryItem::Message {
+            seq, role, content, ..
+        } => format!("[seq {seq}, {role}] {content}"),
+    }
+}
+
+pub(super) async fn list_sessions(
+    backend: &Backend,
+    args: Option<JsonObject>,
+) -> Result<CallToolResult, ToolError> {
+    let args = backend.parse::<ListSessionsArgs>(args)?;
+    let page_token = args.page_token.unwrap_or_default();
+    let mut client = backend.client().await?;
+    let mut page_size = args.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    let mut page = read_sessions(backend, &mut client, page_size, &page_token).await?;
+    // A page is at most 100 short lines, well within any cap; under a cap
+    // set very low the page ends early. The page token is the server's and
+    // opaque, so the shorter page is asked for again to get the token that
+    // resumes right after its last session.
+    let fits = fitting(backend, &page.0);
+    if fits < page.0.len() {
+        page_size = u32::try_from(fits.max(1)).unwrap_or(1);
+        page = read_sessions(backend, &mut client, page_size, &page_token).await?;
+    }
+    let (sessions, next_page_token) = page;
+    let mut text = match sessions.len() {
+        0 => "No sessions.".to_owned(),
+        n => format!("{}:", count(n as u64, "session", "sessions")),
+    };
+    for s in &sessions {
+        text.push_str("\n- ");
+        text.push_str(&session_line(s));
+    }
+    if let Some(token) = &next_page_token {
+        text.push_str(&format!(
+            "\nMore sessions: call list_sessions with page_token {token:?}."
+        ));
+    }
+    let out = ListSessionsOutput {
+        sessions,
+        next_page_token,
+    };
+    Ok(success(text, &out))
+}
+
+/// One page of sessions and the token of the next, if there is one.
+async fn read_sessions(
+    backend: &Backend,
+    client: &mut crate::client::Client,
+    page_size: u32,
+    page_token: &str,
+) -> Result<(Vec<SessionSummary>, Option<String>), ToolError> {
+    let resp = client
+        .list_sessions(backend.request(pb::ListSessionsRequest {
+            page_size,
+            page_token: page_token.to_owned(),
+        }))
+        .await
+        .map_err(|s| backend.status(&s, LIST_SESSIONS))?
+        .into_inner();
+    let sessions = resp
+        .sessions
+        .into_iter()
+        .map(|s| SessionSummary {
+            session_id: s.session_id,
+            entry_count: s.entry_count,
+            last_seq: s.last_seq,
+            recaps_pending: s.pending,
+            recaps_parked: s.parked,
+            created_at: s.created_at.as_ref().and_then(rfc3339),
+            last_append_at: s.last_append_at.as_ref().and_then(rfc3339),
+        })
+        .collect();
+    Ok((
+        sessions,
+        Some(resp.next_page_token).filter(|t| !t.is_empty()),
+    ))
+}
+
+/// How many of `sessions`, from the first, fit in one answer.
+fn fitting(backend: &Backend, sessions: &[SessionSummary]) -> usize {
+    let mut room = Room::new(backend.max_answer_bytes, 400);
+    sessions
+        .iter()
+        .take_while(|s| room.take(cost(&session_line(s), *s)))
+        .count()
+}
+
+fn session_line(s: &SessionSummary) -> String {
+    let mut line = format!(
+        "{}: {}",
+        s.session_id,
+        count(s.entry_count, "message", "messages")
+    );
+    if let Some(at) = &s.last_append_at {
+        line.push_str(&format!(", last written {at}"));
+    }
+    if s.recaps_pending > 0 {
+        line.push_str(&format!(
+            ", {} pending",
+            count(s.recaps_pending, "recap", "recaps")
+        ));
+    }
+    if s.recaps_parked > 0 {
+        line.push_str(&format!(
+            ", {} parked (the server's provider needs fixing)",
+            count(s.recaps_parked, "recap", "recaps")
+        ));
+    }
+    line
+}
+
+pub(super) async fn forget(
+    backend: &Backend,
+    args: Option<JsonObject>,
+) -> Result<CallToolResult, ToolError> {
+    if !backend.allow_forget {
+        return Err(ToolError::forget_disabled());
+    }
+    let args = backend.parse::<ForgetArgs>(args)?;
+    let mut client = backend.client().await?;
+    let resp = client
+        .delete_session(backend.request(pb::DeleteSessionRequest {
+            session_id: args.session_id.clone(),
+        }))
+        .await
+        .map_err(|s| backend.status(&s, FORGET))?
+        .into_inner();
+    let out = ForgetOutput {
+        session_id: args.session_id,
+        entries_deleted: resp.entries_deleted,
+        segments_deleted: resp.segments_deleted,
+    };
+    let text = format!(
+        "Forgot session {}: {} and {} erased.",
+        out.session_id,
+        count(out.entries_deleted, "message", "messages"),
+        count(out.segments_deleted, "segment", "segments"),
+    );
+    Ok(success(text, &out))
+}
+
+fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
+    std::time::SystemTime::try_from(*t)
+        .ok()
+        .map(|at| humantime::format_rfc3339_seconds(at).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forget_is_listed_only_when_allowed() {
+        let names = |tools: Vec<Tool>| -> Vec<String> {
+            tools.into_iter().map(|t| t.name.into_owned()).collect()
+        };
+        assert_eq!(names(tools(false)), [REMEMBER, CONTEXT, LIST_SESSIONS]);
+        assert_eq!(
+            names(tools(true)),
+            [REMEMBER, CONTEXT, LIST_SESSIONS, FORGET]
+        );
+    }
+
+    #[test]
+    fn every_tool_has_object_schemas_and_a_description() {
+        for tool in tools(true) {
+            assert_eq!(
+                tool.input_schema.get("type"),
+                Some(&serde_json::json!("object")),
+                "{}",
+                tool.name
+            );
+            let output = tool.output_schema.as_ref().expect("output schema");
+            assert_eq!(
+                output.get("type"),
+                Some(&serde_json::json!("object")),
+                "{}",
+                tool.name
+            );
+            assert!(
+                tool.description.as_ref().is_some_and(|d| d.len() > 80),
+                "{}",
+                tool.name
+            );
+        }
+    }
+
+    #[test]
+    fn items_read_as_lines() {
+        let recap = MemoryItem::Recap {
+            level: 2,
+            first_seq: 1,
+            last_seq: 200,
+            text: "Ada set up billing.".to_owned(),
+        };
+        assert_eq!(
+            item_line(&recap),
+            "[recap of seq 1-200, level 2] Ada set up billing."
+        );
+        let message = MemoryItem::Message {
+            seq: 201,
+            role: "user".to_owned(),
+            content: "Hello".to_owned(),
+            created_at: None,
+        };
+        assert_eq!(item_line(&message), "[seq 201, user] Hello");
+    }
+}
