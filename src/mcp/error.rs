@@ -169,12 +169,17 @@ impl ToolError {
                 | ConnectError::Connect(..)
                 | ConnectError::ConnectTimeout(..)
         );
-        let causes = cause_chain(err);
+        let mut causes = cause_chain(err);
+        // The outermost is the message.
+        let message = match causes.is_empty() {
+            true => err.to_string(),
+            false => causes.remove(0),
+        };
         ToolError(Box::new(Report {
             origin: Origin::Connection,
             code: "UNAVAILABLE",
             reason: Some("ARCHIVIST_UNREACHABLE".to_owned()),
-            message: causes.first().cloned().unwrap_or_default(),
+            message,
             retryable,
             retry_after_seconds: None,
             metadata: BTreeMap::new(),
@@ -201,17 +206,22 @@ impl ToolError {
             (Some(f), _) if !f.causes.is_empty() => f.causes.clone(),
             (_, true) => {
                 let mut chain = cause_chain(status);
-                // The first is the status's own message, said already.
-                if chain.first().is_some_and(|c| c.contains(status.message())) {
-                    chain.remove(0);
+                // The status itself and its message are said already.
+                if !status.message().is_empty() {
+                    chain.retain(|c| !c.contains(status.message()));
                 }
                 chain
             }
             _ => call.causes.clone(),
         };
-        let origin = match (from_transport, call.code) {
-            (true, tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => Origin::Connection,
-            _ => Origin::Archivist,
+        let (origin, reason) = match (from_transport, call.code) {
+            (true, tonic::Code::Unavailable) => {
+                (Origin::Connection, Some("ARCHIVIST_UNREACHABLE".to_owned()))
+            }
+            (true, tonic::Code::DeadlineExceeded) => {
+                (Origin::Connection, Some("NO_ANSWER_IN_TIME".to_owned()))
+            }
+            _ => (Origin::Archivist, call.reason.clone()),
         };
         let retry_after = call.retry_after.or_else(|| {
             failure
@@ -226,7 +236,7 @@ impl ToolError {
         ToolError(Box::new(Report {
             origin,
             code: code_name(call.code),
-            reason: call.reason.clone(),
+            reason,
             message: call.message.clone(),
             retryable,
             retry_after_seconds: retry_after.map(|d| d.as_secs_f64()),
@@ -498,6 +508,31 @@ mod tests {
             "{}",
             err.what_to_do
         );
+        assert!(
+            err.what_to_do.contains("client_entry_id"),
+            "{}",
+            err.what_to_do
+        );
+    }
+
+    #[test]
+    fn a_status_from_the_clients_own_transport_is_the_connection() {
+        let lost = tonic::Status::new(tonic::Code::Unavailable, "tcp connect error");
+        let err = ToolError::status(&lost, "context", Duration::from_secs(30));
+        assert_eq!(err.origin, Origin::Connection);
+        assert_eq!(err.reason.as_deref(), Some("ARCHIVIST_UNREACHABLE"));
+        assert!(err.retryable);
+        assert!(
+            err.what_to_do.contains("archivist serve"),
+            "{}",
+            err.what_to_do
+        );
+        let late = tonic::Status::new(tonic::Code::DeadlineExceeded, "Timeout expired");
+        let err = ToolError::status(&late, "remember", Duration::from_secs(30));
+        assert_eq!(err.origin, Origin::Connection);
+        assert_eq!(err.reason.as_deref(), Some("NO_ANSWER_IN_TIME"));
+        assert!(err.retryable);
+        assert!(err.what_to_do.contains("within 30 s"), "{}", err.what_to_do);
         assert!(
             err.what_to_do.contains("client_entry_id"),
             "{}",

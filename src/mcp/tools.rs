@@ -2,10 +2,13 @@
 //! input and output schemas and hints, and what a call does: one or two
 //! gRPC calls to archivist, their answer as text and structured content.
 
+use std::sync::Arc;
+
 use rmcp::handler::server::tool::{schema_for_input, schema_for_output};
 use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Serialize;
+use serde_json::Value;
 
 use super::answer::{Cut, Room, cost, shorten, success};
 use super::args::{
@@ -95,7 +98,35 @@ fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
     // tool-list test catches, not a caller's doing.
     let input = schema_for_input::<A>()
         .unwrap_or_else(|e| panic!("{name}'s argument type is not a JSON object: {e}"));
-    Tool::new(name, description, input).with_raw_output_schema(schema_for_output::<O>())
+    let output = schema_for_output::<O>();
+    Tool::new(name, description, Arc::new(unwrapped(&input)))
+        .with_raw_output_schema(Arc::new(unwrapped(&output)))
+}
+
+/// A schema whose descriptions read as one paragraph each: the doc
+/// comments they come from are wrapped at 80 columns, which means nothing
+/// to a model.
+fn unwrapped(schema: &JsonObject) -> JsonObject {
+    fn walk(value: &mut Value) {
+        match value {
+            Value::Object(fields) => {
+                for (key, field) in fields.iter_mut() {
+                    match (key.as_str(), field) {
+                        ("description", Value::String(text)) => *text = text.replace('\n', " "),
+                        (_, other) => walk(other),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = Value::Object(schema.clone());
+    walk(&mut value);
+    match value {
+        Value::Object(fields) => fields,
+        _ => schema.clone(),
+    }
 }
 
 /// `remember`'s answer.

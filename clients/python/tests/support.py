@@ -31,11 +31,15 @@ class ArchivistServer:
         workdir: Path,
         config: str = "",
         env: dict[str, str] | None = None,
+        listen: str = "127.0.0.1:0",
     ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.config = config
         self.extra_env = env or {}
+        # Port 0 lets the server choose; a fixed one lets a test restart it
+        # where its clients already point.
+        self.listen = listen
         self.log: list[str] = []
         self.address = ""
         self.process: subprocess.Popen[str] | None = None
@@ -58,7 +62,7 @@ class ArchivistServer:
                 str(self.binary),
                 "serve",
                 "--listen",
-                "127.0.0.1:0",
+                self.listen,
                 "--data-dir",
                 str(data_dir),
                 "--config",
@@ -120,6 +124,81 @@ class ArchivistServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS's choice, released at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any ARCHIVIST_* from the caller's
+    shell, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVIST_")}
+    env.update(extra or {})
+    return env
+
+
+class McpHttpServer:
+    """`archivist mcp --listen 127.0.0.1:0` in a subprocess: the URL of its
+    streamable HTTP endpoint, read back from its start-up line."""
+
+    def __init__(self, binary: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.binary = binary
+        self.args = args
+        self.env = env or {}
+        self.log: list[str] = []
+        self.url = ""
+        self.process: subprocess.Popen[str] | None = None
+
+    def start(self, startup_timeout: float = 30.0) -> McpHttpServer:
+        self.process = subprocess.Popen(
+            [str(self.binary), *self.args, "--listen", "127.0.0.1:0"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=clean_env(self.env),
+            text=True,
+        )
+        found: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._drain, args=(found,), daemon=True).start()
+        try:
+            url = found.get(timeout=startup_timeout)
+        except queue.Empty:
+            url = None
+        if url is None:
+            self.stop()
+            raise RuntimeError("archivist mcp did not report its URL; its log:\n" + self.log_text())
+        self.url = url
+        return self
+
+    def _drain(self, found: queue.Queue[str | None]) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        reported = False
+        for line in self.process.stderr:
+            self.log.append(line.rstrip("\n"))
+            if not reported and "archivist mcp is serving at " in line:
+                found.put(line.split("serving at ", 1)[1].strip())
+                reported = True
+        if not reported:
+            found.put(None)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
 
     def log_text(self) -> str:
         return "\n".join(self.log)

@@ -1,0 +1,498 @@
+"""`archivist mcp` driven by a real MCP client, the `mcp` SDK, over stdio and
+over streamable HTTP, in front of the real `archivist serve`: the tools and
+their schemas, each tool's round trip, the typed errors that reach the
+model whole, and the bounds (arguments, answer size, forget off by default).
+
+Every test runs once per transport: `connect` starts `archivist mcp` as the
+host would (a child on stdio, or a process listening on a port) and yields
+a connected `mcp.Client`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from support import ArchivistServer, McpHttpServer, clean_env, free_port
+
+Connect = Callable[..., AbstractAsyncContextManager[Client]]
+
+TOKEN_A = "mcp-tenant-a-token-7d2e"
+TOKEN_B = "mcp-tenant-b-token-93c1"
+
+
+@pytest.fixture(params=["stdio", "http"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def connect(archivist_bin: Path, transport: str) -> Iterator[Connect]:
+    """connect(server_url, *flags, token=None, mode="auto"): `archivist mcp`
+    against the archivist at `server_url`, the token in ARCHIVIST_TOKEN as a
+    host's configuration would give it."""
+    started: list[McpHttpServer] = []
+
+    @asynccontextmanager
+    async def connect(
+        server_url: str, *flags: str, token: str | None = None, mode: str = "auto"
+    ) -> AsyncIterator[Client]:
+        env = {"ARCHIVIST_TOKEN": token} if token else {}
+        args = ["mcp", "--server", server_url, *flags]
+        target: Any
+        if transport == "stdio":
+            # The SDK passes a small default environment plus `env`, so no
+            # ARCHIVIST_* of the shell running the tests leaks in.
+            target = StdioServerParameters(command=str(archivist_bin), args=args, env=env)
+        else:
+            http = McpHttpServer(archivist_bin, args, env).start()
+            started.append(http)
+            target = http.url
+        async with Client(target, mode=mode) as client:
+            yield client
+
+    yield connect
+    for http in started:
+        assert http.stop() == 0, http.log_text()
+
+
+def descriptions(schema: Any) -> list[str]:
+    """Every description in a JSON schema, however deep."""
+    if isinstance(schema, dict):
+        found = [schema["description"]] if isinstance(schema.get("description"), str) else []
+        return found + [d for v in schema.values() for d in descriptions(v)]
+    if isinstance(schema, list):
+        return [d for v in schema for d in descriptions(v)]
+    return []
+
+
+def url(server: ArchivistServer) -> str:
+    return f"http://{server.address}"
+
+
+def new_session() -> str:
+    return f"mcp-{uuid.uuid4().hex[:12]}"
+
+
+def text(result: Any) -> str:
+    assert len(result.content) == 1, result.content
+    return str(result.content[0].text)
+
+
+def ok(result: Any) -> dict[str, Any]:
+    """A successful result's structured content (the client has checked it
+    against the tool's output schema)."""
+    assert result.is_error is not True, text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def failed(result: Any) -> dict[str, Any]:
+    """A tool error's structured `error`, checked against its text."""
+    assert result.is_error is True, text(result)
+    error = result.structured_content["error"]
+    words = text(result)
+    assert words.startswith(f"Error ({error['code']}"), words
+    assert error["message"] in words
+    assert f"retryable: {'yes' if error['retryable'] else 'no'}" in words
+    assert error["what_to_do"] in words
+    for cause in error.get("causes", []):
+        assert f"caused by: {cause}" in words
+    return error
+
+
+async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Connect) -> None:
+    async with connect(url(server)) as client:
+        assert client.server_info is not None and client.server_info.name == "archivist"
+        assert "remember" in (client.instructions or "")
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        # forget is not offered without --allow-forget.
+        assert list(tools) == ["remember", "context", "list_sessions"]
+        remember = tools["remember"]
+        assert "long-term memory" in (remember.description or "")
+        schema = remember.input_schema
+        assert schema["type"] == "object" and schema["additionalProperties"] is False
+        assert schema["required"] == ["session_id", "messages"]
+        assert schema["properties"]["messages"]["maxItems"] == 100
+        # Descriptions read as paragraphs, not as the wrapped doc comments
+        # they come from.
+        assert not [d for d in descriptions(schema) if "\n" in d]
+        assert "idempotency key" in schema["$defs"]["MessageArg"]["properties"]["client_entry_id"]["description"]
+        assert set(remember.output_schema["properties"]) >= {"session_id", "stored"}
+        context = tools["context"]
+        assert set(context.input_schema["properties"]) == {"session_id", "max_tokens"}
+        assert context.annotations is not None and context.annotations.read_only_hint is True
+        assert remember.annotations is not None and remember.annotations.read_only_hint is False
+        assert tools["list_sessions"].input_schema.get("required", []) == []
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_both_handshakes_round_trip(server, connect: Connect, mode: str) -> None:
+    """Hosts of today use the initialize handshake (legacy here); newer
+    ones discover the protocol version."""
+    session = new_session()
+    async with connect(url(server), mode=mode) as client:
+        stored = ok(await client.call_tool("remember", {
+            "session_id": session,
+            "messages": [{"role": "user", "content": f"handshake {mode}"}],
+        }))
+        assert [e["seq"] for e in stored["stored"]] == [1]
+        memory = ok(await client.call_tool("context", {"session_id": session}))
+        assert [i["content"] for i in memory["items"]] == [f"handshake {mode}"]
+
+
+async def test_remember_then_context_across_two_connections(server, connect: Connect) -> None:
+    """What one conversation remembered, the next one reads back: two MCP
+    connections, one memory."""
+    session = new_session()
+    async with connect(url(server)) as first:
+        result = await first.call_tool("remember", {
+            "session_id": session,
+            "messages": [
+                {"role": "user", "content": "My name is Ada; the staging database is db-7.", "client_entry_id": "t1"},
+                {"role": "assistant", "content": "Noted: Ada, staging on db-7.", "client_entry_id": "t2"},
+            ],
+        })
+        stored = ok(result)
+        assert stored["session_id"] == session
+        assert stored["stored"] == [
+            {"seq": 1, "client_entry_id": "t1", "duplicate": False},
+            {"seq": 2, "client_entry_id": "t2", "duplicate": False},
+        ]
+        assert stored["open_segment_id"] >= 1 and stored["closed_segment_ids"] == []
+        assert text(result) == f"Remembered 2 messages in session {session} (seq 1 to 2)."
+        # A retry with the same ids stores nothing twice.
+        again = ok(await first.call_tool("remember", {
+            "session_id": session,
+            "messages": [
+                {"role": "user", "content": "My name is Ada; the staging database is db-7.", "client_entry_id": "t1"},
+            ],
+        }))
+        assert again["stored"] == [{"seq": 1, "client_entry_id": "t1", "duplicate": True}]
+
+    async with connect(url(server)) as second:
+        result = await second.call_tool("context", {"session_id": session, "max_tokens": 500})
+        memory = ok(result)
+        assert memory["session_id"] == session
+        assert memory["max_tokens"] == 500 and memory["truncated"] is False
+        assert [(i["kind"], i["seq"], i["role"], i["content"]) for i in memory["items"]] == [
+            ("message", 1, "user", "My name is Ada; the staging database is db-7."),
+            ("message", 2, "assistant", "Noted: Ada, staging on db-7."),
+        ]
+        assert memory["estimated_tokens"] > 0
+        assert all(i["created_at"].endswith("Z") for i in memory["items"])
+        lines = text(result).splitlines()
+        assert lines[0].startswith(f"Memory of session {session}: oldest first")
+        assert lines[1:] == [
+            "[seq 1, user] My name is Ada; the staging database is db-7.",
+            "[seq 2, assistant] Noted: Ada, staging on db-7.",
+        ]
+
+
+async def test_context_shows_recaps_of_closed_stretches(start_server, connect: Connect) -> None:
+    """With a segment bound of 4 entries, six messages make one closed
+    segment (recapped by the built-in summariser) and an open one."""
+    server = start_server("[segment]\nmax_entries = 4\n")
+    session = new_session()
+    async with connect(url(server)) as client:
+        facts = [
+            "The deploy of billing failed at 02:00 because migration 0042 timed out.",
+            "Ada owns the billing service and is on call this week.",
+            "The fix is to raise the migration timeout to 300 seconds.",
+            "Ticket OPS-1187 tracks the rollout.",
+            "Thanks.",
+            "What was the ticket again?",
+        ]
+        stored = ok(await client.call_tool("remember", {
+            "session_id": session,
+            "messages": [{"role": "user", "content": f} for f in facts],
+        }))
+        assert len(stored["closed_segment_ids"]) == 1
+        # The recap is written in the background: read until it stands in.
+        memory: dict[str, Any] = {}
+        for _ in range(200):
+            memory = ok(await client.call_tool("context", {"session_id": session, "max_tokens": 60}))
+            if any(i["kind"] == "recap" for i in memory["items"]):
+                break
+        recaps = [i for i in memory["items"] if i["kind"] == "recap"]
+        assert recaps, memory
+        assert (recaps[0]["level"], recaps[0]["first_seq"], recaps[0]["last_seq"]) == (1, 1, 4)
+        assert recaps[0]["text"]
+        # The newest message comes verbatim, last.
+        assert memory["items"][-1]["content"] == "What was the ticket again?"
+
+
+async def test_list_sessions_pages_through_the_tenants_sessions(start_server, connect: Connect) -> None:
+    server = start_server()
+    names = sorted(new_session() for _ in range(3))
+    async with connect(url(server)) as client:
+        for n, name in enumerate(names):
+            ok(await client.call_tool("remember", {
+                "session_id": name,
+                "messages": [{"role": "user", "content": f"m{i}"} for i in range(n + 1)],
+            }))
+        first = ok(await client.call_tool("list_sessions", {"page_size": 2}))
+        assert [s["session_id"] for s in first["sessions"]] == names[:2]
+        assert [s["entry_count"] for s in first["sessions"]] == [1, 2]
+        token = first["next_page_token"]
+        result = await client.call_tool("list_sessions", {"page_size": 2, "page_token": token})
+        rest = ok(result)
+        assert [(s["session_id"], s["entry_count"], s["last_seq"]) for s in rest["sessions"]] == [
+            (names[2], 3, 3)
+        ]
+        assert "next_page_token" not in rest
+        assert text(result).splitlines()[1].startswith(f"- {names[2]}: 3 messages, last written ")
+
+
+async def test_forget_is_refused_without_the_flag(server, connect: Connect) -> None:
+    session = new_session()
+    async with connect(url(server)) as client:
+        ok(await client.call_tool("remember", {
+            "session_id": session, "messages": [{"role": "user", "content": "keep me"}],
+        }))
+        error = failed(await client.call_tool("forget", {"session_id": session}))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "tool", "PERMISSION_DENIED", "FORGET_DISABLED",
+        )
+        assert error["retryable"] is False
+        assert "--allow-forget" in error["message"] and "--allow-forget" in error["what_to_do"]
+        # Nothing was erased.
+        memory = ok(await client.call_tool("context", {"session_id": session}))
+        assert [i["content"] for i in memory["items"]] == ["keep me"]
+
+
+async def test_forget_erases_with_the_flag(server, connect: Connect) -> None:
+    session = new_session()
+    async with connect(url(server), "--allow-forget") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "forget" in tools
+        assert tools["forget"].annotations is not None
+        assert tools["forget"].annotations.destructive_hint is True
+        ok(await client.call_tool("remember", {
+            "session_id": session,
+            "messages": [{"role": "user", "content": "forget me"}, {"role": "user", "content": "me too"}],
+        }))
+        result = await client.call_tool("forget", {"session_id": session})
+        erased = ok(result)
+        assert erased == {"session_id": session, "entries_deleted": 2, "segments_deleted": 1}
+        assert text(result) == f"Forgot session {session}: 2 messages and 1 segment erased."
+        error = failed(await client.call_tool("context", {"session_id": session}))
+        assert (error["code"], error["reason"]) == ("NOT_FOUND", "SESSION_NOT_FOUND")
+        # A second forget is NOT_FOUND: done already.
+        error = failed(await client.call_tool("forget", {"session_id": session}))
+        assert error["code"] == "NOT_FOUND"
+
+
+@pytest.fixture
+def tenants_server(start_server) -> ArchivistServer:
+    config = "".join(
+        f'[[auth.tenants]]\nname = "{name}"\ntoken_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n\n'
+        for name, token in [("a", TOKEN_A), ("b", TOKEN_B)]
+    )
+    return start_server(config)
+
+
+async def test_another_tenants_session_is_not_found(tenants_server, connect: Connect) -> None:
+    session = new_session()
+    async with connect(url(tenants_server), token=TOKEN_A) as a:
+        ok(await a.call_tool("remember", {
+            "session_id": session, "messages": [{"role": "user", "content": "tenant a's secret"}],
+        }))
+    async with connect(url(tenants_server), token=TOKEN_B, mode="legacy") as b:
+        result = await b.call_tool("context", {"session_id": session})
+        error = failed(result)
+        assert error == {
+            "origin": "archivist",
+            "code": "NOT_FOUND",
+            "reason": "SESSION_NOT_FOUND",
+            "message": error["message"],
+            "retryable": False,
+            "metadata": {"session_id": session},
+            "what_to_do": error["what_to_do"],
+        }
+        assert session in error["message"]
+        assert "list_sessions" in error["what_to_do"]
+        assert "tenant a's secret" not in text(result)
+        listed = ok(await b.call_tool("list_sessions", {}))
+        assert listed["sessions"] == []
+
+
+async def test_tls_and_the_token_as_the_terminal_client_takes_them(
+    start_server, connect: Connect, tmp_path: Path
+) -> None:
+    import subprocess
+
+    cert, key = tmp_path / "server.pem", tmp_path / "server-key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            # rustls refuses a certificate marked as a CA as the server's own.
+            "-addext", "basicConstraints=critical,CA:FALSE",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    digest = hashlib.sha256(TOKEN_A.encode()).hexdigest()
+    server = start_server(
+        f'[[auth.tenants]]\nname = "a"\ntoken_sha256 = "{digest}"\n\n[tls]\ncert = "{cert}"\nkey = "{key}"\n'
+    )
+    session = new_session()
+    async with connect(f"https://{server.address}", "--ca-cert", str(cert), token=TOKEN_A) as client:
+        ok(await client.call_tool("remember", {
+            "session_id": session, "messages": [{"role": "user", "content": "over TLS"}],
+        }))
+        memory = ok(await client.call_tool("context", {"session_id": session}))
+        assert [i["content"] for i in memory["items"]] == ["over TLS"]
+
+
+async def test_a_wrong_token_is_unauthenticated(tenants_server, connect: Connect) -> None:
+    async with connect(url(tenants_server), token="not-a-tenants-token") as client:
+        error = failed(await client.call_tool("list_sessions", {}))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "archivist", "UNAUTHENTICATED", "INVALID_TOKEN",
+        )
+        assert error["retryable"] is False
+        assert "ARCHIVIST_TOKEN" in error["what_to_do"]
+
+
+async def test_bad_arguments_are_named_and_nothing_is_sent(start_server, connect: Connect) -> None:
+    server = start_server()
+    async with connect(url(server)) as client:
+        result = await client.call_tool("remember", {
+            "sessionId": "s",
+            "session_id": "not a valid id!",
+            "messages": [{"role": "bot", "content": ""}, "hello"],
+        })
+        error = failed(result)
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "arguments", "INVALID_ARGUMENT", "INVALID_ARGUMENTS",
+        )
+        assert [v["field"] for v in error["violations"]] == [
+            "session_id", "messages[0].role", "messages[0].content", "messages[1]", "sessionId",
+        ]
+        assert "letters, digits and . _ : -" in error["violations"][0]["description"]
+        assert '"bot" is not a role' in error["violations"][1]["description"]
+        for v in error["violations"]:
+            assert f"  {v['field']}: {v['description']}" in text(result)
+        for bad in [{"session_id": "s", "max_tokens": 0}, {"session_id": "s", "max_tokens": "lots"}]:
+            error = failed(await client.call_tool("context", bad))
+            assert [v["field"] for v in error["violations"]] == ["max_tokens"]
+        error = failed(await client.call_tool("list_sessions", {"page_size": 1000}))
+        assert "from 1 to 100" in error["violations"][0]["description"]
+        error = failed(await client.call_tool("recollect", {}))
+        assert (error["code"], error["reason"]) == ("UNIMPLEMENTED", "UNKNOWN_TOOL")
+        assert "remember" in error["what_to_do"]
+        # None of it reached archivist.
+        assert ok(await client.call_tool("list_sessions", {}))["sessions"] == []
+
+
+async def test_a_budget_too_small_names_the_smallest(server, connect: Connect) -> None:
+    session = new_session()
+    async with connect(url(server)) as client:
+        ok(await client.call_tool("remember", {
+            "session_id": session,
+            "messages": [{"role": "user", "content": "a message long enough to need a few tokens of budget"}],
+        }))
+        error = failed(await client.call_tool("context", {"session_id": session, "max_tokens": 1}))
+        assert (error["code"], error["reason"]) == ("INVALID_ARGUMENT", "CONTEXT_BUDGET_TOO_SMALL")
+        smallest = error["metadata"]["min_max_tokens"]
+        assert f"at least {smallest}" in error["what_to_do"]
+        assert [v["field"] for v in error["violations"]] == ["max_tokens"]
+        memory = ok(await client.call_tool("context", {"session_id": session, "max_tokens": int(smallest)}))
+        assert len(memory["items"]) == 1
+
+
+async def test_answers_stay_within_the_cap(server, connect: Connect) -> None:
+    cap = 4096
+    many, long = new_session(), new_session()
+    async with connect(url(server), "--max-answer-bytes", str(cap)) as client:
+        # Ninety short messages: cheap in tokens, dear in framing.
+        ok(await client.call_tool("remember", {
+            "session_id": many,
+            "messages": [{"role": "user", "content": f"fact {i}"} for i in range(90)],
+        }))
+        result = await client.call_tool("context", {"session_id": many, "max_tokens": 100000})
+        memory = ok(result)
+        # The budget was lowered to what the cap carries, and said so.
+        assert memory["max_tokens"] < 100000
+        assert "lowered from 100000" in memory["note"] and memory["note"] in text(result)
+        assert len(text(result).encode()) <= cap
+        assert len(json.dumps(memory).encode()) <= cap
+        cut = memory["cut"]
+        assert cut["left_out"] >= 1 and cut["shortened"] == 0
+        assert f"within {cap} bytes" in cut["note"] and cut["note"] in text(result)
+        # The oldest went; the newest are there, in order, up to the last.
+        seqs = [i["seq"] for i in memory["items"]]
+        assert seqs == list(range(seqs[0], 91)) and seqs[0] > 1
+        assert memory["items"][-1]["content"] == "fact 89"
+
+        # One message longer than half the cap is shortened, saying so.
+        ok(await client.call_tool("remember", {
+            "session_id": long,
+            "messages": [{"role": "user", "content": "long: " + "y" * 2994}],
+        }))
+        memory = ok(await client.call_tool("context", {"session_id": long}))
+        assert memory["cut"]["shortened"] == 1 and memory["cut"]["left_out"] == 0
+        content = memory["items"][0]["content"]
+        assert content.startswith("long: yyy") and "more bytes cut" in content
+        assert len(content.encode()) < 3000
+
+
+async def test_an_archivist_that_went_away_is_a_retryable_error_until_it_is_back(
+    archivist_bin: Path, tmp_path: Path, connect: Connect
+) -> None:
+    """The MCP server starts before archivist, outlives it, and recovers
+    when it is back on the same address."""
+    address = f"127.0.0.1:{free_port()}"
+    session = new_session()
+    async with connect(f"http://{address}", "--timeout", "5s") as client:
+        # Nothing listens yet.
+        error = failed(await client.call_tool("list_sessions", {}))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "connection", "UNAVAILABLE", "ARCHIVIST_UNREACHABLE",
+        )
+        assert error["retryable"] is True
+        assert error["causes"], error
+        assert "archivist serve" in error["what_to_do"]
+
+        server = ArchivistServer(archivist_bin, tmp_path / "srv", listen=address).start()
+        try:
+            ok(await client.call_tool("remember", {
+                "session_id": session, "messages": [{"role": "user", "content": "before the restart"}],
+            }))
+        finally:
+            server.stop()
+
+        error = failed(await client.call_tool("context", {"session_id": session}))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "connection", "UNAVAILABLE", "ARCHIVIST_UNREACHABLE",
+        )
+        assert error["retryable"] is True
+
+        server = ArchivistServer(archivist_bin, tmp_path / "srv", listen=address).start()
+        try:
+            memory = ok(await client.call_tool("context", {"session_id": session}))
+            assert [i["content"] for i in memory["items"]] == ["before the restart"]
+        finally:
+            server.stop()
+
+
+def test_a_non_loopback_listen_is_refused_without_insecure_open(archivist_bin: Path) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [str(archivist_bin), "mcp", "--listen", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=30, env=clean_env(), stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 64, done
+    assert "no authentication of its own" in done.stderr
