@@ -431,6 +431,7 @@ async fn load(
                         content: m.content.clone(),
                     })
                     .collect(),
+                ..Default::default()
             };
             let answer = client
                 .append_entries(request)

@@ -1,12 +1,12 @@
-//! Erasing sessions: one on request (DeleteSession) and those idle past
-//! retention (expiry). Each erasure locks the tenant's usage row and the
+//! Erasing sessions: one on request (DeleteSession), every one of a
+//! subject (DeleteSubject) and those idle past retention (expiry). Each erasure locks the tenant's usage row and the
 //! session's row, then its nodes, and deletes summaries, segments, entries
 //! and the session, and its bytes from the tenant's count.
 
 use deadpool_postgres::Object;
 
 use super::{Postgres, ROW_OVERHEAD_BYTES, TRIES, is_lost_race, transact, unsigned};
-use crate::model::{Millis, SessionName, Tenant};
+use crate::model::{Millis, SessionName, Subject, Tenant};
 use crate::store::{Erased, SessionRef, StoreError};
 
 /// Erases the session `id` of `tenant`, whose usage row and session row
@@ -131,6 +131,47 @@ impl Postgres {
             match transact(&client, body).await {
                 // A race lost all the same (the lock order should rule
                 // it out): erase again.
+                Err(e) if is_lost_race(&e) && tries < TRIES => continue,
+                other => return self.noting_full(other),
+            }
+        }
+    }
+
+    pub(crate) async fn delete_subject(
+        &self,
+        tenant: &Tenant,
+        subject: &Subject,
+    ) -> Result<Vec<(String, Erased)>, StoreError> {
+        self.writable()?;
+        let client = self.client().await?;
+        let usage = client
+            .prepare_cached("SELECT 1 FROM tenant_usage WHERE tenant = $1 FOR UPDATE")
+            .await?;
+        // Locked as `lock_for_erasure` locks one, in name order as appends
+        // lock theirs, after the tenant's usage row.
+        let sessions = client
+            .prepare_cached(
+                "SELECT id, name FROM sessions WHERE tenant = $1 AND subject = $2 \
+                 ORDER BY name FOR UPDATE",
+            )
+            .await?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let body = async {
+                client.query_opt(&usage, &[&tenant.0]).await?;
+                let rows = client
+                    .query(&sessions, &[&tenant.0, &subject.as_str()])
+                    .await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for r in rows {
+                    let (id, name): (i64, String) = (r.try_get(0)?, r.try_get(1)?);
+                    let erased = erase_tx(&client, id, &tenant.0, &name).await?;
+                    out.push((name, erased));
+                }
+                Ok(out)
+            };
+            match transact(&client, body).await {
                 Err(e) if is_lost_race(&e) && tries < TRIES => continue,
                 other => return self.noting_full(other),
             }

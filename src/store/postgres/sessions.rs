@@ -5,7 +5,7 @@
 use deadpool_postgres::Object;
 
 use super::{Postgres, transact, unsigned};
-use crate::model::{Millis, SegmentId, SegmentState, SessionInfo, SessionName, Tenant};
+use crate::model::{Millis, SegmentId, SegmentState, SessionInfo, SessionName, Subject, Tenant};
 use crate::store::{SessionRef, StoreError};
 
 /// Closes the OPEN segments `ids`, due now.
@@ -140,19 +140,35 @@ impl Postgres {
     pub(crate) async fn list_sessions(
         &self,
         tenant: &Tenant,
+        subject: Option<&Subject>,
         after: Option<SessionName>,
         limit: u32,
     ) -> Result<Vec<SessionInfo>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        // Through the (tenant, name) index, or the (tenant, subject, name)
+        // one: two statements, so that each is planned for its own.
+        let sql = match subject {
+            None => {
                 "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
                  coalesce(x.last_append_at, x.created_at), \
                  (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = $3), \
-                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = $4) \
-                 FROM sessions x WHERE x.tenant = $1 AND x.name > $2 ORDER BY x.name LIMIT $5",
-            )
-            .await?;
+                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = $4), \
+                 x.subject \
+                 FROM sessions x WHERE x.tenant = $1 AND x.name > $2 \
+                 AND $6::TEXT IS NULL ORDER BY x.name LIMIT $5"
+            }
+            Some(_) => {
+                "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
+                 coalesce(x.last_append_at, x.created_at), \
+                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = $3), \
+                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = $4), \
+                 x.subject \
+                 FROM sessions x WHERE x.tenant = $1 AND x.subject = $6 AND x.name > $2 \
+                 ORDER BY x.name LIMIT $5"
+            }
+        };
+        let stmt = client.prepare_cached(sql).await?;
+        let subject = subject.map(Subject::as_str);
         let after = after.map(|a| a.as_str().to_owned()).unwrap_or_default();
         let rows = client
             .query(
@@ -163,6 +179,7 @@ impl Postgres {
                     &SegmentState::Pending.code(),
                     &SegmentState::Parked.code(),
                     &i64::from(limit),
+                    &subject,
                 ],
             )
             .await?;
@@ -182,6 +199,7 @@ impl Postgres {
                     last_append_at: Millis(r.try_get(4)?),
                     pending: unsigned(r.try_get(5)?, "count")?,
                     parked: unsigned(r.try_get(6)?, "count")?,
+                    subject: r.try_get(7)?,
                 })
             })
             .collect()

@@ -36,6 +36,7 @@ const MAX_BATCH: usize = 256;
 pub(super) struct AppendJob {
     tenant: String,
     session: String,
+    subject: Option<String>,
     entries: Vec<NewEntry>,
     policy: SegmentPolicy,
     cap: u64,
@@ -113,6 +114,9 @@ struct SessionPlan {
     segments: Vec<Planned>,
     /// Index into `segments` of the open segment, if one is open.
     open: Option<usize>,
+    /// Whose memory it is: the stored session's, or, for one the batch
+    /// creates, the subject of the call that creates it.
+    subject: Option<String>,
     /// Entries already stored under each idempotency key the batch names:
     /// seq, role code, content.
     seen: HashMap<String, (u64, i64, String)>,
@@ -206,10 +210,10 @@ async fn commit_batch(
             // order given (tenant, then name).
             client.prepare_cached(
                 "SELECT k.t, k.n, s.id, s.next_seq, s.next_ordinal, s.open_segment_id, \
-                 o.ordinal, o.entry_count, o.token_estimate, o.last_seq \
+                 o.ordinal, o.entry_count, o.token_estimate, o.last_seq, s.subject \
                  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k (t, n, i) \
                  CROSS JOIN LATERAL (SELECT s.id, s.next_seq, s.next_ordinal, \
-                 s.open_segment_id FROM sessions s WHERE s.tenant = k.t AND s.name = k.n \
+                 s.open_segment_id, s.subject FROM sessions s WHERE s.tenant = k.t AND s.name = k.n \
                  LIMIT 1 FOR NO KEY UPDATE) s \
                  LEFT JOIN segments o ON o.id = s.open_segment_id ORDER BY k.i",
             ),
@@ -262,6 +266,7 @@ async fn commit_batch(
                 next_ordinal: 1,
                 segments: Vec::new(),
                 open: None,
+                subject: None,
                 seen: HashMap::new(),
                 touched: false,
                 stored_any: false,
@@ -276,6 +281,7 @@ async fn commit_batch(
             plan.id = Some(r.try_get(2)?);
             plan.next_seq = unsigned(r.try_get(3)?, "next seq")?;
             plan.next_ordinal = unsigned(r.try_get(4)?, "next ordinal")?;
+            plan.subject = r.try_get(10)?;
             if let Some(id) = r.try_get::<_, Option<i64>>(5)? {
                 plan.segments.push(Planned {
                     id: Some(unsigned(id, "segment id")?),
@@ -333,14 +339,17 @@ async fn commit_batch(
         if !new.is_empty() {
             let insert = client
                 .prepare_cached(
-                    "INSERT INTO sessions (tenant, name, created_at, last_append_at) \
-                     SELECT k.t, k.n, $3, $3 FROM unnest($1::text[], $2::text[]) AS k (t, n) \
+                    "INSERT INTO sessions (tenant, name, created_at, last_append_at, subject) \
+                     SELECT k.t, k.n, $3, $3, k.s \
+                     FROM unnest($1::text[], $2::text[], $4::text[]) AS k (t, n, s) \
                      ORDER BY k.t, k.n RETURNING tenant, name, id",
                 )
                 .await?;
             let t: Vec<&str> = new.iter().map(|&i| plans[i].tenant.as_str()).collect();
             let n: Vec<&str> = new.iter().map(|&i| plans[i].name.as_str()).collect();
-            for r in client.query(&insert, &[&t, &n, &now.0]).await? {
+            let subjects: Vec<Option<&str>> =
+                new.iter().map(|&i| plans[i].subject.as_deref()).collect();
+            for r in client.query(&insert, &[&t, &n, &now.0, &subjects]).await? {
                 let (tenant, name): (String, String) = (r.try_get(0)?, r.try_get(1)?);
                 if let Some(&i) = index.get(&(tenant.as_str(), name.as_str())) {
                     plans[i].id = Some(r.try_get(2)?);
@@ -611,6 +620,15 @@ fn plan_job<'a>(
     let mut added = 0u64;
     if plan.id.is_none() && !plan.touched {
         added += job.session.len() as u64 + ROW_OVERHEAD_BYTES;
+        plan.subject = job.subject.clone();
+    } else if let Some(requested) = &job.subject
+        && plan.subject.as_ref() != Some(requested)
+    {
+        return Err(StoreError::SubjectMismatch {
+            session: job.session.clone(),
+            subject: plan.subject.clone(),
+            requested: requested.clone(),
+        });
     }
     plan.touched = true;
     let mut outcome = PlannedOutcome {
@@ -710,10 +728,11 @@ fn plan_job<'a>(
 }
 
 impl Postgres {
-    pub(crate) async fn append(
+    pub(crate) async fn append_as(
         &self,
         tenant: &Tenant,
         session: &SessionName,
+        subject: Option<String>,
         entries: Vec<NewEntry>,
         policy: SegmentPolicy,
         max_tenant_bytes: u64,
@@ -723,6 +742,7 @@ impl Postgres {
         jobs.try_send(AppendJob {
             tenant: tenant.0.clone(),
             session: session.as_str().to_owned(),
+            subject,
             entries,
             policy,
             cap: max_tenant_bytes,
