@@ -18,9 +18,11 @@
 //!   still goes to stderr); `--facts`: every fact's outcome in the first
 //!   session of each size; `--cover`: the cover itself (each item's
 //!   level, seqs, tokens and text) of that session at each budget;
+//!   `--detail K`: show session K (from 0) there instead of the first;
 //! - `--wait-seconds S`: how long to wait for every recap (default 1800);
 //! - `--show N`: print the first session of N entries (its facts, then
-//!   every entry with its estimated tokens) and exit, starting no server.
+//!   every entry with its estimated tokens; `--detail K`: session K) and
+//!   exit, starting no server.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -73,6 +75,8 @@ struct Options {
     llm_only: bool,
     wait: Duration,
     show: Option<usize>,
+    /// Which session of each size `--facts` and `--cover` show (0: the first).
+    detail: usize,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -110,6 +114,7 @@ impl Options {
             llm_only: false,
             wait: Duration::from_secs(1800),
             show: None,
+            detail: 0,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -127,13 +132,14 @@ impl Options {
                 "--cover" => o.cover = true,
                 "--llm-only" => o.llm_only = true,
                 "--show" => o.show = Some(number(&a, args.next())),
+                "--detail" => o.detail = number(&a, args.next()),
                 // cargo bench passes --bench.
                 _ => {}
             }
         }
         assert!(
-            o.sessions > 0 && o.calls > 0,
-            "--sessions and --calls: at least 1"
+            o.sessions > 0 && o.calls > 0 && o.detail < o.sessions,
+            "--sessions and --calls: at least 1; --detail: below --sessions"
         );
         for &n in o.sizes.iter().chain(&o.llm_sizes) {
             assert!(
@@ -269,9 +275,9 @@ fn main() {
     let o = Options::parse();
     if let Some(size) = o.show {
         show(&fixture::generate(
-            &format!("recall-{size}-0"),
+            &format!("recall-{size}-{}", o.detail),
             size,
-            fixture::session_seed(o.seed, size, 0),
+            fixture::session_seed(o.seed, size, o.detail),
         ));
         return;
     }
@@ -348,12 +354,14 @@ async fn run_suite(o: &Options, suite: Suite) -> SuiteReport {
         for (name, server) in &servers {
             for &budget in &o.budgets {
                 let cell = measure(server, name, size, budget, &sessions, o.calls).await;
-                first.push((name.clone(), budget, cell.context[0].clone()));
+                first.push((name.clone(), budget, cell.context[o.detail].clone()));
                 report.cells.push(cell);
             }
         }
         let mut sessions = sessions;
-        report.first.insert(size, (sessions.swap_remove(0), first));
+        report
+            .first
+            .insert(size, (sessions.swap_remove(o.detail), first));
     }
     report
 }
@@ -423,6 +431,7 @@ async fn load(
                         content: m.content.clone(),
                     })
                     .collect(),
+                ..Default::default()
             };
             let answer = client
                 .append_entries(request)

@@ -64,6 +64,7 @@ async fn round(replicas: usize, segments: usize, provider: &str) -> Option<Round
                         content: format!("Entry {i}: the agent asked about the migration."),
                     })
                     .collect(),
+                ..Default::default()
             })
             .await
             .expect("append");

@@ -99,7 +99,7 @@
 //!   `grep -rn 'Disposition::' src` finds it built only in `pass/`.
 //! - An acknowledged append is committed before its answer is sent (the
 //!   writer answers after COMMIT: `store/sqlite/writer.rs`,
-//!   `store/postgres/sessions.rs`'s `run_batch`).
+//!   `store/postgres/writer.rs`'s `run_batch`).
 //! - A summary is written only by the holder of a live claim on its
 //!   segment, and only by a pass that succeeded: every write under a claim
 //!   matches `HELD` in `store/sqlite/claims.rs` (and in

@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::check::{self, CheckArgs};
 use archivist::cli::migrate::{self, MigrateArgs};
-use archivist::cli::session::{self, ClientFlags, SessionArgs};
+use archivist::cli::session::{self, ClientFlags, ForgetSubjectArgs, SessionArgs, SessionsArgs};
 use archivist::cli::{EXIT_USAGE, load_config, parse_listen, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
 use archivist::mcp::{self, McpArgs};
@@ -66,8 +66,12 @@ enum Command {
         after_help = "Exit status: 0 done; 1 an error (NOT_FOUND included); 3 close --wait or flush closed the segment but its recap failed or is not done yet; 64 a usage error."
     )]
     Session(SessionArgs),
-    /// List your sessions on a running server.
-    Sessions(ClientFlags),
+    /// List your sessions on a running server (with --subject, only that
+    /// subject's).
+    Sessions(SessionsArgs),
+    /// Erase every session of a subject on a running server (the "forget
+    /// this user" privacy law asks for). Asks first on a terminal.
+    ForgetSubject(ForgetSubjectArgs),
     /// Show a running server's backlog: segments per state, the oldest
     /// pending, parked ones per failure class.
     Backlog(ClientFlags),
@@ -146,9 +150,13 @@ fn main() -> ExitCode {
             init_logging(LogFormat::Text, "warn");
             runtime.block_on(session::run(args))
         }
-        Command::Sessions(flags) => {
+        Command::Sessions(args) => {
             init_logging(LogFormat::Text, "warn");
-            runtime.block_on(session::sessions(flags))
+            runtime.block_on(session::sessions(args))
+        }
+        Command::ForgetSubject(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(session::forget_subject(args))
         }
         Command::Mcp(args) => {
             // Standard output is the protocol on stdio: logs go to

@@ -106,6 +106,58 @@ impl fmt::Display for SessionName {
     }
 }
 
+/// Whose memory a session is (a user, a customer): 1 to 256 characters of
+/// `[A-Za-z0-9._:@-]`, so an email address or a prefixed id fits. Fixed by
+/// the append that creates the session.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Subject(String);
+
+pub const SUBJECT_MAX: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubjectError {
+    #[error("subject is empty")]
+    Empty,
+    #[error("subject is {0} characters long; at most {SUBJECT_MAX} are allowed")]
+    TooLong(usize),
+    /// Every character it may not hold, each once, in order.
+    #[error("subject contains {}; only letters, digits and . _ : @ - are allowed", quoted(.0))]
+    BadCharacters(Vec<char>),
+}
+
+impl Subject {
+    pub fn parse(raw: &str) -> Result<Self, SubjectError> {
+        if raw.is_empty() {
+            return Err(SubjectError::Empty);
+        }
+        let len = raw.chars().count();
+        if len > SUBJECT_MAX {
+            return Err(SubjectError::TooLong(len));
+        }
+        let mut bad: Vec<char> = Vec::new();
+        for c in raw.chars() {
+            let allowed = c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-');
+            if !allowed && !bad.contains(&c) {
+                bad.push(c);
+            }
+        }
+        match bad.is_empty() {
+            true => Ok(Subject(raw.to_owned())),
+            false => Err(SubjectError::BadCharacters(bad)),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
@@ -312,6 +364,8 @@ pub struct Context {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
     pub name: String,
+    /// Whose memory it is, if the append that created it said.
+    pub subject: Option<String>,
     /// Entries stored in the session.
     pub entry_count: u64,
     /// The seq of its newest entry (0 when it has none).
@@ -372,6 +426,21 @@ pub fn estimate_tokens(text: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_are_checked() {
+        assert!(Subject::parse("user:ada@example.com").is_ok());
+        assert!(Subject::parse(&"a".repeat(256)).is_ok());
+        assert_eq!(Subject::parse(""), Err(SubjectError::Empty));
+        assert_eq!(
+            Subject::parse(&"a".repeat(257)),
+            Err(SubjectError::TooLong(257))
+        );
+        assert_eq!(
+            Subject::parse("ada lovelace/1"),
+            Err(SubjectError::BadCharacters(vec![' ', '/']))
+        );
+    }
 
     #[test]
     fn session_names_are_checked() {

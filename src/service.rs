@@ -15,7 +15,7 @@ use crate::config::LimitsConfig;
 use crate::events::{EventKind, Hub, Watch, WatchRefused};
 use crate::model::{
     AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
-    SegmentState, SessionInfo, SessionName, Tenant,
+    SegmentState, SessionInfo, SessionName, Subject, Tenant,
 };
 use crate::pass::{PassOutcome, Summariser};
 use crate::store::{Budget, Erased, SegmentFilter, Store, StoreError};
@@ -153,6 +153,22 @@ impl Service {
         Ok(erased)
     }
 
+    /// Erases every session of the subject (see `Store::delete_subject`)
+    /// and tells each one's watchers; what each erased session held.
+    pub(crate) async fn delete_subject(
+        &self,
+        tenant: &Tenant,
+        subject: &Subject,
+    ) -> Result<Vec<(String, Erased)>, ServiceError> {
+        let erased = self.store.delete_subject(tenant, subject).await?;
+        for (session, _) in &erased {
+            self.events
+                .tell(&self.store, tenant, session, EventKind::Deleted, None)
+                .await;
+        }
+        Ok(erased)
+    }
+
     /// A watcher of the tenant's session, and what ends its stream at
     /// shutdown. The session need not exist yet: sessions come into being
     /// with their first append, and "watch, then append" is the one order
@@ -172,13 +188,15 @@ impl Service {
         &self,
         tenant: &Tenant,
         session: &SessionName,
+        subject: Option<&Subject>,
         entries: Vec<NewEntry>,
     ) -> Result<AppendOutcome, ServiceError> {
         let outcome = self
             .store
-            .append(
+            .append_as(
                 tenant,
                 session,
+                subject,
                 entries,
                 self.policy,
                 self.limits.max_tenant_bytes,
@@ -406,13 +424,14 @@ impl Service {
     pub(crate) async fn list_sessions(
         &self,
         tenant: &Tenant,
+        subject: Option<&Subject>,
         after: Option<SessionName>,
         page_size: u32,
     ) -> Result<(Vec<SessionInfo>, Option<SessionName>), ServiceError> {
         // One more than asked tells whether another page follows.
         let mut sessions = self
             .store
-            .list_sessions(tenant, after, page_size + 1)
+            .list_subject_sessions(tenant, subject, after, page_size + 1)
             .await?;
         let more = sessions.len() > page_size as usize;
         sessions.truncate(page_size as usize);

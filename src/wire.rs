@@ -247,6 +247,7 @@ pub(crate) fn session_info_to_pb(s: SessionInfo) -> pb::SessionInfo {
         parked: s.parked,
         created_at: Some(timestamp(s.created_at)),
         last_append_at: Some(timestamp(s.last_append_at)),
+        subject: s.subject.unwrap_or_default(),
     }
 }
 

@@ -151,6 +151,7 @@ pub fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest 
                 ),
             })
             .collect(),
+        ..Default::default()
     }
 }
 

@@ -93,7 +93,11 @@ pub(super) async fn list_entries(
     Ok(())
 }
 
-pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
+/// The tenant's sessions, or only a subject's.
+pub(super) async fn list_sessions(
+    flags: &ClientFlags,
+    subject: Option<&str>,
+) -> Result<(), Failed> {
     let mut client = connect(flags).await?;
     let mut sessions = Vec::new();
     let mut token = String::new();
@@ -104,6 +108,7 @@ pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
                 pb::ListSessionsRequest {
                     page_size: 200,
                     page_token: token,
+                    subject: subject.unwrap_or_default().to_owned(),
                 },
             ))
             .await?
@@ -121,7 +126,10 @@ pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
         return Ok(());
     }
     if sessions.is_empty() {
-        println!("no sessions yet: `archivist session append NAME TEXT` starts one");
+        match subject {
+            Some(subject) => println!("no sessions of subject {subject}"),
+            None => println!("no sessions yet: `archivist session append NAME TEXT` starts one"),
+        }
         return Ok(());
     }
     let now = SystemTime::now();
@@ -130,8 +138,12 @@ pub(super) async fn list_sessions(flags: &ClientFlags) -> Result<(), Failed> {
             Some(id) => format!("segment {id} open"),
             None => "nothing open".to_owned(),
         };
+        let of = match s.subject.as_str() {
+            "" => String::new(),
+            subject => format!(" (subject {subject})"),
+        };
         println!(
-            "{}: {}, {}, {} pending, {} parked, last append {}",
+            "{}{of}: {}, {}, {} pending, {} parked, last append {}",
             s.session_id,
             count(s.entry_count, "entry", "entries"),
             open,

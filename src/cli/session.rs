@@ -18,7 +18,8 @@ use super::output::*;
 use super::reads::{list_entries, list_sessions, show, show_backlog};
 pub use super::terminal::ClientFlags;
 use super::terminal::{
-    Failed, all_segments, check_session, connect, ensure_session, exit, print_json, request,
+    Failed, all_segments, check_session, check_subject, connect, ensure_session, exit, print_json,
+    request,
 };
 use super::waits::{close, flush};
 use crate::model::Role;
@@ -47,6 +48,11 @@ pub enum SessionCommand {
         /// the same id with other text is refused.
         #[arg(long = "id")]
         client_entry_id: Option<String>,
+        /// Whose memory the session is (a user, a customer): 1 to 256
+        /// characters of letters, digits and . _ : @ -. Fixed by the append
+        /// that creates the session; another one later is refused.
+        #[arg(long)]
+        subject: Option<String>,
         text: Vec<String>,
     },
     /// Close the open segment and schedule its recap.
@@ -125,14 +131,81 @@ pub enum SessionCommand {
     },
 }
 
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    #[command(flatten)]
+    pub flags: ClientFlags,
+    /// Only the sessions of this subject.
+    #[arg(long)]
+    pub subject: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ForgetSubjectArgs {
+    #[command(flatten)]
+    pub flags: ClientFlags,
+    /// The subject whose every session is erased.
+    pub subject: String,
+    /// Do not ask (for scripts; required when not on a terminal).
+    #[arg(long)]
+    pub yes: bool,
+}
+
 /// `archivist session …`.
 pub async fn run(args: SessionArgs) -> ExitCode {
     exit(session(args).await)
 }
 
-/// `archivist sessions`: the tenant's sessions, in name order.
-pub async fn sessions(flags: ClientFlags) -> ExitCode {
-    exit(list_sessions(&flags).await)
+/// `archivist sessions`: the tenant's sessions (or a subject's), in name
+/// order.
+pub async fn sessions(args: SessionsArgs) -> ExitCode {
+    let listed = async {
+        if let Some(subject) = &args.subject {
+            check_subject(subject)?;
+        }
+        list_sessions(&args.flags, args.subject.as_deref()).await
+    };
+    exit(listed.await)
+}
+
+/// `archivist forget-subject`: erases every session of a subject.
+pub async fn forget_subject(args: ForgetSubjectArgs) -> ExitCode {
+    exit(forget(args).await)
+}
+
+async fn forget(args: ForgetSubjectArgs) -> Result<(), Failed> {
+    let (flags, subject) = (&args.flags, args.subject);
+    check_subject(&subject)?;
+    if !args.yes {
+        confirm(&format!(
+            "Erase every session of subject {subject:?} and everything archivist keeps of them? [y/N] "
+        ))?;
+    }
+    let mut client = connect(flags).await?;
+    let resp = client
+        .delete_subject(request(
+            flags,
+            pb::DeleteSubjectRequest {
+                subject: subject.clone(),
+            },
+        ))
+        .await?
+        .into_inner();
+    if flags.json {
+        let mut out = wire_json(&resp);
+        if let Some(map) = out.as_object_mut() {
+            map.insert("subject".to_owned(), json!(subject));
+        }
+        print_json(&out);
+    } else {
+        println!(
+            "erased subject {subject}: {}, {} and {} of the memory tree (segments and roll-ups)",
+            count(resp.sessions_deleted, "session", "sessions"),
+            count(resp.entries_deleted, "entry", "entries"),
+            count(resp.segments_deleted, "node", "nodes"),
+        );
+    }
+    Ok(())
 }
 
 /// `archivist backlog`: segments per state, the oldest pending, parked per
@@ -145,9 +218,17 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
     let flags = &args.flags;
     // Checked before connecting, so a typo is told as one.
     match &args.command {
-        SessionCommand::Append { session, role, .. } => {
+        SessionCommand::Append {
+            session,
+            role,
+            subject,
+            ..
+        } => {
             check_session(session)?;
             parse_role(role)?;
+            if let Some(subject) = subject {
+                check_subject(subject)?;
+            }
         }
         SessionCommand::Close { session, .. }
         | SessionCommand::Flush { session }
@@ -173,6 +254,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             session,
             role,
             client_entry_id,
+            subject,
             ..
         } => {
             let resp = client
@@ -185,6 +267,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                             role: parse_role(&role)?.into(),
                             content: content.unwrap_or_default(),
                         }],
+                        subject: subject.unwrap_or_default(),
                     },
                 ))
                 .await?

@@ -145,6 +145,16 @@ pub(super) fn check_session(session: &str) -> Result<(), Failed> {
         })
 }
 
+pub(super) fn check_subject(subject: &str) -> Result<(), Failed> {
+    crate::model::Subject::parse(subject)
+        .map(|_| ())
+        .map_err(|e| {
+            Failed::Usage(format!(
+                "{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)"
+            ))
+        })
+}
+
 /// Every segment of `session` at `levels` (all when empty), page by page;
 /// NOT_FOUND when the session does not exist.
 pub(super) async fn all_segments(

@@ -59,7 +59,7 @@ const TONIC_TRUNCATED: [&str; 2] = [
 
 /// Every method of `archivist.v1.Archivist`, each a metrics label of its
 /// own (a test checks the list against the service's descriptor).
-const METHODS: [&str; 12] = [
+const METHODS: [&str; 13] = [
     "AppendEntries",
     "CloseSegment",
     "FlushSession",
@@ -72,6 +72,7 @@ const METHODS: [&str; 12] = [
     "WatchSession",
     "ListSessions",
     "ListEntries",
+    "DeleteSubject",
 ];
 
 /// The metrics label for a request path: one of ours, or "other", so that

@@ -45,7 +45,7 @@ pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{
     call_deadline, page_token, parse_append, parse_list, parse_list_entries, parse_list_sessions,
-    parse_requeue, parse_session, session_page_token,
+    parse_requeue, parse_session, parse_subject, session_page_token,
 };
 
 pub(crate) struct GrpcService {
@@ -144,10 +144,10 @@ impl pb::archivist_server::Archivist for GrpcService {
         request: Request<pb::AppendEntriesRequest>,
     ) -> Result<Response<pb::AppendEntriesResponse>, Status> {
         let tenant = tenant(&request)?;
-        let (session, entries) = parse_append(request.into_inner(), &self.limits)?;
+        let (session, subject, entries) = parse_append(request.into_inner(), &self.limits)?;
         let outcome = self
             .service
-            .append(&tenant, &session, entries)
+            .append(&tenant, &session, subject.as_ref(), entries)
             .await
             .map_err(service_status)?;
         Ok(Response::new(append_to_pb(outcome)))
@@ -284,10 +284,10 @@ impl pb::archivist_server::Archivist for GrpcService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let tenant = tenant(&request)?;
-        let (after, page_size) = parse_list_sessions(request.get_ref())?;
+        let (subject, after, page_size) = parse_list_sessions(request.get_ref())?;
         let (sessions, next) = self
             .service
-            .list_sessions(&tenant, after, page_size)
+            .list_sessions(&tenant, subject.as_ref(), after, page_size)
             .await
             .map_err(service_status)?;
         Ok(Response::new(pb::ListSessionsResponse {
@@ -311,6 +311,24 @@ impl pb::archivist_server::Archivist for GrpcService {
         Ok(Response::new(pb::DeleteSessionResponse {
             entries_deleted: erased.entries,
             segments_deleted: erased.segments,
+        }))
+    }
+
+    async fn delete_subject(
+        &self,
+        request: Request<pb::DeleteSubjectRequest>,
+    ) -> Result<Response<pb::DeleteSubjectResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let subject = parse_subject(&request.get_ref().subject).map_err(invalid)?;
+        let erased = self
+            .service
+            .delete_subject(&tenant, &subject)
+            .await
+            .map_err(service_status)?;
+        Ok(Response::new(pb::DeleteSubjectResponse {
+            sessions_deleted: erased.len() as u64,
+            entries_deleted: erased.iter().map(|(_, e)| e.entries).sum(),
+            segments_deleted: erased.iter().map(|(_, e)| e.segments).sum(),
         }))
     }
 

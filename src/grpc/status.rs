@@ -126,6 +126,16 @@ fn store_status(err: &StoreError) -> Status {
                 ("seq".to_owned(), seq.to_string()),
             ],
         ),
+        StoreError::SubjectMismatch {
+            session, subject, ..
+        } => (
+            Code::FailedPrecondition,
+            "SUBJECT_MISMATCH",
+            vec![
+                ("session_id".to_owned(), session.clone()),
+                ("subject".to_owned(), subject.clone().unwrap_or_default()),
+            ],
+        ),
         StoreError::Unstorable { index, .. } => (
             Code::InvalidArgument,
             "ENTRY_UNSTORABLE",
@@ -182,6 +192,13 @@ fn store_status(err: &StoreError) -> Status {
                 format!(
                     "already names entry {seq} of this session, which has other content; use a new id for a new entry"
                 ),
+            );
+        }
+        (_, StoreError::SubjectMismatch { .. }) => {
+            details.add_precondition_failure_violation(
+                "SUBJECT",
+                "subject",
+                "a session's subject is fixed by the append that creates it; name the same subject, or none",
             );
         }
         (_, StoreError::Unstorable { index, reason }) => {

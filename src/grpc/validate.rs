@@ -10,7 +10,7 @@ use tonic_types::FieldViolation;
 
 use super::status::invalid;
 use crate::config::LimitsConfig;
-use crate::model::{NewEntry, SegmentId, SessionName};
+use crate::model::{NewEntry, SegmentId, SessionName, Subject};
 use crate::pb;
 use crate::store::SegmentFilter;
 use crate::wire::{role_from_pb, state_from_pb};
@@ -47,12 +47,27 @@ pub(super) fn parse_session(raw: &str, field: &str) -> Result<SessionName, Vec<F
     SessionName::parse(raw).map_err(|e| vec![violation(field, "INVALID_SESSION_ID", e.to_string())])
 }
 
+pub(super) fn parse_subject(raw: &str) -> Result<Subject, Vec<FieldViolation>> {
+    Subject::parse(raw).map_err(|e| vec![violation("subject", "INVALID_SUBJECT", e.to_string())])
+}
+
+/// An optional subject: empty means none.
+fn optional_subject(raw: &str, violations: &mut Vec<FieldViolation>) -> Option<Subject> {
+    match raw {
+        "" => None,
+        raw => parse_subject(raw).map_err(|v| violations.extend(v)).ok(),
+    }
+}
+
+/// An AppendEntries request, checked: the session, its subject if named,
+/// and the entries.
 pub(super) fn parse_append(
     req: pb::AppendEntriesRequest,
     limits: &LimitsConfig,
-) -> Result<(SessionName, Vec<NewEntry>), Status> {
+) -> Result<(SessionName, Option<Subject>, Vec<NewEntry>), Status> {
     let mut violations = Vec::new();
     let session = parse_session(&req.session_id, "session_id").map_err(|v| violations.extend(v));
+    let subject = optional_subject(&req.subject, &mut violations);
     if req.entries.is_empty() {
         violations.push(violation(
             "entries",
@@ -126,7 +141,7 @@ pub(super) fn parse_append(
         }
     }
     match session {
-        Ok(session) if violations.is_empty() => Ok((session, entries)),
+        Ok(session) if violations.is_empty() => Ok((session, subject, entries)),
         _ => Err(invalid(violations)),
     }
 }
@@ -223,11 +238,16 @@ pub(super) fn session_page_token(after: &SessionName) -> String {
     format!("n1.{after}")
 }
 
-/// A ListSessions request, checked: the session id to continue after, and
-/// the page size.
+/// A ListSessions request, checked: the subject whose sessions it lists
+/// (none: all), the session id to continue after, and the page size.
 pub(super) fn parse_list_sessions(
     req: &pb::ListSessionsRequest,
-) -> Result<(Option<SessionName>, u32), Status> {
+) -> Result<(Option<Subject>, Option<SessionName>, u32), Status> {
+    let mut violations = Vec::new();
+    let subject = optional_subject(&req.subject, &mut violations);
+    if !violations.is_empty() {
+        return Err(invalid(violations));
+    }
     let after = match req.page_token.as_str() {
         "" => None,
         token => match token
@@ -244,7 +264,7 @@ pub(super) fn parse_list_sessions(
             }
         },
     };
-    Ok((after, page_size(req.page_size, DEFAULT_PAGE_SIZE)))
+    Ok((subject, after, page_size(req.page_size, DEFAULT_PAGE_SIZE)))
 }
 
 /// A ListEntries request, checked: the session, the seq to continue after

@@ -150,11 +150,16 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
     // ranked after every group's (n-1)-th; in a transcript, a
     // message's second sentence after every message's best, so that a
     // message's best sentence speaks for it before any takes two
-    // places.
+    // places. Corrections come before every round: a child holding two
+    // of them must not lose the second to another child's best line, or
+    // the old value (kept further up the tree) comes back alone.
     let mut round: HashMap<usize, usize> = HashMap::new();
     let mut rounds: Vec<(usize, usize)> = ranked
         .iter()
         .map(|&i| {
+            if sentences[i].correction {
+                return (0, i);
+            }
             let key = match per_group {
                 true => units[sentences[i].unit].group,
                 false => sentences[i].unit,
@@ -1095,6 +1100,30 @@ mod tests {
         let recap = Extractive.summarise_recaps(&recaps, 112);
         assert!(recap.text.contains("12 May"), "{}", recap.text);
         assert!(!recap.text.contains("C3-5248"), "{}", recap.text);
+    }
+
+    #[test]
+    fn a_childs_second_correction_comes_before_other_childrens_best_lines() {
+        // The third child holds two corrections: with room for about four
+        // lines, both are kept, before the other children's own lines (the
+        // old values, kept further up the tree, must not come back alone).
+        let recaps: Vec<Entry> = (1..=4u64)
+            .map(|k| {
+                let what = ["gym locker code", "hotel booking reference", "passport number", "parking spot"];
+                let mut text = format!(
+                    "assistant: Sure, I've written down that your {} is C{k}-5248 for the Ljubljana trip.",
+                    what[k as usize - 1]
+                );
+                if k == 3 {
+                    text.push_str("\nassistant: Okay, I've replaced the old one; your dentist appointment is 12 May now.");
+                    text.push_str("\nuser: Small change, my landlord's name is now Oksana.");
+                }
+                entry(k, Role::Assistant, &text)
+            })
+            .collect();
+        let recap = Extractive.summarise_recaps(&recaps, 80);
+        assert!(recap.text.contains("12 May"), "{}", recap.text);
+        assert!(recap.text.contains("Oksana"), "{}", recap.text);
     }
 
     #[test]

@@ -21,7 +21,8 @@ use std::time::Duration;
 use crate::failure::Failure;
 use crate::model::{
     AppendOutcome, Backlog, Context, Disposition, Entry, Millis, NewEntry, ProviderIdentity,
-    Segment, SegmentId, SegmentPolicy, SegmentState, SessionInfo, SessionName, Summary, Tenant,
+    Segment, SegmentId, SegmentPolicy, SegmentState, SessionInfo, SessionName, Subject, Summary,
+    Tenant,
 };
 
 /// A backend's own error, kept as the source of a `StoreError` so the cause
@@ -91,6 +92,16 @@ pub enum StoreError {
         index: usize,
         /// The seq of the entry stored under that id.
         seq: u64,
+    },
+    #[error(
+        "session {session:?} is {}; this call names subject {requested:?}; nothing of this call was stored",
+        .subject.as_ref().map_or("of no subject".to_owned(), |s| format!("subject {s:?}'s"))
+    )]
+    SubjectMismatch {
+        session: String,
+        /// The session's subject, fixed when it was created.
+        subject: Option<String>,
+        requested: String,
     },
     #[error("entries[{index}] cannot be stored: {reason}; nothing of this call was stored")]
     Unstorable {
@@ -592,7 +603,25 @@ impl Store {
         policy: SegmentPolicy,
         max_tenant_bytes: u64,
     ) -> Result<AppendOutcome, StoreError> {
-        on_backend!(self, b => b.append(tenant, session, entries, policy, max_tenant_bytes).await)
+        self.append_as(tenant, session, None, entries, policy, max_tenant_bytes)
+            .await
+    }
+
+    /// `append`, naming whose memory the session is. The append that
+    /// creates the session fixes its subject (or its having none); one that
+    /// names another later is refused with `SubjectMismatch` and stores
+    /// nothing, and one that names none is taken.
+    pub async fn append_as(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        subject: Option<&Subject>,
+        entries: Vec<NewEntry>,
+        policy: SegmentPolicy,
+        max_tenant_bytes: u64,
+    ) -> Result<AppendOutcome, StoreError> {
+        let subject = subject.map(|s| s.as_str().to_owned());
+        on_backend!(self, b => b.append_as(tenant, session, subject, entries, policy, max_tenant_bytes).await)
     }
 
     /// Closes the session's open segment, if any, and returns its id.
@@ -615,6 +644,17 @@ impl Store {
         session: &SessionName,
     ) -> Result<Erased, StoreError> {
         on_backend!(self, b => b.delete_session(tenant, session).await)
+    }
+
+    /// Erases every session of the subject in the tenant, each as
+    /// `delete_session` does, in one transaction; returns each erased session's name
+    /// and what it held, in name order.
+    pub(crate) async fn delete_subject(
+        &self,
+        tenant: &Tenant,
+        subject: &Subject,
+    ) -> Result<Vec<(String, Erased)>, StoreError> {
+        on_backend!(self, b => b.delete_subject(tenant, subject).await)
     }
 
     /// Whether the tenant has a session of that name (the store suite
@@ -651,13 +691,25 @@ impl Store {
 
     /// The tenant's sessions in name order, after the name `after` (if
     /// any), at most `limit` of them.
+    #[cfg(test)]
     pub(crate) async fn list_sessions(
         &self,
         tenant: &Tenant,
         after: Option<SessionName>,
         limit: u32,
     ) -> Result<Vec<SessionInfo>, StoreError> {
-        on_backend!(self, b => b.list_sessions(tenant, after, limit).await)
+        self.list_subject_sessions(tenant, None, after, limit).await
+    }
+
+    /// `list_sessions`, only the subject's when one is given.
+    pub(crate) async fn list_subject_sessions(
+        &self,
+        tenant: &Tenant,
+        subject: Option<&Subject>,
+        after: Option<SessionName>,
+        limit: u32,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        on_backend!(self, b => b.list_sessions(tenant, subject, after, limit).await)
     }
 
     /// The provider a run of `role` (serve, backfill) last recorded.

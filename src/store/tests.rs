@@ -921,3 +921,222 @@ async fn a_retry_of_what_is_stored_answers_at_the_cap() {
         ));
     }
 }
+
+fn subject(name: &str) -> Subject {
+    Subject::parse(name).expect("valid subject")
+}
+
+#[tokio::test]
+async fn a_session_keeps_the_subject_it_was_created_with_and_a_mismatch_stores_nothing() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let (ada, bob) = (subject("user:ada@example.com"), subject("bob"));
+        store
+            .append_as(&t, &session("s"), Some(&ada), entries(&["one"]), POLICY, 0)
+            .await
+            .expect("append");
+        // Once from what the writer keeps of the session, once (after a
+        // write that is not an append) from its row.
+        for round in 0..2 {
+            let refused = store
+                .append_as(&t, &session("s"), Some(&bob), entries(&["no"]), POLICY, 0)
+                .await;
+            assert!(
+                matches!(
+                    refused,
+                    Err(StoreError::SubjectMismatch { ref session, subject: Some(ref s), ref requested })
+                        if session == "s" && s == ada.as_str() && requested == "bob"
+                ),
+                "round {round}: {refused:?}"
+            );
+            store
+                .close_open_segment(&t, &session("s"))
+                .await
+                .expect("close");
+        }
+        // No subject, or the same one, is taken.
+        let next = store
+            .append(&t, &session("s"), entries(&["two"]), POLICY, 0)
+            .await
+            .expect("append");
+        assert_eq!(next.entries[0].seq, 2, "the refused calls stored nothing");
+        store
+            .append_as(
+                &t,
+                &session("s"),
+                Some(&ada),
+                entries(&["three"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        let page = store
+            .entries(&t, &session("s"), 0, 10, usize::MAX)
+            .await
+            .expect("read");
+        let texts: Vec<&str> = page.0.iter().map(|e| e.content.as_str()).collect();
+        assert_eq!(texts, ["one", "two", "three"]);
+
+        // A session created without a subject takes none later.
+        store
+            .append(&t, &session("plain"), entries(&["x"]), POLICY, 0)
+            .await
+            .expect("append");
+        let refused = store
+            .append_as(
+                &t,
+                &session("plain"),
+                Some(&ada),
+                entries(&["y"]),
+                POLICY,
+                0,
+            )
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::SubjectMismatch { subject: None, .. })
+            ),
+            "{refused:?}"
+        );
+        let listed = store.list_sessions(&t, None, 10).await.expect("list");
+        let subjects: Vec<(&str, Option<&str>, u64)> = listed
+            .iter()
+            .map(|s| (s.name.as_str(), s.subject.as_deref(), s.entry_count))
+            .collect();
+        assert_eq!(subjects, [("plain", None, 1), ("s", Some(ada.as_str()), 3)]);
+
+        // Two calls creating one session at once, in one batch or not:
+        // whichever creates it fixes its subject and the other is refused.
+        let race = session("race");
+        let (a, b) = tokio::join!(
+            store.append_as(&t, &race, Some(&ada), entries(&["a"]), POLICY, 0),
+            store.append_as(&t, &race, Some(&bob), entries(&["b"]), POLICY, 0),
+        );
+        let won = match (&a, &b) {
+            (Ok(_), Err(StoreError::SubjectMismatch { .. })) => &ada,
+            (Err(StoreError::SubjectMismatch { .. }), Ok(_)) => &bob,
+            other => panic!("one wins, one is refused: {other:?}"),
+        };
+        let listed = store
+            .list_subject_sessions(&t, Some(won), None, 10)
+            .await
+            .expect("list");
+        let names: Vec<&str> = listed.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&"race"), "{names:?}");
+        let page = store
+            .entries(&t, &session("race"), 0, 10, usize::MAX)
+            .await
+            .expect("read");
+        assert_eq!(page.0.len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_only() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        let (ada, bob) = (subject("ada"), subject("bob"));
+        for (name, of, texts) in [
+            ("a", Some(&ada), &["1", "2"][..]),
+            ("b", Some(&bob), &["3"][..]),
+            ("c", Some(&ada), &["4", "5", "6"][..]),
+            ("d", None, &["7"][..]),
+        ] {
+            store
+                .append_as(&t, &session(name), of, entries(texts), POLICY, 0)
+                .await
+                .expect("append");
+        }
+        store
+            .append_as(
+                &other,
+                &session("a"),
+                Some(&ada),
+                entries(&["theirs"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        // One of ada's segments closed and summarised: it goes too.
+        let closed = store
+            .close_open_segment(&t, &session("c"))
+            .await
+            .expect("close")
+            .expect("open segment");
+        summarise(&store, closed, "ada's recap").await;
+
+        let names =
+            |list: Vec<SessionInfo>| -> Vec<String> { list.into_iter().map(|s| s.name).collect() };
+        let of_ada = store
+            .list_subject_sessions(&t, Some(&ada), None, 10)
+            .await
+            .expect("list");
+        assert!(of_ada.iter().all(|s| s.subject.as_deref() == Some("ada")));
+        assert_eq!(names(of_ada), ["a", "c"]);
+        let page = store
+            .list_subject_sessions(&t, Some(&ada), Some(session("a")), 1)
+            .await
+            .expect("page");
+        assert_eq!(names(page), ["c"]);
+        let nobody = store
+            .list_subject_sessions(&t, Some(&subject("nobody")), None, 10)
+            .await
+            .expect("list");
+        assert!(nobody.is_empty());
+
+        let erased = store.delete_subject(&t, &ada).await.expect("erase");
+        assert_eq!(
+            erased,
+            [
+                (
+                    "a".to_owned(),
+                    Erased {
+                        entries: 2,
+                        segments: 1
+                    }
+                ),
+                (
+                    "c".to_owned(),
+                    Erased {
+                        entries: 3,
+                        segments: 1
+                    }
+                ),
+            ]
+        );
+        for gone in ["a", "c"] {
+            assert!(!store.has_session(&t, &session(gone)).await.expect("has"));
+        }
+        let left = store.list_sessions(&t, None, 10).await.expect("list");
+        assert_eq!(names(left), ["b", "d"]);
+        assert!(store.has_session(&other, &session("a")).await.expect("has"));
+        let theirs = store
+            .entries(&other, &session("a"), 0, 10, usize::MAX)
+            .await
+            .expect("read");
+        assert_eq!(theirs.0[0].content, "theirs");
+        let b = store.backlog(Some(&t)).await.expect("backlog");
+        assert_eq!(
+            (b.summarised, b.open),
+            (0, 2),
+            "only b's and d's segments are left"
+        );
+        assert!(
+            store
+                .delete_subject(&t, &ada)
+                .await
+                .expect("again")
+                .is_empty()
+        );
+        // A new session of the subject starts afresh.
+        let again = store
+            .append_as(&t, &session("a"), Some(&ada), entries(&["new"]), POLICY, 0)
+            .await
+            .expect("append");
+        assert_eq!(again.entries[0].seq, 1);
+    }
+}

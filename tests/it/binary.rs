@@ -198,6 +198,7 @@ async fn every_acknowledged_append_survives_sigkill() {
                 let request = pb::AppendEntriesRequest {
                     session_id: session.clone(),
                     entries: texts.iter().map(|t| entry(t)).collect(),
+                    ..Default::default()
                 };
                 match client.append_entries(request).await {
                     Ok(resp) => {
@@ -290,6 +291,7 @@ async fn sigterm_and_a_restart_between_two_appends_leave_one_segment() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![entry("before the signal")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -311,6 +313,7 @@ async fn sigterm_and_a_restart_between_two_appends_leave_one_segment() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![entry("after the restart")],
+            ..Default::default()
         })
         .await
         .expect("append")
@@ -336,6 +339,7 @@ async fn an_idle_open_segment_is_closed_and_summarised_after_max_idle() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![entry("the host will never close this")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -372,6 +376,7 @@ async fn a_pass_killed_mid_flight_is_redone_once_after_its_lease() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![entry("Something worth a recap.")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -426,6 +431,7 @@ async fn sigterm_during_a_hanging_pass_exits_within_the_ceiling_and_loses_nothin
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: texts.iter().map(|t| entry(t)).collect(),
+            ..Default::default()
         })
         .await
         .expect("append")

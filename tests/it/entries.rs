@@ -87,6 +87,7 @@ async fn the_transcript_comes_back_in_pages_oldest_first_even_once_summarised() 
                 role: pb::Role::Assistant.into(),
                 content: said[9].clone(),
             }],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -149,6 +150,7 @@ async fn page_sizes_default_to_100_and_stop_at_1000() {
             .append_entries(pb::AppendEntriesRequest {
                 session_id: "long".into(),
                 entries: chunk.iter().map(|t| entry(t)).collect(),
+                ..Default::default()
             })
             .await
             .expect("append");

@@ -77,6 +77,7 @@ async fn bad_appends_are_refused_and_store_nothing() {
                         ..entry("x")
                     },
                 ],
+                ..Default::default()
             },
             "INVALID_ROLE",
             "entries[1].role",
@@ -88,6 +89,7 @@ async fn bad_appends_are_refused_and_store_nothing() {
                     role: 99,
                     ..entry("x")
                 }],
+                ..Default::default()
             },
             "INVALID_ROLE",
             "entries[0].role",
@@ -99,6 +101,7 @@ async fn bad_appends_are_refused_and_store_nothing() {
                     client_entry_id: "k".repeat(129),
                     ..entry("x")
                 }],
+                ..Default::default()
             },
             "INVALID_CLIENT_ENTRY_ID",
             "entries[0].client_entry_id",
@@ -146,6 +149,7 @@ async fn every_violation_of_a_call_is_listed() {
                     ..entry("x")
                 },
             ],
+            ..Default::default()
         })
         .await
         .expect_err("refused");

@@ -256,6 +256,7 @@ pub fn append_request(session: &str, texts: &[&str]) -> pb::AppendEntriesRequest
     pb::AppendEntriesRequest {
         session_id: session.to_owned(),
         entries: texts.iter().map(|t| entry(t)).collect(),
+        ..Default::default()
     }
 }
 

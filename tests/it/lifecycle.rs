@@ -528,6 +528,7 @@ async fn list_sessions_pages_through_one_tenants_sessions_and_no_others() {
             .list_sessions(pb::ListSessionsRequest {
                 page_size: 100,
                 page_token: token,
+                ..Default::default()
             })
             .await
             .expect("list")
@@ -549,6 +550,7 @@ async fn list_sessions_pages_through_one_tenants_sessions_and_no_others() {
         .list_sessions(pb::ListSessionsRequest {
             page_size: 0,
             page_token: String::new(),
+            ..Default::default()
         })
         .await
         .expect("list")

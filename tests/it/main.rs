@@ -18,6 +18,7 @@ mod reconciler;
 mod replicas;
 mod security;
 mod segments;
+mod subjects;
 mod tooling;
 mod tree;
 mod watches;

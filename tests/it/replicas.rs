@@ -187,6 +187,7 @@ async fn closed_segments(process: &Process, session: &str, first: u32, n: u32) {
         .append_entries(pb::AppendEntriesRequest {
             session_id: session.to_owned(),
             entries: texts.iter().map(|t| entry(t)).collect(),
+            ..Default::default()
         })
         .await
         .expect("append")
@@ -286,6 +287,7 @@ async fn appends_to_one_session_through_three_replicas_get_gapless_seqs() {
                         .append_entries(pb::AppendEntriesRequest {
                             session_id: "shared".to_owned(),
                             entries: texts.iter().map(|t| entry(t)).collect(),
+                            ..Default::default()
                         })
                         .await
                         .expect("append")
@@ -417,6 +419,7 @@ async fn a_watcher_on_one_replica_sees_what_another_does() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "watched".to_owned(),
             entries: vec![entry("Entry marker-1.")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -440,6 +443,7 @@ async fn a_watcher_on_one_replica_sees_what_another_does() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "watched".to_owned(),
             entries: vec![entry("Entry marker-2.")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -683,6 +687,7 @@ async fn a_watcher_hears_a_gap_when_its_replica_loses_the_listen_connection() {
             .append_entries(pb::AppendEntriesRequest {
                 session_id: "watched".to_owned(),
                 entries: vec![entry(&format!("Entry marker-{round}."))],
+                ..Default::default()
             })
             .await
             .expect("append")

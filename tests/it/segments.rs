@@ -45,6 +45,7 @@ async fn a_repeated_client_entry_id_is_stored_once() {
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![with_id("a", "first"), with_id("b", "second")],
+            ..Default::default()
         })
         .await
         .expect("append")
@@ -62,6 +63,7 @@ async fn a_repeated_client_entry_id_is_stored_once() {
                 with_id("c", "third"),
                 with_id("c", "third"),
             ],
+            ..Default::default()
         })
         .await
         .expect("append")
@@ -108,6 +110,7 @@ async fn a_reused_client_entry_id_with_other_content_is_refused_and_nothing_is_s
         .append_entries(pb::AppendEntriesRequest {
             session_id: "s".into(),
             entries: vec![with_id("a", "first")],
+            ..Default::default()
         })
         .await
         .expect("append");
@@ -131,6 +134,7 @@ async fn a_reused_client_entry_id_with_other_content_is_refused_and_nothing_is_s
             .append_entries(pb::AppendEntriesRequest {
                 session_id: "s".into(),
                 entries,
+                ..Default::default()
             })
             .await
             .expect_err("refused");
@@ -166,6 +170,7 @@ async fn sessions_are_listed_by_name_page_by_page_with_their_counts() {
             .list_sessions(pb::ListSessionsRequest {
                 page_size: 2,
                 page_token: token,
+                ..Default::default()
             })
             .await
             .expect("list")
@@ -187,6 +192,7 @@ async fn sessions_are_listed_by_name_page_by_page_with_their_counts() {
         .list_sessions(pb::ListSessionsRequest {
             page_size: 0,
             page_token: "bogus".into(),
+            ..Default::default()
         })
         .await
         .expect_err("a token the server never issued");

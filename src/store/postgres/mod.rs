@@ -2,13 +2,15 @@
 //!
 //! Connections come from a pool (deadpool-postgres over tokio-postgres);
 //! every statement is prepared once per connection and cached. The queries
-//! live beside what they serve, as in `sqlite/`: `sessions.rs` (the append
-//! writer and its group commit, closing, erasure, the session listing),
-//! `segments.rs` (reads, listings, the backlog, requeues, the due scan),
-//! `entries.rs` (the transcript, paged), `claims.rs` (claims and what is written under them), `runs.rs` (the
-//! provider each kind of run last used), `notes.rs` (events between
-//! replicas, LISTEN/NOTIFY); `rows.rs` decodes rows and `schema.rs`
-//! migrates.
+//! live beside what they serve, as in `sqlite/`: `writer.rs` (the append
+//! writer, its group commit and its transaction), `sessions.rs` (closing
+//! open segments on demand or when idle, the session listing),
+//! `erasure.rs` (deleting and expiring sessions), `segments.rs` (reads,
+//! listings, the backlog, requeues, the due scan), `entries.rs` (the
+//! transcript, paged), `claims.rs` (claims and what is written under
+//! them), `runs.rs` (the provider each kind of run last used), `notes.rs`
+//! (events between replicas, LISTEN/NOTIFY); `rows.rs` decodes rows and
+//! `schema.rs` migrates.
 //!
 //! Locks, always taken in this order so that no two transactions wait on
 //! each other in a cycle: a tenant's `tenant_usage` row (appends and
@@ -62,12 +64,14 @@
 
 mod claims;
 mod entries;
+mod erasure;
 mod notes;
 mod rows;
 mod runs;
 mod schema;
 mod segments;
 mod sessions;
+mod writer;
 
 use std::future::Future;
 use std::ops::Deref;
@@ -108,6 +112,10 @@ fn writers(durability: Durability) -> usize {
 /// How often a transaction that lost a deadlock (or a race on a key) is
 /// run again before its error is returned.
 const TRIES: usize = 3;
+/// What a tenant's byte cap counts for each stored entry and session on
+/// top of its text, as the SQLite backend counts it: added by appends,
+/// given back by erasures.
+const ROW_OVERHEAD_BYTES: u64 = 64;
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> StoreError {
@@ -215,7 +223,7 @@ struct Inner {
     /// Where the database is, without a password, for messages.
     target: String,
     /// None when opened read-only: every write fails with `ReadOnly`.
-    appends: Option<mpsc::Sender<sessions::AppendJob>>,
+    appends: Option<mpsc::Sender<writer::AppendJob>>,
     /// A write failed for want of room since the last health probe.
     full_seen: FullSeen,
 }
@@ -328,7 +336,7 @@ impl Postgres {
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
             for _ in 0..writers(durability) {
-                tokio::spawn(sessions::writer(pool.clone(), rx.clone()));
+                tokio::spawn(writer::writer(pool.clone(), rx.clone()));
             }
             Some(tx)
         };

@@ -13,7 +13,8 @@ const MIGRATION_LOCK: i64 = 0x6172_6368_6976_6973;
 /// The table that records which migrations have been applied.
 const VERSION_TABLE: &str = "archivist_schema_version";
 
-pub(super) const MIGRATIONS: &[&str] = &[r#"
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sessions (
     id              BIGSERIAL PRIMARY KEY,
     -- Byte order, as SQLite compares: listings page by name the same way.
@@ -161,7 +162,14 @@ CREATE TABLE health_probe (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     at BIGINT  NOT NULL
 );
-"#];
+"#,
+    r#"
+-- Whose memory a session is (NULL: none), fixed by the append that creates
+-- it; ListSessions by subject and subject erasure go through the index.
+ALTER TABLE sessions ADD COLUMN subject TEXT COLLATE "C";
+CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
+"#,
+];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::Migration {

@@ -27,6 +27,8 @@ pub(super) struct KeptSession {
     pub(super) next_seq: u64,
     pub(super) next_ordinal: u32,
     pub(super) open: Option<OpenSegment>,
+    /// Whose memory it is; fixed at creation, so never written back.
+    pub(super) subject: Option<String>,
     /// The last append that stored something, if one did since the row
     /// was last written.
     pub(super) appended_at: Option<Millis>,

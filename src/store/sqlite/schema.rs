@@ -273,6 +273,12 @@ CREATE TABLE erasures_pending (
     erased_at INTEGER NOT NULL
 );
 "#,
+    r#"
+-- Whose memory a session is (NULL: none), fixed by the append that creates
+-- it; ListSessions by subject and subject erasure go through the index.
+ALTER TABLE sessions ADD COLUMN subject TEXT;
+CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

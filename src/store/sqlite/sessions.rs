@@ -9,7 +9,7 @@ use super::Sqlite;
 use super::kept::{Kept, KeptSession, OpenSegment};
 use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
-    SessionInfo, SessionName, Tenant, estimate_tokens,
+    SessionInfo, SessionName, Subject, Tenant, estimate_tokens,
 };
 use crate::store::{Erased, SessionRef, StoreError};
 
@@ -90,10 +90,25 @@ pub(super) fn session_row(
 }
 
 impl Sqlite {
+    /// An append naming no subject (the backend's own tests).
+    #[cfg(test)]
     pub(crate) async fn append(
         &self,
         tenant: &Tenant,
         session: &SessionName,
+        entries: Vec<NewEntry>,
+        policy: SegmentPolicy,
+        max_tenant_bytes: u64,
+    ) -> Result<AppendOutcome, StoreError> {
+        self.append_as(tenant, session, None, entries, policy, max_tenant_bytes)
+            .await
+    }
+
+    pub(crate) async fn append_as(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+        subject: Option<String>,
         entries: Vec<NewEntry>,
         policy: SegmentPolicy,
         max_tenant_bytes: u64,
@@ -106,9 +121,9 @@ impl Sqlite {
                 kept,
                 &tenant,
                 &session,
+                subject,
                 entries,
-                policy,
-                max_tenant_bytes,
+                (policy, max_tenant_bytes),
             )
         })
         .await
@@ -152,6 +167,38 @@ impl Sqlite {
             })
             .await?;
         self.scrubbed(scrub).await?;
+        Ok(erased)
+    }
+
+    pub(crate) async fn delete_subject(
+        &self,
+        tenant: &Tenant,
+        subject: &Subject,
+    ) -> Result<Vec<(String, Erased)>, StoreError> {
+        let tenant = tenant.0.clone();
+        let subject = subject.as_str().to_owned();
+        let (erased, newest) = self
+            .write(move |conn| {
+                let sessions: Vec<(i64, String)> = conn
+                    .prepare_cached(
+                        "SELECT id, name FROM sessions WHERE tenant = ?1 AND subject = ?2 \
+                         ORDER BY name",
+                    )?
+                    .query_map(params![tenant, subject], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                let mut out = Vec::with_capacity(sessions.len());
+                let mut newest = None;
+                for (id, name) in sessions {
+                    let (erased, scrub) = erase_tx(conn, id, &tenant, &name)?;
+                    newest = Some(scrub);
+                    out.push((name, erased));
+                }
+                Ok((out, newest))
+            })
+            .await?;
+        if let Some(scrub) = newest {
+            self.scrubbed(scrub).await?;
+        }
         Ok(erased)
     }
 
@@ -250,28 +297,47 @@ impl Sqlite {
     pub(crate) async fn list_sessions(
         &self,
         tenant: &Tenant,
+        subject: Option<&Subject>,
         after: Option<SessionName>,
         limit: u32,
     ) -> Result<Vec<SessionInfo>, StoreError> {
         let tenant = tenant.0.clone();
+        let subject = subject.map(|s| s.as_str().to_owned());
         let after = after.map(|a| a.as_str().to_owned());
         self.read(move |conn| {
-            // Through the (tenant, name) index; the counts read only each
-            // listed session's segments.
-            let mut stmt = conn.prepare_cached(
-                "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
-                 coalesce(x.last_append_at, x.created_at), \
-                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?3), \
-                 (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?4) \
-                 FROM sessions x WHERE x.tenant = ?1 AND x.name > ?2 ORDER BY x.name LIMIT ?5",
-            )?;
+            // Through the (tenant, name) index, or the (tenant, subject,
+            // name) one; the counts read only each listed session's
+            // segments. Both take the same parameters (`?6 IS NULL` holds
+            // in the first).
+            let sql = match subject {
+                None => {
+                    "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
+                     coalesce(x.last_append_at, x.created_at), \
+                     (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?3), \
+                     (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?4), \
+                     x.subject \
+                     FROM sessions x WHERE x.tenant = ?1 AND x.name > ?2 \
+                     AND ?6 IS NULL ORDER BY x.name LIMIT ?5"
+                }
+                Some(_) => {
+                    "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \
+                     coalesce(x.last_append_at, x.created_at), \
+                     (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?3), \
+                     (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?4), \
+                     x.subject \
+                     FROM sessions x WHERE x.tenant = ?1 AND x.subject = ?6 AND x.name > ?2 \
+                     ORDER BY x.name LIMIT ?5"
+                }
+            };
+            let mut stmt = conn.prepare_cached(sql)?;
             let rows = stmt.query_map(
                 params![
                     tenant,
                     after.unwrap_or_default(),
                     SegmentState::Pending.code(),
                     SegmentState::Parked.code(),
-                    limit
+                    limit,
+                    subject
                 ],
                 |r| {
                     let next_seq: u64 = r.get(1)?;
@@ -285,6 +351,7 @@ impl Sqlite {
                         last_append_at: Millis(r.get(4)?),
                         pending: r.get(5)?,
                         parked: r.get(6)?,
+                        subject: r.get(7)?,
                     })
                 },
             )?;
@@ -308,15 +375,18 @@ fn close_segment_tx(conn: &Connection, id: u64, now: Millis) -> Result<(), Store
     Ok(())
 }
 
+/// One append, in the writer's transaction: `bounds` are the segment
+/// policy and the tenant's byte cap (0: none).
 fn append_tx(
     conn: &Connection,
     kept: &mut Kept,
     tenant: &str,
     name: &str,
+    subject: Option<String>,
     entries: Vec<NewEntry>,
-    policy: SegmentPolicy,
-    max_tenant_bytes: u64,
+    bounds: (SegmentPolicy, u64),
 ) -> Result<AppendOutcome, StoreError> {
+    let (policy, max_tenant_bytes) = bounds;
     let now = Millis::now();
     // A copy: what this append changes is kept only if it succeeds (its
     // savepoint undoes its SQL writes otherwise).
@@ -329,17 +399,30 @@ fn append_tx(
     // already stored still answers.
     let mut added_bytes = 0u64;
     let appended_before = existing.as_ref().and_then(|s| s.appended_at);
-    let (session_id, mut next_seq, mut next_ordinal, mut open) = match existing {
-        Some(s) => (s.id, s.next_seq, s.next_ordinal, s.open),
+    let (session_id, mut next_seq, mut next_ordinal, mut open, subject) = match existing {
+        Some(s) => {
+            if let Some(requested) = subject
+                && s.subject.as_ref() != Some(&requested)
+            {
+                return Err(StoreError::SubjectMismatch {
+                    session: name.to_owned(),
+                    subject: s.subject,
+                    requested,
+                });
+            }
+            (s.id, s.next_seq, s.next_ordinal, s.open, s.subject)
+        }
         None => {
             added_bytes += name.len() as u64 + ROW_OVERHEAD_BYTES;
             let id = conn
                 .prepare_cached(
-                    "INSERT INTO sessions (tenant, name, created_at, last_append_at) \
-                     VALUES (?1, ?2, ?3, ?3) RETURNING id",
+                    "INSERT INTO sessions (tenant, name, created_at, last_append_at, subject) \
+                     VALUES (?1, ?2, ?3, ?3, ?4) RETURNING id",
                 )?
-                .query_row(params![tenant, name, now.0], |r| r.get::<_, i64>(0))?;
-            (id, 1, 1, None)
+                .query_row(params![tenant, name, now.0, subject], |r| {
+                    r.get::<_, i64>(0)
+                })?;
+            (id, 1, 1, None, subject)
         }
     };
 
@@ -476,6 +559,7 @@ fn append_tx(
         next_seq,
         next_ordinal,
         open,
+        subject,
         // An earlier append of this batch may have stored something.
         appended_at: if stored_any {
             Some(now)
@@ -504,7 +588,7 @@ fn read_start(
              (SELECT entry_count FROM segments WHERE id = x.open_segment_id), \
              (SELECT token_estimate FROM segments WHERE id = x.open_segment_id), \
              (SELECT last_seq FROM segments WHERE id = x.open_segment_id), \
-             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1) \
+             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1), x.subject \
              FROM sessions x WHERE x.tenant = ?1 AND x.name = ?2",
         )?
         .query_row(params![tenant, name], |r| {
@@ -527,6 +611,7 @@ fn read_start(
                     next_seq: r.get(1)?,
                     next_ordinal: r.get(2)?,
                     open,
+                    subject: r.get(8)?,
                     appended_at: None,
                 }),
                 None => None,

@@ -28,6 +28,7 @@ from .types import (
     Backlog,
     Context,
     DeleteResult,
+    DeleteSubjectResult,
     Entry,
     FlushResult,
     MessageLike,
@@ -486,6 +487,7 @@ class Client(_Base):
         session_id: str,
         messages: Iterable[MessageLike],
         *,
+        subject: str | None = None,
         timeout: float | None = DEFAULT,
     ) -> AppendResult:
         """Appends messages, in order, to the session (creating it as needed).
@@ -496,11 +498,18 @@ class Client(_Base):
         comes back with its original seq and `duplicate=True`). Roles are
         "user", "assistant", "system" and "tool".
 
-        Raises InvalidArgument (bad session id, no messages, empty or
-        oversized content, ...) with `violations` naming each bad field.
+        `subject` says whose memory the session is (a user, a customer: 1
+        to 256 characters of letters, digits and . _ : @ -). The append that
+        creates the session fixes it; naming another one later (or one for
+        a session created without) raises FailedPrecondition with reason
+        SUBJECT_MISMATCH and stores nothing. Naming none later is fine.
+
+        Raises InvalidArgument (bad session id or subject, no messages,
+        empty or oversized content, ...) with `violations` naming each bad
+        field.
         """
         request = pb.AppendEntriesRequest(
-            session_id=session_id, entries=new_entries(messages)
+            session_id=session_id, entries=new_entries(messages), subject=subject or ""
         )
         return AppendResult.from_pb(self._call(self._stub.AppendEntries, request, timeout))
 
@@ -594,15 +603,22 @@ class Client(_Base):
         )
 
     def sessions(
-        self, *, page_size: int = 0, timeout: float | None = DEFAULT
+        self,
+        *,
+        subject: str | None = None,
+        page_size: int = 0,
+        timeout: float | None = DEFAULT,
     ) -> Iterator[SessionInfo]:
         """Iterates over the caller's sessions in session_id order, one page
         at a time (`page_size` 0: the server's default, 50), each page with
-        its own deadline. Only the caller's tenant's sessions are listed."""
+        its own deadline; with `subject`, only that subject's. Only the
+        caller's tenant's sessions are listed."""
         token = ""
         while True:
             request = pb.ListSessionsRequest(
-                page_size=count_value("page_size", page_size), page_token=token
+                page_size=count_value("page_size", page_size),
+                page_token=token,
+                subject=subject or "",
             )
             page = self._call(self._stub.ListSessions, request, timeout)
             for info in page.sessions:
@@ -647,6 +663,18 @@ class Client(_Base):
         session."""
         request = pb.DeleteSessionRequest(session_id=session_id)
         return DeleteResult.from_pb(self._call(self._stub.DeleteSession, request, timeout))
+
+    def delete_subject(
+        self, subject: str, *, timeout: float | None = DEFAULT
+    ) -> DeleteSubjectResult:
+        """Erases every session of the subject in the caller's tenant, each
+        as `delete_session` erases one (the "forget this user" privacy law
+        asks for), and counts what went. A subject with no session gives
+        zeros."""
+        request = pb.DeleteSubjectRequest(subject=subject)
+        return DeleteSubjectResult.from_pb(
+            self._call(self._stub.DeleteSubject, request, timeout)
+        )
 
     def watch(self, session_id: str, *, timeout: float | None = None) -> SessionWatch:
         """Watches the session's events: returns, once the server has
@@ -725,11 +753,12 @@ class AsyncClient(_Base):
         session_id: str,
         messages: Iterable[MessageLike],
         *,
+        subject: str | None = None,
         timeout: float | None = DEFAULT,
     ) -> AppendResult:
         """Appends messages, in order, to the session; see `Client.append`."""
         request = pb.AppendEntriesRequest(
-            session_id=session_id, entries=new_entries(messages)
+            session_id=session_id, entries=new_entries(messages), subject=subject or ""
         )
         return AppendResult.from_pb(
             await self._call(self._stub.AppendEntries, request, timeout)
@@ -803,14 +832,20 @@ class AsyncClient(_Base):
         )
 
     async def sessions(
-        self, *, page_size: int = 0, timeout: float | None = DEFAULT
+        self,
+        *,
+        subject: str | None = None,
+        page_size: int = 0,
+        timeout: float | None = DEFAULT,
     ) -> AsyncIterator[SessionInfo]:
         """Iterates (`async for`) over the caller's sessions page by page;
         see `Client.sessions`."""
         token = ""
         while True:
             request = pb.ListSessionsRequest(
-                page_size=count_value("page_size", page_size), page_token=token
+                page_size=count_value("page_size", page_size),
+                page_token=token,
+                subject=subject or "",
             )
             page = await self._call(self._stub.ListSessions, request, timeout)
             for info in page.sessions:
@@ -845,6 +880,15 @@ class AsyncClient(_Base):
         request = pb.DeleteSessionRequest(session_id=session_id)
         return DeleteResult.from_pb(
             await self._call(self._stub.DeleteSession, request, timeout)
+        )
+
+    async def delete_subject(
+        self, subject: str, *, timeout: float | None = DEFAULT
+    ) -> DeleteSubjectResult:
+        """Erases every session of the subject; see `Client.delete_subject`."""
+        request = pb.DeleteSubjectRequest(subject=subject)
+        return DeleteSubjectResult.from_pb(
+            await self._call(self._stub.DeleteSubject, request, timeout)
         )
 
     def watch(self, session_id: str, *, timeout: float | None = None) -> AsyncSessionWatch:

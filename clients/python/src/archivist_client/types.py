@@ -493,7 +493,8 @@ class SessionInfo:
 
     `pending` and `parked` count the session's nodes owed a recap and
     parked; `open_segment_id` is the segment taking appends (None when none
-    is open); `last_append_at` is when it last stored an entry.
+    is open); `last_append_at` is when it last stored an entry; `subject`
+    is whose memory it is (None when the append that created it named none).
     """
 
     session_id: str
@@ -504,6 +505,7 @@ class SessionInfo:
     parked: int
     created_at: datetime | None
     last_append_at: datetime | None
+    subject: str | None
     raw: pb.SessionInfo = field(repr=False, compare=False)
 
     @classmethod
@@ -519,6 +521,7 @@ class SessionInfo:
             parked=info.parked,
             created_at=_ts(info, "created_at"),
             last_append_at=_ts(info, "last_append_at"),
+            subject=info.subject or None,
             raw=info,
         )
 
@@ -535,6 +538,26 @@ class DeleteResult:
     @classmethod
     def from_pb(cls, response: pb.DeleteSessionResponse) -> DeleteResult:
         return cls(
+            entries_deleted=response.entries_deleted,
+            segments_deleted=response.segments_deleted,
+            raw=response,
+        )
+
+
+@dataclass(frozen=True)
+class DeleteSubjectResult:
+    """What `delete_subject` erased: the subject's sessions, their entries,
+    and their segments and roll-ups (`segments_deleted` counts both)."""
+
+    sessions_deleted: int
+    entries_deleted: int
+    segments_deleted: int
+    raw: pb.DeleteSubjectResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, response: pb.DeleteSubjectResponse) -> DeleteSubjectResult:
+        return cls(
+            sessions_deleted=response.sessions_deleted,
             entries_deleted=response.entries_deleted,
             segments_deleted=response.segments_deleted,
             raw=response,

@@ -79,12 +79,14 @@ class Entry(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class AppendEntriesRequest(_message.Message):
-    __slots__ = ("session_id", "entries")
+    __slots__ = ("session_id", "entries", "subject")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     entries: _containers.RepeatedCompositeFieldContainer[NewEntry]
-    def __init__(self, session_id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NewEntry, _Mapping]]] = ...) -> None: ...
+    subject: str
+    def __init__(self, session_id: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[NewEntry, _Mapping]]] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class AppendedEntry(_message.Message):
     __slots__ = ("seq", "client_entry_id", "duplicate")
@@ -357,12 +359,14 @@ class GetBacklogRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token")
+    __slots__ = ("page_size", "page_token", "subject")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    subject: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
     __slots__ = ("sessions", "next_page_token")
@@ -373,7 +377,7 @@ class ListSessionsResponse(_message.Message):
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "entry_count", "last_seq", "open_segment_id", "pending", "parked", "created_at", "last_append_at")
+    __slots__ = ("session_id", "entry_count", "last_seq", "open_segment_id", "pending", "parked", "created_at", "last_append_at", "subject")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +386,7 @@ class SessionInfo(_message.Message):
     PARKED_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_APPEND_AT_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     entry_count: int
     last_seq: int
@@ -390,7 +395,8 @@ class SessionInfo(_message.Message):
     parked: int
     created_at: _timestamp_pb2.Timestamp
     last_append_at: _timestamp_pb2.Timestamp
-    def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    subject: str
+    def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class Backlog(_message.Message):
     __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending")
@@ -430,6 +436,22 @@ class DeleteSessionResponse(_message.Message):
     entries_deleted: int
     segments_deleted: int
     def __init__(self, entries_deleted: _Optional[int] = ..., segments_deleted: _Optional[int] = ...) -> None: ...
+
+class DeleteSubjectRequest(_message.Message):
+    __slots__ = ("subject",)
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    def __init__(self, subject: _Optional[str] = ...) -> None: ...
+
+class DeleteSubjectResponse(_message.Message):
+    __slots__ = ("sessions_deleted", "entries_deleted", "segments_deleted")
+    SESSIONS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    sessions_deleted: int
+    entries_deleted: int
+    segments_deleted: int
+    def __init__(self, sessions_deleted: _Optional[int] = ..., entries_deleted: _Optional[int] = ..., segments_deleted: _Optional[int] = ...) -> None: ...
 
 class ListEntriesRequest(_message.Message):
     __slots__ = ("session_id", "after_seq", "page_size")

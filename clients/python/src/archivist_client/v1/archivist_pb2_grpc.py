@@ -96,6 +96,11 @@ class ArchivistStub:
                 request_serializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.SerializeToString,
                 response_deserializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.FromString,
                 _registered_method=True)
+        self.DeleteSubject = channel.unary_unary(
+                '/archivist.v1.Archivist/DeleteSubject',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.FromString,
+                _registered_method=True)
 
 
 class ArchivistServicer:
@@ -218,6 +223,16 @@ class ArchivistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteSubject(self, request, context):
+        """Erases every session of the subject in the caller's tenant, each as
+        DeleteSession erases one (the same answer about the SQLite files), and
+        counts what it erased: the "forget this user" privacy law asks for. A
+        subject with no session answers zeros.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArchivistServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -280,6 +295,11 @@ def add_ArchivistServicer_to_server(servicer, server):
                     servicer.ListEntries,
                     request_deserializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.FromString,
                     response_serializer=archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.SerializeToString,
+            ),
+            'DeleteSubject': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubject,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -608,6 +628,33 @@ class Archivist:
             '/archivist.v1.Archivist/ListEntries',
             archivist_dot_v1_dot_archivist__pb2.ListEntriesRequest.SerializeToString,
             archivist_dot_v1_dot_archivist__pb2.ListEntriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/archivist.v1.Archivist/DeleteSubject',
+            archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.FromString,
             options,
             channel_credentials,
             insecure,
