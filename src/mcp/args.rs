@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde_json::Value;
 
 use super::error::Violation;
-use crate::model::{Role, SessionName};
+use crate::model::{Role, SessionName, Subject};
 
 /// Most messages one `remember` takes: beyond that a model is pasting a
 /// transcript, which an agent host should stream over gRPC instead.
@@ -76,6 +76,11 @@ pub(super) struct RememberArgs {
     /// What to remember, oldest first: 1 to 100 messages.
     #[schemars(length(min = 1, max = 100))]
     pub messages: Vec<MessageArg>,
+    /// Whose memory this is (a user, a customer: 1 to 256 characters of
+    /// letters, digits and . _ : @ -), to find their sessions later. Fixed
+    /// by the first remember of a session: another one later is refused.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    pub subject: Option<String>,
 }
 
 /// `context`'s arguments.
@@ -101,6 +106,9 @@ pub(super) struct ListSessionsArgs {
     pub page_size: Option<u32>,
     /// The next_page_token of the previous page, to read on.
     pub page_token: Option<String>,
+    /// Only the sessions of this subject.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    pub subject: Option<String>,
 }
 
 /// `forget`'s arguments.
@@ -131,7 +139,7 @@ pub(super) trait FromArgs: Sized {
 }
 
 impl FromArgs for RememberArgs {
-    const FIELDS: &'static [&'static str] = &["session_id", "messages"];
+    const FIELDS: &'static [&'static str] = &["session_id", "messages", "subject"];
 
     fn read(r: &mut Reader) -> Option<Self> {
         let session_id = r.session_id("session_id");
@@ -142,9 +150,11 @@ impl FromArgs for RememberArgs {
                 .filter_map(|(i, item)| r.message(i, item))
                 .collect::<Vec<_>>()
         });
+        let subject = r.subject("subject");
         Some(RememberArgs {
             session_id: session_id?,
             messages: messages?,
+            subject: subject?,
         })
     }
 }
@@ -163,14 +173,16 @@ impl FromArgs for ContextArgs {
 }
 
 impl FromArgs for ListSessionsArgs {
-    const FIELDS: &'static [&'static str] = &["page_size", "page_token"];
+    const FIELDS: &'static [&'static str] = &["page_size", "page_token", "subject"];
 
     fn read(r: &mut Reader) -> Option<Self> {
         let page_size = r.count("page_size", 1, MAX_PAGE_SIZE);
         let page_token = r.opt_string("page_token", MAX_PAGE_TOKEN);
+        let subject = r.subject("subject");
         Some(ListSessionsArgs {
             page_size: page_size?,
             page_token: page_token?.filter(|t| !t.is_empty()),
+            subject: subject?,
         })
     }
 }
@@ -259,6 +271,24 @@ impl Reader {
                     field,
                     format!(
                         "{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)"
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional subject.
+    fn subject(&mut self, field: &str) -> Option<Option<String>> {
+        let raw = self.opt_string(field, usize::MAX)?;
+        match raw.as_deref().map(Subject::parse) {
+            None => Some(None),
+            Some(Ok(_)) => Some(raw),
+            Some(Err(e)) => {
+                self.bad(
+                    field,
+                    format!(
+                        "{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)"
                     ),
                 );
                 None
@@ -430,6 +460,26 @@ mod tests {
         assert_eq!(args.messages.len(), 2);
         assert_eq!(args.messages[0].role, RoleArg::User);
         assert_eq!(args.messages[1].client_entry_id.as_deref(), Some("t2"));
+        assert_eq!(args.subject, None);
+        let args = RememberArgs::parse(object(json!({
+            "session_id": "a",
+            "messages": [{"role": "user", "content": "hi"}],
+            "subject": "ada@example.com",
+        })))
+        .expect("a subject");
+        assert_eq!(args.subject.as_deref(), Some("ada@example.com"));
+        let violations = RememberArgs::parse(object(json!({
+            "session_id": "a",
+            "messages": [{"role": "user", "content": "hi"}],
+            "subject": "Ada Lovelace",
+        })))
+        .expect_err("a space");
+        assert_eq!(fields(&violations), ["subject"]);
+        assert!(
+            violations[0].description.contains("' '"),
+            "{}",
+            violations[0].description
+        );
     }
 
     #[test]
@@ -511,7 +561,8 @@ mod tests {
             ListSessionsArgs::parse(None).expect("all optional"),
             ListSessionsArgs {
                 page_size: None,
-                page_token: None
+                page_token: None,
+                subject: None,
             }
         );
     }

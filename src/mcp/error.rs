@@ -438,7 +438,10 @@ fn advice(
         },
         (_, Some("CLIENT_ENTRY_ID_REUSED")) => "A client_entry_id of this call already names another entry of the session; nothing of the call was stored. Give new text a new id (the same id with the same text is a safe retry).".to_owned(),
         (_, Some("TENANT_STORAGE_FULL")) => "This tenant's storage is full; nothing was stored. Forget sessions no longer needed, or ask the operator for more room; retrying unchanged will not help.".to_owned(),
-        (_, Some("SUBJECT_MISMATCH")) => "This session belongs to another subject: use the session's own subject, or another session.".to_owned(),
+        (_, Some("SUBJECT_MISMATCH")) => match call.metadata.iter().find(|(k, _)| k == "subject") {
+            Some((_, theirs)) if !theirs.is_empty() => format!("Nothing was stored: this session's subject is {theirs:?}. Name that subject (or none), or use another session for this one."),
+            _ => "Nothing was stored: this session was created without a subject. Leave subject out, or use another session for this one.".to_owned(),
+        },
         (Code::InvalidArgument, _) => "The archivist server refused the arguments named in violations; fix them and call again.".to_owned(),
         (Code::Unauthenticated, _) => "This MCP server's archivist token (ARCHIVIST_TOKEN or --token) is missing or unknown to the server; a person must fix it. Do not retry.".to_owned(),
         (Code::PermissionDenied, _) => "The tenant may not do this; do not retry.".to_owned(),

@@ -35,14 +35,14 @@ A failed call is a tool error whose structured content says the code, whether it
 const REMEMBER_DESCRIPTION: &str = "Store messages in long-term memory, to be recalled in later conversations. \
 Use it for what should outlive this conversation: what the user said, decided or prefers, facts learned, your own conclusions. \
 Messages are kept verbatim and durably (an acknowledged message is never lost) and recapped in the background. \
-Use one session_id per conversation or per topic, and the same id again later to add to that memory. \
+Use one session_id per conversation or per topic, and the same id again later to add to that memory; a subject (whose memory it is: a user, a customer) set on a session's first remember lets list_sessions find its sessions. \
 A client_entry_id on each message makes a retry safe: the same id and text are stored once.";
 
 const CONTEXT_DESCRIPTION: &str = "Read back what a session remembers, sized for your prompt: recaps of older history and the newest messages verbatim, oldest first, within max_tokens (default 2000). \
 Call it when a conversation continues an earlier one, or when you need what was said before in a session. \
 Each item is a recap (covering a range of message seq numbers) or a message; `truncated` means the oldest history did not fit even as recaps.";
 
-const LIST_SESSIONS_DESCRIPTION: &str = "List this memory's sessions in session_id order, each with its message count and when it was created and last written. \
+const LIST_SESSIONS_DESCRIPTION: &str = "List this memory's sessions in session_id order, each with its message count, its subject and when it was created and last written; with subject, only that subject's. \
 Use it to find the session_id of an earlier conversation. Pages: pass next_page_token back as page_token to read on.";
 
 const FORGET_DESCRIPTION: &str = "Erase a session for good: every message, recap and record of it. It cannot be undone. \
@@ -209,6 +209,9 @@ pub(super) struct ListSessionsOutput {
 #[derive(Clone, Debug, Serialize, JsonSchema)]
 pub(super) struct SessionSummary {
     pub session_id: String,
+    /// Whose memory it is, when the session was given one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
     /// Messages stored.
     pub entry_count: u64,
     /// The newest message's seq.
@@ -249,6 +252,7 @@ pub(super) async fn remember(
                 content: m.content.clone(),
             })
             .collect(),
+        subject: args.subject.clone().unwrap_or_default(),
     };
     let mut client = backend.client().await?;
     let resp = client
@@ -470,9 +474,10 @@ pub(super) async fn list_sessions(
 ) -> Result<CallToolResult, ToolError> {
     let args = backend.parse::<ListSessionsArgs>(args)?;
     let page_token = args.page_token.unwrap_or_default();
+    let subject = args.subject.unwrap_or_default();
     let mut client = backend.client().await?;
     let mut page_size = args.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
-    let mut page = read_sessions(backend, &mut client, page_size, &page_token).await?;
+    let mut page = read_sessions(backend, &mut client, page_size, &page_token, &subject).await?;
     // A page is at most 100 short lines, well within any cap; under a cap
     // set very low the page ends early. The page token is the server's and
     // opaque, so the shorter page is asked for again to get the token that
@@ -480,7 +485,7 @@ pub(super) async fn list_sessions(
     let fits = fitting(backend, &page.0);
     if fits < page.0.len() {
         page_size = u32::try_from(fits.max(1)).unwrap_or(1);
-        page = read_sessions(backend, &mut client, page_size, &page_token).await?;
+        page = read_sessions(backend, &mut client, page_size, &page_token, &subject).await?;
     }
     let (sessions, next_page_token) = page;
     let mut text = match sessions.len() {
@@ -509,11 +514,13 @@ async fn read_sessions(
     client: &mut crate::client::Client,
     page_size: u32,
     page_token: &str,
+    subject: &str,
 ) -> Result<(Vec<SessionSummary>, Option<String>), ToolError> {
     let resp = client
         .list_sessions(backend.request(pb::ListSessionsRequest {
             page_size,
             page_token: page_token.to_owned(),
+            subject: subject.to_owned(),
         }))
         .await
         .map_err(|s| backend.status(&s, LIST_SESSIONS))?
@@ -522,6 +529,7 @@ async fn read_sessions(
         .sessions
         .into_iter()
         .map(|s| SessionSummary {
+            subject: Some(s.subject).filter(|s| !s.is_empty()),
             session_id: s.session_id,
             entry_count: s.entry_count,
             last_seq: s.last_seq,
@@ -552,6 +560,9 @@ fn session_line(s: &SessionSummary) -> String {
         s.session_id,
         count(s.entry_count, "message", "messages")
     );
+    if let Some(subject) = &s.subject {
+        line.push_str(&format!(" of {subject}"));
+    }
     if let Some(at) = &s.last_append_at {
         line.push_str(&format!(", last written {at}"));
     }

@@ -252,6 +252,35 @@ async def test_list_sessions_pages_through_the_tenants_sessions(start_server, co
         assert text(result).splitlines()[1].startswith(f"- {names[2]}: 3 messages, last written ")
 
 
+async def test_a_subject_is_kept_and_finds_its_sessions(start_server, connect: Connect) -> None:
+    server = start_server()
+    ada, bob = sorted(new_session() for _ in range(2))
+    async with connect(url(server)) as client:
+        for session, subject in [(ada, "ada@example.com"), (bob, "bob@example.com")]:
+            ok(await client.call_tool("remember", {
+                "session_id": session,
+                "subject": subject,
+                "messages": [{"role": "user", "content": f"I am {subject}"}],
+            }))
+        result = await client.call_tool("list_sessions", {"subject": "ada@example.com"})
+        listed = ok(result)
+        assert [(s["session_id"], s["subject"]) for s in listed["sessions"]] == [(ada, "ada@example.com")]
+        assert f"- {ada}: 1 message of ada@example.com" in text(result)
+        # Another subject for Ada's session stores nothing and says whose it is.
+        error = failed(await client.call_tool("remember", {
+            "session_id": ada,
+            "subject": "bob@example.com",
+            "messages": [{"role": "user", "content": "not mine"}],
+        }))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "archivist", "FAILED_PRECONDITION", "SUBJECT_MISMATCH",
+        )
+        assert error["retryable"] is False
+        assert '"ada@example.com"' in error["what_to_do"]
+        memory = ok(await client.call_tool("context", {"session_id": ada}))
+        assert [i["content"] for i in memory["items"]] == ["I am ada@example.com"]
+
+
 async def test_forget_is_refused_without_the_flag(server, connect: Connect) -> None:
     session = new_session()
     async with connect(url(server)) as client:
