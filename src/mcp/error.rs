@@ -41,7 +41,7 @@ pub(super) struct Violation {
 }
 
 /// A recap's failure as it travelled: `archivist.v1.Failure`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub(super) struct FailureReport {
     /// The failure class: transport, timeout, unavailable, rate_limited,
     /// quota_exhausted, unauthorized, unknown_model, invalid_request,

@@ -14,7 +14,7 @@ use super::answer::{Cut, Room, cost, shorten, success};
 use super::args::{
     ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ListSessionsArgs, RememberArgs,
 };
-use super::error::ToolError;
+use super::error::{FailureReport, ToolError, failure_report};
 use super::handler::Backend;
 use crate::pb;
 use crate::text::count;
@@ -173,6 +173,23 @@ pub(super) struct ContextOutput {
     /// Set when max_tokens was lowered to fit the answer cap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Set when stretches of the session have no recap yet (their messages
+    /// stand in verbatim), with the failure that stands in the way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recaps_owed: Option<RecapsOwed>,
+}
+
+/// Stretches of a session without their recap.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct RecapsOwed {
+    /// Stretches waiting for a recap (at least this many).
+    pub pending: u64,
+    /// Of them, the ones the server will not retry until its provider is
+    /// fixed.
+    pub parked: u64,
+    /// The newest failure among them, as the recap pass saw it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<FailureReport>,
 }
 
 /// A recap of a stretch of the session, or one message verbatim.
@@ -372,7 +389,11 @@ pub(super) async fn context(
             backend.max_answer_bytes
         ),
     });
+    let recaps_owed = owed_recaps(backend, &mut client, &args.session_id).await;
     let mut text = header;
+    if let Some(owed) = &recaps_owed {
+        text.push_str(&format!(" {}", owed_line(owed)));
+    }
     if resp.truncated {
         text.push_str(" The oldest history did not fit, even as recaps (truncated).");
     }
@@ -397,8 +418,82 @@ pub(super) async fn context(
         items: kept.into_iter().map(|(item, _)| item).collect(),
         cut,
         note,
+        recaps_owed,
     };
     Ok(success(text, &out))
+}
+
+/// Most segments read to say what recaps a session is owed: beyond it the
+/// count is "at least".
+const OWED_PAGE: u32 = 100;
+
+/// The session's segments without a recap, and the newest failure among
+/// them; None when none is owed, or when asking failed (the memory read
+/// already stands, and this is only a note on it).
+async fn owed_recaps(
+    backend: &Backend,
+    client: &mut crate::client::Client,
+    session: &str,
+) -> Option<RecapsOwed> {
+    let resp = client
+        .list_segments(backend.request(pb::ListSegmentsRequest {
+            session_id: session.to_owned(),
+            states: vec![
+                pb::SegmentState::Pending as i32,
+                pb::SegmentState::Parked as i32,
+            ],
+            page_size: OWED_PAGE,
+            ..Default::default()
+        }))
+        .await
+        .ok()?
+        .into_inner();
+    if resp.segments.is_empty() {
+        return None;
+    }
+    let parked = resp
+        .segments
+        .iter()
+        .filter(|s| s.state == pb::SegmentState::Parked as i32)
+        .count() as u64;
+    // Ordinal order: the newest failure is the last one's.
+    let last_failure = resp
+        .segments
+        .iter()
+        .rev()
+        .find_map(|s| s.last_failure.clone())
+        .map(failure_report);
+    Some(RecapsOwed {
+        pending: resp.segments.len() as u64,
+        parked,
+        last_failure,
+    })
+}
+
+/// What a model should know of recaps owed, in a sentence or two.
+fn owed_line(owed: &RecapsOwed) -> String {
+    let mut line = format!(
+        "{} no recap yet; the messages stand in verbatim.",
+        count(
+            owed.pending,
+            "stretch of this session has",
+            "stretches of this session have"
+        )
+    );
+    if let Some(f) = &owed.last_failure {
+        line.push_str(&format!(
+            " The last recap attempt failed: {} ({}{}).",
+            f.kind,
+            match f.retryable {
+                true => "the server retries by itself",
+                false => "it waits until a person fixes the server's provider",
+            },
+            f.http_status
+                .map(|s| format!(", HTTP {s}"))
+                .unwrap_or_default(),
+        ));
+    }
+    line
 }
 
 /// The smallest budget a CONTEXT_BUDGET_TOO_SMALL names.

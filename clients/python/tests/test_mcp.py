@@ -9,6 +9,7 @@ a connected `mcp.Client`."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -21,7 +22,18 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from support import ArchivistServer, McpHttpServer, clean_env, free_port
+from archivist_client import Client as ArchivistClient
+from support import (
+    KEY_ENV,
+    SECRET_KEY,
+    ArchivistServer,
+    McpHttpServer,
+    clean_env,
+    completion,
+    error,
+    free_port,
+    openai_config,
+)
 
 Connect = Callable[..., AbstractAsyncContextManager[Client]]
 
@@ -228,6 +240,74 @@ async def test_context_shows_recaps_of_closed_stretches(start_server, connect: C
         assert recaps[0]["text"]
         # The newest message comes verbatim, last.
         assert memory["items"][-1]["content"] == "What was the ticket again?"
+
+
+async def poll(check: Callable[[], Any], what: str, tries: int = 400) -> Any:
+    """Calls the async `check` until it gives something true (bounded)."""
+    for _ in range(tries):
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_a_provider_down_loses_nothing_and_its_failure_reaches_the_model(
+    start_server, fake_provider, connect: Connect
+) -> None:
+    """The recap provider answers 503: remember and context still work (the
+    messages stand in for the missing recap), and the pass's typed Failure
+    reaches the model whole; once the provider is back, the recap does."""
+    fake_provider.reply = lambda: error(503, f"The server is overloaded (key {SECRET_KEY})")
+    config = openai_config(fake_provider.base_url, max_attempts=2) + "\n[segment]\nmax_entries = 2\n"
+    server = start_server(config, env={KEY_ENV: SECRET_KEY})
+    session = new_session()
+    said = ["Ada's locker code is 4711.", "The standup moved to 9:30.", "Bring the blue folder."]
+    async with connect(url(server)) as client:
+        stored = ok(await client.call_tool("remember", {
+            "session_id": session, "messages": [{"role": "user", "content": m} for m in said],
+        }))
+        assert len(stored["closed_segment_ids"]) == 1
+
+        async def failed_pass() -> Any:
+            result = await client.call_tool("context", {"session_id": session})
+            memory = ok(result)
+            owed = memory.get("recaps_owed") or {}
+            return (result, memory) if owed.get("last_failure") else None
+
+        result, memory = await poll(failed_pass, "the failed pass in context")
+        # Nothing lost: every message verbatim.
+        assert [i["content"] for i in memory["items"]] == said
+        owed = memory["recaps_owed"]
+        assert (owed["pending"], owed["parked"]) == (1, 0)
+        failure = owed["last_failure"]
+        assert (failure["kind"], failure["retryable"], failure["http_status"]) == ("unavailable", True, 503)
+        assert (failure["provider"], failure["model"]) == ("openai", "fake-model")
+        assert failure["attempts"] == 2
+        assert "recap of segment" in failure["causes"][0]
+        assert "503" in failure["causes"][-1] and "overloaded" in failure["causes"][-1]
+        assert failure["hint"]
+        assert SECRET_KEY not in json.dumps(memory) and SECRET_KEY not in text(result)
+        assert "1 stretch of this session has no recap yet" in text(result)
+        assert "unavailable (the server retries by itself, HTTP 503)" in text(result)
+
+        # The provider is back; an operator makes the segment due now.
+        fake_provider.reply = completion
+        with ArchivistClient(server.address) as operator:
+            assert operator.requeue(session) == 1
+
+        async def recapped() -> Any:
+            memory = ok(await client.call_tool("context", {"session_id": session}))
+            return memory if "recaps_owed" not in memory else None
+
+        await poll(recapped, "the recap after the provider came back")
+        # A budget too small for every message shows the recap in their
+        # place, and the newest message verbatim.
+        memory = ok(await client.call_tool("context", {"session_id": session, "max_tokens": 25}))
+        assert memory["items"] == [
+            {"kind": "recap", "level": 1, "first_seq": 1, "last_seq": 2, "text": "A recap of the segment."},
+            {**memory["items"][1], "kind": "message", "seq": 3, "content": said[-1]},
+        ]
 
 
 async def test_list_sessions_pages_through_the_tenants_sessions(start_server, connect: Connect) -> None:
