@@ -192,18 +192,18 @@ async fn a_kill_between_an_erasures_commit_and_its_scrub_leaves_no_trace_after_r
 
 /// How long one append beside the large erasure may take before it counts
 /// as refused: an erasure in one transaction held every write for the
-/// whole session (~1 s for this one, ~5 s for 200 MB); in batches, one
+/// whole session (~0.5 s for this one here, ~5 s for 200 MB on a slower disk); in batches, one
 /// batch at a time.
-const APPEND_DEADLINE: Duration = Duration::from_millis(500);
+const APPEND_DEADLINE: Duration = Duration::from_millis(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_beside_a_large_erasure_and_a_held_read_are_not_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Process::start(dir.path(), &[("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000")]).await;
     let mut client = server.client().await;
-    // ~40 MB in one session: 80 appends of 100 entries of 5 KB.
+    // ~80 MB in one session: 160 appends of 100 entries of 5 KB.
     let text = format!("{MARKER} {}", "z".repeat(5_000));
-    for _ in 0..80 {
+    for _ in 0..160 {
         let texts: Vec<&str> = (0..100).map(|_| text.as_str()).collect();
         client
             .append_entries(append_request("doomed", &texts))
@@ -224,11 +224,16 @@ async fn appends_beside_a_large_erasure_and_a_held_read_are_not_refused() {
     // Appends to another session while the erasure runs, each with a
     // deadline: counted, not timed.
     let (mut done, mut refused) = (0u32, 0u32);
+    let mut longest = Duration::ZERO;
     while !eraser.is_finished() || done < 20 {
         let mut request =
             tonic::Request::new(append_request("other", &[&format!("beside {done}")]));
         request.set_timeout(APPEND_DEADLINE);
-        match client.append_entries(request).await {
+        let asked = std::time::Instant::now();
+        let answer = client.append_entries(request).await;
+        // Printed for the figures, never asserted.
+        longest = longest.max(asked.elapsed());
+        match answer {
             Ok(_) => done += 1,
             Err(status) => {
                 eprintln!("refused beside the erasure: {status:?}");
@@ -238,7 +243,7 @@ async fn appends_beside_a_large_erasure_and_a_held_read_are_not_refused() {
         }
     }
     let answer = eraser.await.expect("join");
-    eprintln!("{done} appends beside the erasure, {refused} refused");
+    eprintln!("{done} appends beside the erasure, {refused} refused, longest {longest:?}");
     assert_eq!(refused, 0, "appends refused beside a large erasure");
     // The held read keeps the text in the log: committed, scrub pending.
     let status = answer.expect_err("the read holds the log");
