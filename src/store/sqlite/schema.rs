@@ -279,6 +279,12 @@ CREATE TABLE erasures_pending (
 ALTER TABLE sessions ADD COLUMN subject TEXT;
 CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
 "#,
+    r#"
+-- A session being erased (sessions.rs): its name moved out of the tenant's
+-- names and its entries going in batches; start-up finishes any left.
+ALTER TABLE sessions ADD COLUMN erasing INTEGER;
+CREATE INDEX sessions_erasing ON sessions (id) WHERE erasing IS NOT NULL;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one
