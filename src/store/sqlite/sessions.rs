@@ -422,6 +422,14 @@ fn append_tx(
                 .query_row(params![tenant, name, now.0, subject], |r| {
                     r.get::<_, i64>(0)
                 })?;
+            // The search index's (session_id << 32) | seq must stay a
+            // positive i64 (summaries have the negative ones).
+            if id >= 1 << 31 {
+                return Err(StoreError::Unstorable {
+                    index: 0,
+                    reason: "the database has held 2^31 sessions, the most the search index names",
+                });
+            }
             (id, 1, 1, None, subject)
         }
     };
@@ -480,6 +488,14 @@ fn append_tx(
             }
         }
         let seq = next_seq;
+        // The search index names an entry (session_id << 32) | seq
+        // (schema.rs): a seq past 32 bits would name another's.
+        if seq >= 1 << 32 {
+            return Err(StoreError::Unstorable {
+                index,
+                reason: "the session holds 2^32 - 1 entries, the most one session may",
+            });
+        }
         next_seq += 1;
         stored_any = true;
         added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
