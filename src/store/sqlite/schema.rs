@@ -335,6 +335,20 @@ END;
 -- What was stored before this migration, indexed in its transaction.
 INSERT INTO search_index (search_index) VALUES ('rebuild');
 "#,
+    r#"
+-- Erasure records never reuse an id: the checkpoint thread reports "scrubbed
+-- up to id N", and with a plain rowid the next erasure after a finished
+-- scrub took the freed id again, so it was reported scrubbed while its
+-- text was still in the database file (found by the Search erasure test).
+CREATE TABLE erasures_pending_v2 (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    erased_at INTEGER NOT NULL
+);
+INSERT INTO erasures_pending_v2 SELECT id, tenant, erased_at FROM erasures_pending;
+DROP TABLE erasures_pending;
+ALTER TABLE erasures_pending_v2 RENAME TO erasures_pending;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one
