@@ -3,11 +3,17 @@
 //! the query (search/query.rs), ranked by `ts_rank`, with the filters
 //! applied before the limit; and the probe that finds common terms.
 
-use super::{Postgres, unsigned};
+use tokio_postgres::error::SqlState;
+
+use super::{Postgres, transact, unsigned};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term};
 use crate::store::StoreError;
 use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
+
+/// The work bound of one search statement on PostgreSQL, in milliseconds:
+/// past it the statement is cancelled and the answer is `SearchTooCostly`.
+const STATEMENT_TIMEOUT_MS: u32 = 2000;
 
 const LEG: &str = "\
 WITH q AS (SELECT websearch_to_tsquery('simple', $1) AS q) \
@@ -51,22 +57,26 @@ impl Postgres {
             .then(|| scope.roles.iter().map(|r| r.code()).collect::<Vec<i64>>());
         let levels: Vec<i64> = scope.levels().into_iter().map(i64::from).collect();
         let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &query.websearch(),
-                    &tenant.0,
-                    &subject,
-                    &sessions,
-                    &after,
-                    &before,
-                    &roles,
-                    &levels,
-                    &i64::from(limit),
-                ],
-            )
-            .await?;
+        let text = query.websearch();
+        let limit = i64::from(limit);
+        let setting = format!("SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}");
+        // Pipelined: BEGIN, the bound and the search go out together.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &text, &tenant.0, &subject, &sessions, &after, &before, &roles, &levels, &limit,
+        ];
+        let body = async {
+            let (set, rows) =
+                tokio::join!(client.batch_execute(&setting), client.query(&stmt, &params));
+            set?;
+            rows.map_err(|e| {
+                if e.code() == Some(&SqlState::QUERY_CANCELED) {
+                    StoreError::SearchTooCostly
+                } else {
+                    e.into()
+                }
+            })
+        };
+        let rows = transact(&client, body).await?;
         rows.iter()
             .map(|r| {
                 Ok(SearchHit {
