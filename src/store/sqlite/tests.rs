@@ -324,8 +324,12 @@ async fn the_log_is_checkpointed_into_the_database_file() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         waited += 1;
     }
+    // Bounded: the inline checkpoint's 10,000 pages, and what commits add
+    // while a background checkpoint holds the log; each append now also
+    // writes its search index pages (a segment, the structure record), so
+    // that overshoot is larger than before the index (12,850 pages seen).
     let log = std::fs::metadata(&wal).map_or(0, |m| m.len());
-    assert!(log < 11_000 * 4200, "the log grew to {log} bytes");
+    assert!(log < 16_000 * 4200, "the log grew to {log} bytes");
     assert_eq!(count_entries(&store, "s").await, 600);
 }
 
