@@ -189,3 +189,71 @@ async fn a_kill_between_an_erasures_commit_and_its_scrub_leaves_no_trace_after_r
         .expect_err("already erased");
     assert_eq!(status.code(), Code::NotFound);
 }
+
+/// How long one append beside the large erasure may take before it counts
+/// as refused: an erasure in one transaction held every write for the
+/// whole session (~0.5 s for this one here, ~5 s for 200 MB on a slower disk); in batches, one
+/// batch at a time.
+const APPEND_DEADLINE: Duration = Duration::from_millis(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_beside_a_large_erasure_and_a_held_read_are_not_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Process::start(dir.path(), &[("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000")]).await;
+    let mut client = server.client().await;
+    // ~80 MB in one session: 160 appends of 100 entries of 5 KB.
+    let text = format!("{MARKER} {}", "z".repeat(5_000));
+    for _ in 0..160 {
+        let texts: Vec<&str> = (0..100).map(|_| text.as_str()).collect();
+        client
+            .append_entries(append_request("doomed", &texts))
+            .await
+            .expect("append");
+    }
+    let reader = held_read(dir.path());
+    let eraser = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            client
+                .delete_session(pb::DeleteSessionRequest {
+                    session_id: "doomed".into(),
+                })
+                .await
+        })
+    };
+    // Appends to another session while the erasure runs, each with a
+    // deadline: counted, not timed.
+    let (mut done, mut refused) = (0u32, 0u32);
+    let mut longest = Duration::ZERO;
+    while !eraser.is_finished() || done < 20 {
+        let mut request =
+            tonic::Request::new(append_request("other", &[&format!("beside {done}")]));
+        request.set_timeout(APPEND_DEADLINE);
+        let asked = std::time::Instant::now();
+        let answer = client.append_entries(request).await;
+        // Printed for the figures, never asserted.
+        longest = longest.max(asked.elapsed());
+        match answer {
+            Ok(_) => done += 1,
+            Err(status) => {
+                eprintln!("refused beside the erasure: {status:?}");
+                refused += 1;
+                done += 1;
+            }
+        }
+    }
+    let answer = eraser.await.expect("join");
+    eprintln!("{done} appends beside the erasure, {refused} refused, longest {longest:?}");
+    assert_eq!(refused, 0, "appends refused beside a large erasure");
+    // The held read keeps the text in the log: committed, scrub pending.
+    let status = answer.expect_err("the read holds the log");
+    assert_eq!(reason(&status), "ERASURE_PENDING");
+    drop(reader);
+    let scrubbed = eventually(Duration::from_secs(10), || {
+        let mut client = client.clone();
+        async move { erasures_pending(&mut client).await == 0 }
+    })
+    .await;
+    assert!(scrubbed, "the erasure stays pending after the read ended");
+    assert_eq!(in_any_file(dir.path(), MARKER), Vec::<String>::new());
+}

@@ -2,6 +2,13 @@
 //! subject (DeleteSubject) and those idle past retention (expiry). Each erasure locks the tenant's usage row and the
 //! session's row, then its nodes, and deletes summaries, segments, entries
 //! and the session, and its bytes from the tenant's count.
+//!
+//! One transaction however large the session, unlike SQLite's batches
+//! (`sqlite/sessions.rs`): PostgreSQL has no single writer, and under MVCC
+//! the deletes hold only row locks, on this session's rows and its tenant's
+//! usage row; other tenants' appends commit meanwhile, and readers see the
+//! session whole until the commit. Only the same tenant's appends wait (on
+//! the usage row), as they must for its byte count to stay exact.
 
 use deadpool_postgres::Object;
 

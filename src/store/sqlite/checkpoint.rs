@@ -60,6 +60,11 @@ pub(super) struct Checkpoints {
 }
 
 impl Checkpoints {
+    /// Asks for a scrub of the erasures recorded so far, without waiting.
+    pub(super) fn ask(&self) {
+        let _ = self.asks.try_send(());
+    }
+
     /// Asks for a scrub of the erasures recorded so far, and waits until
     /// the one recorded as `erasure` is done, or `within` has passed;
     /// true when done.

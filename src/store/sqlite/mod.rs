@@ -116,9 +116,14 @@ impl Sqlite {
         mode: OpenMode,
     ) -> Result<Sqlite, StoreError> {
         let data_dir = data_dir.to_owned();
-        tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability, mode))
-            .await
-            .map_err(StoreError::Worker)?
+        let store =
+            tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability, mode))
+                .await
+                .map_err(StoreError::Worker)??;
+        if store.inner.jobs.is_some() {
+            store.resume_erasures().await?;
+        }
+        Ok(store)
     }
 
     /// The schema version this build migrates SQLite databases to.

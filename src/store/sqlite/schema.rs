@@ -280,6 +280,12 @@ ALTER TABLE sessions ADD COLUMN subject TEXT;
 CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
 "#,
     r#"
+-- A session being erased (sessions.rs): its name moved out of the tenant's
+-- names and its entries going in batches; start-up finishes any left.
+ALTER TABLE sessions ADD COLUMN erasing INTEGER;
+CREATE INDEX sessions_erasing ON sessions (id) WHERE erasing IS NOT NULL;
+"#,
+    r#"
 -- The lexical index of Search: FTS5 over the text of entries and
 -- summaries (external content: the view names each document), kept in
 -- step by triggers in the transaction that stores or erases the text.

@@ -1,6 +1,8 @@
 //! One leg of Search on SQLite: the FTS5 index (schema.rs), matched within
 //! the tenant's scope token, ranked by bm25 on the body, with the filters
-//! applied before the limit; and the probe that finds common terms.
+//! applied before the limit; and the probe that finds common terms. A
+//! session being erased (its entries still going, in batches) is gone to
+//! search as to every other read.
 
 use rusqlite::{Connection, params};
 
@@ -57,7 +59,7 @@ WITH m AS (SELECT rowid AS doc, bm25(search_index, 1.0, 0.0) AS r \
 SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
 FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
 JOIN sessions x ON x.id = e.session_id \
-WHERE m.doc > 0 AND x.tenant = ?2 AND (?3 IS NULL OR x.subject = ?3) \
+WHERE m.doc > 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
 AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
 AND (?5 IS NULL OR e.created_at > ?5) AND (?6 IS NULL OR e.created_at < ?6) \
 AND (?7 IS NULL OR e.role IN (SELECT value FROM json_each(?7))) \
@@ -66,7 +68,7 @@ UNION ALL \
 SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, m.r \
 FROM m JOIN summaries s ON s.segment_id = -m.doc JOIN segments g ON g.id = s.segment_id \
 JOIN sessions x ON x.id = g.session_id \
-WHERE m.doc < 0 AND x.tenant = ?2 AND (?3 IS NULL OR x.subject = ?3) \
+WHERE m.doc < 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
 AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
 AND (?5 IS NULL OR s.created_at > ?5) AND (?6 IS NULL OR s.created_at < ?6) \
 AND ?7 IS NULL AND g.level IN (SELECT value FROM json_each(?8)) \

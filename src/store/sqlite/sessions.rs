@@ -24,27 +24,31 @@ pub(super) struct SessionRow {
     open_segment_id: Option<SegmentId>,
 }
 
-/// Erases the session `id` (the tenant's `name`): summaries, segments,
-/// entries and the session row, and its bytes from the tenant's count; and
-/// records the erasure as owed a scrub of the files. Returns what it erased
-/// and the record's id.
-fn erase_tx(
+/// The most entries, and about the most bytes of them, one batch of an
+/// erasure deletes: each batch is its own writer job, so other tenants'
+/// appends interleave between them instead of waiting on the whole session
+/// (a 200 MB one held the writer ~5 s in one transaction). Each deleted
+/// entry also takes its terms out of the search index's pages
+/// (secure-delete), about as much work again as the row: hence half a MiB.
+const ERASE_BATCH_ROWS: u32 = 1_000;
+const ERASE_BATCH_BYTES: u64 = 1 << 19;
+
+/// Begins erasing the session `id` (the tenant's `name`), in one short
+/// transaction that makes it gone to every reader: its summaries and
+/// segments go, and the row leaves the tenant's names (renamed to one no
+/// session name can be, marked `erasing`), so the name is free at once,
+/// a new append under it starts a fresh session at seq 1, and lookups,
+/// listings and the workers pass it by. Its entries go after, in batches
+/// (`erase_batch`). Returns what the erasure removes.
+fn tombstone_tx(
     conn: &Connection,
     id: i64,
     tenant: &str,
     name: &str,
-) -> Result<(Erased, i64), StoreError> {
-    // What the appends counted for this session, so the tenant's byte
-    // count drops by exactly that.
-    let (entries, bytes): (u64, u64) = conn
-        .prepare_cached(
-            "SELECT count(*), coalesce(sum(length(CAST(content AS BLOB)) \
-             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2), 0) \
-             FROM entries WHERE session_id = ?1",
-        )?
-        .query_row(params![id, ROW_OVERHEAD_BYTES], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })?;
+) -> Result<Erased, StoreError> {
+    let entries: u64 = conn
+        .prepare_cached("SELECT count(*) FROM entries WHERE session_id = ?1")?
+        .query_row([id], |r| r.get(0))?;
     conn.prepare_cached(
         "DELETE FROM summaries WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
     )?
@@ -52,21 +56,67 @@ fn erase_tx(
     let segments = conn
         .prepare_cached("DELETE FROM segments WHERE session_id = ?1")?
         .execute([id])? as u64;
-    conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1")?
-        .execute([id])?;
-    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-        .execute([id])?;
-    let freed = bytes + name.len() as u64 + ROW_OVERHEAD_BYTES;
+    // A NUL never passes SessionName's check, and the id keeps it unique.
+    conn.prepare_cached(
+        "UPDATE sessions SET name = char(0) || 'erasing:' || id, erasing = 1, \
+         open_segment_id = NULL, subject = NULL WHERE id = ?1",
+    )?
+    .execute([id])?;
+    // The name's bytes leave the count now; the entries' with their batch.
     conn.prepare_cached(
         "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
     )?
-    .execute(params![tenant, freed])?;
+    .execute(params![tenant, name.len() as u64 + ROW_OVERHEAD_BYTES])?;
+    Ok(Erased { entries, segments })
+}
+
+/// One batch of an erasure begun by `tombstone_tx`: deletes the session's
+/// oldest entries, up to `ERASE_BATCH_ROWS` of them or about
+/// `ERASE_BATCH_BYTES` (at least one), and their bytes from the tenant's
+/// count. With none left, deletes the session row and records the erasure
+/// as owed a scrub of the files (only now: a scrub finished before the
+/// last batch would leave that batch's text in the log), and returns the
+/// record's id.
+fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
+    let tenant: String = conn
+        .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
+        .query_row([id], |r| r.get(0))?;
+    let mut upto = None;
+    let mut bytes = 0u64;
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, length(CAST(content AS BLOB)) \
+             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2 \
+             FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
+        )?;
+        let mut rows = stmt.query(params![id, ROW_OVERHEAD_BYTES, ERASE_BATCH_ROWS])?;
+        while let Some(row) = rows.next()? {
+            let seq: i64 = row.get(0)?;
+            let len: u64 = row.get(1)?;
+            upto = Some(seq);
+            bytes += len;
+            if bytes >= ERASE_BATCH_BYTES {
+                break;
+            }
+        }
+    }
+    if let Some(upto) = upto {
+        conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2")?
+            .execute(params![id, upto])?;
+        conn.prepare_cached(
+            "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
+        )?
+        .execute(params![tenant, bytes])?;
+        return Ok(None);
+    }
+    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+        .execute([id])?;
     let scrub: i64 = conn
         .prepare_cached(
             "INSERT INTO erasures_pending (tenant, erased_at) VALUES (?1, ?2) RETURNING id",
         )?
         .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
-    Ok((Erased { entries, segments }, scrub))
+    Ok(Some(scrub))
 }
 
 /// The tenant's session of that name, if it exists.
@@ -158,14 +208,15 @@ impl Sqlite {
     ) -> Result<Erased, StoreError> {
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
-        let (erased, scrub) = self
+        let (id, erased) = self
             .write(move |conn| {
                 let Some(row) = session_row(conn, &tenant, &session)? else {
                     return Err(StoreError::SessionNotFound(session));
                 };
-                erase_tx(conn, row.id, &tenant, &session)
+                Ok((row.id, tombstone_tx(conn, row.id, &tenant, &session)?))
             })
             .await?;
+        let scrub = self.finish_erasure(id).await?;
         self.scrubbed(scrub).await?;
         Ok(erased)
     }
@@ -177,7 +228,7 @@ impl Sqlite {
     ) -> Result<Vec<(String, Erased)>, StoreError> {
         let tenant = tenant.0.clone();
         let subject = subject.as_str().to_owned();
-        let (erased, newest) = self
+        let erased = self
             .write(move |conn| {
                 let sessions: Vec<(i64, String)> = conn
                     .prepare_cached(
@@ -187,19 +238,85 @@ impl Sqlite {
                     .query_map(params![tenant, subject], |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect::<Result<_, _>>()?;
                 let mut out = Vec::with_capacity(sessions.len());
-                let mut newest = None;
                 for (id, name) in sessions {
-                    let (erased, scrub) = erase_tx(conn, id, &tenant, &name)?;
-                    newest = Some(scrub);
-                    out.push((name, erased));
+                    let erased = tombstone_tx(conn, id, &tenant, &name)?;
+                    out.push((id, name, erased));
                 }
-                Ok((out, newest))
+                Ok(out)
             })
             .await?;
+        self.finish_erasures(erased).await
+    }
+
+    /// Deletes the entries of an erasure begun by `tombstone_tx`, one
+    /// writer job per batch, and its row; returns its scrub record's id.
+    async fn finish_erasure(&self, id: i64) -> Result<i64, StoreError> {
+        loop {
+            if let Some(scrub) = self.write(move |conn| erase_batch(conn, id)).await? {
+                return Ok(scrub);
+            }
+        }
+    }
+
+    /// `finish_erasure` for each begun one, then one wait for their scrub.
+    async fn finish_erasures<N>(
+        &self,
+        begun: Vec<(i64, N, Erased)>,
+    ) -> Result<Vec<(N, Erased)>, StoreError> {
+        let mut newest = None;
+        let mut out = Vec::with_capacity(begun.len());
+        for (id, name, erased) in begun {
+            newest = Some(self.finish_erasure(id).await?);
+            out.push((name, erased));
+        }
         if let Some(scrub) = newest {
             self.scrubbed(scrub).await?;
         }
-        Ok(erased)
+        Ok(out)
+    }
+
+    /// Finishes the erasures a crash (or a failed batch) left begun: their
+    /// sessions are already gone to readers; their entries are not yet
+    /// gone from the files. Run at open, before the store serves.
+    pub(super) async fn resume_erasures(&self) -> Result<(), StoreError> {
+        let begun: Vec<i64> = self
+            .read(|conn| {
+                Ok(conn
+                    .prepare_cached("SELECT id FROM sessions WHERE erasing IS NOT NULL")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?)
+            })
+            .await?;
+        let mut newest = None;
+        for id in begun {
+            newest = Some(self.finish_erasure(id).await?);
+        }
+        if newest.is_some()
+            && let Some(checkpoints) = &self.inner.checkpoints
+        {
+            // Asked, not awaited: a reader may hold the log for long.
+            checkpoints.ask();
+        }
+        Ok(())
+    }
+
+    /// Begins the erasure of a session and goes no further, as a crash
+    /// right after the first transaction would (the backend's tests).
+    #[cfg(test)]
+    pub(crate) async fn begin_erasure_only(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Erased, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.write(move |conn| {
+            let Some(row) = session_row(conn, &tenant, &session)? else {
+                return Err(StoreError::SessionNotFound(session));
+            };
+            tombstone_tx(conn, row.id, &tenant, &session)
+        })
+        .await
     }
 
     #[cfg(test)]
@@ -264,7 +381,7 @@ impl Sqlite {
                 let old: Vec<(i64, SessionRef)> = conn
                     .prepare_cached(
                         "SELECT id, tenant, name FROM sessions \
-                         WHERE coalesce(last_append_at, created_at) <= ?1 \
+                         WHERE coalesce(last_append_at, created_at) <= ?1 AND erasing IS NULL \
                          ORDER BY last_append_at LIMIT ?2",
                     )?
                     .query_map(params![cutoff.0, limit], |r| {
@@ -278,20 +395,14 @@ impl Sqlite {
                     })?
                     .collect::<Result<_, _>>()?;
                 let mut out = Vec::with_capacity(old.len());
-                let mut newest = None;
                 for (id, session) in old {
-                    let (erased, scrub) = erase_tx(conn, id, &session.tenant.0, &session.session)?;
-                    newest = Some(scrub);
-                    out.push((session, erased));
+                    let erased = tombstone_tx(conn, id, &session.tenant.0, &session.session)?;
+                    out.push((id, session, erased));
                 }
-                Ok((out, newest))
+                Ok(out)
             })
             .await?;
-        let (expired, newest) = expired;
-        if let Some(scrub) = newest {
-            self.scrubbed(scrub).await?;
-        }
-        Ok(expired)
+        self.finish_erasures(expired).await
     }
 
     pub(crate) async fn list_sessions(
@@ -317,7 +428,7 @@ impl Sqlite {
                      (SELECT count(*) FROM segments s WHERE s.session_id = x.id AND s.state = ?4), \
                      x.subject \
                      FROM sessions x WHERE x.tenant = ?1 AND x.name > ?2 \
-                     AND ?6 IS NULL ORDER BY x.name LIMIT ?5"
+                     AND x.erasing IS NULL AND ?6 IS NULL ORDER BY x.name LIMIT ?5"
                 }
                 Some(_) => {
                     "SELECT x.name, x.next_seq, x.open_segment_id, x.created_at, \

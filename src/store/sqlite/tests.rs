@@ -662,3 +662,90 @@ async fn jobs_in_one_batch_see_what_the_appends_before_them_kept() {
     assert_eq!(next.entries[0].seq, 7);
     recount_kept_rows(dir.path());
 }
+
+/// Rows of the sessions table still being erased, and all entries stored.
+fn erasing_and_entries(dir: &std::path::Path) -> (i64, i64) {
+    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    conn.query_row(
+        "SELECT (SELECT count(*) FROM sessions WHERE erasing IS NOT NULL), \
+         (SELECT count(*) FROM entries)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .expect("count")
+}
+
+#[tokio::test]
+async fn a_begun_erasure_is_gone_to_readers_and_finishes_after_a_crash() {
+    let (dir, store) = open().await;
+    let t = Tenant::default();
+    let s = session("big");
+    // Past one batch by rows and by bytes (3,000 entries of ~600 bytes).
+    let text = "x".repeat(600);
+    for _ in 0..30 {
+        let texts: Vec<&str> = (0..100).map(|_| text.as_str()).collect();
+        assert!(append(&store, "big", &texts).await);
+    }
+    assert!(append(&store, "other", &["kept"]).await);
+    // Only the first transaction, as a crash right after it would leave.
+    let erased = store.begin_erasure_only(&t, &s).await.expect("begin");
+    assert_eq!(erased.entries, 3_000);
+    assert_eq!(erased.segments, 3_000);
+    assert_eq!(count_entries(&store, "big").await, 0);
+    let listed: Vec<String> = store
+        .list_sessions(&t, None, None, 100)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    assert_eq!(listed, ["other"]);
+    assert!(!store.has_session(&t, &s).await.expect("has"));
+    // The name is free at once: a new append starts a fresh session.
+    let fresh = store
+        .append(&t, &s, entries(&["new"]), POLICY, 0)
+        .await
+        .expect("append");
+    assert_eq!(fresh.entries[0].seq, 1);
+    assert_eq!(erasing_and_entries(dir.path()), (1, 3_002));
+    drop(store);
+
+    // Start-up finishes the erasure, and only that one.
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+        .await
+        .expect("reopen");
+    assert_eq!(erasing_and_entries(dir.path()), (0, 2));
+    assert_eq!(count_entries(&store, "big").await, 1);
+    assert_eq!(count_entries(&store, "other").await, 1);
+    drop(store);
+    recount_kept_rows(dir.path());
+}
+
+#[tokio::test]
+async fn an_erasure_in_batches_lets_other_appends_through_and_counts_right() {
+    let (dir, store) = open().await;
+    let t = Tenant::default();
+    let text = "y".repeat(2_000);
+    for _ in 0..20 {
+        let texts: Vec<&str> = (0..100).map(|_| text.as_str()).collect();
+        assert!(append(&store, "big", &texts).await);
+    }
+    let store = std::sync::Arc::new(store);
+    let eraser = {
+        let store = store.clone();
+        let t = t.clone();
+        tokio::spawn(async move { store.delete_session(&t, &session("big")).await })
+    };
+    // Appends queued beside the erasure all succeed.
+    let mut ok = 0;
+    for i in 0..50 {
+        if append(&store, &format!("beside-{i}"), &["a"]).await {
+            ok += 1;
+        }
+    }
+    let erased = eraser.await.expect("join").expect("erase");
+    assert_eq!((ok, erased.entries, erased.segments), (50, 2_000, 2_000));
+    assert_eq!(erasing_and_entries(dir.path()), (0, 50));
+    drop(store);
+    recount_kept_rows(dir.path());
+}
