@@ -128,6 +128,7 @@ pub mod model;
 mod pass;
 mod provider;
 mod reconciler;
+mod search;
 pub mod server;
 mod service;
 mod store;

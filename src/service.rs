@@ -153,6 +153,17 @@ impl Service {
         Ok(erased)
     }
 
+    /// The tenant's best `limit` texts for `query` within `scope`.
+    pub(crate) async fn search(
+        &self,
+        tenant: &Tenant,
+        scope: &crate::store::SearchScope,
+        query: &crate::search::query::Query,
+        limit: u32,
+    ) -> Result<Vec<crate::store::SearchHit>, ServiceError> {
+        Ok(self.store.search(tenant, scope, query, limit).await?)
+    }
+
     /// Erases every session of the subject (see `Store::delete_subject`)
     /// and tells each one's watchers; what each erased session held.
     pub(crate) async fn delete_subject(

@@ -59,7 +59,7 @@ const TONIC_TRUNCATED: [&str; 2] = [
 
 /// Every method of `archivist.v1.Archivist`, each a metrics label of its
 /// own (a test checks the list against the service's descriptor).
-const METHODS: [&str; 13] = [
+const METHODS: [&str; 14] = [
     "AppendEntries",
     "CloseSegment",
     "FlushSession",
@@ -73,6 +73,7 @@ const METHODS: [&str; 13] = [
     "ListSessions",
     "ListEntries",
     "DeleteSubject",
+    "Search",
 ];
 
 /// The metrics label for a request path: one of ours, or "other", so that

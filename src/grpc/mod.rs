@@ -34,18 +34,18 @@ use crate::model::Tenant;
 use crate::pb;
 use crate::service::Service;
 use crate::wire::{
-    append_to_pb, backlog_to_pb, entry_to_pb, event_to_pb, gap_to_pb, segment_to_pb,
-    session_info_to_pb,
+    append_to_pb, backlog_to_pb, entry_to_pb, event_to_pb, gap_to_pb, role_to_pb, segment_to_pb,
+    session_info_to_pb, timestamp,
 };
 pub(crate) use conn::Incoming;
 use fit::{fit_context, fit_entry, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls};
 use gate::{Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
-use status::{invalid, service_status};
+use status::{invalid, no_embeddings, service_status};
 use validate::{
     call_deadline, page_token, parse_append, parse_list, parse_list_entries, parse_list_sessions,
-    parse_requeue, parse_session, parse_subject, session_page_token,
+    parse_requeue, parse_search, parse_session, parse_subject, session_page_token,
 };
 
 pub(crate) struct GrpcService {
@@ -329,6 +329,42 @@ impl pb::archivist_server::Archivist for GrpcService {
             sessions_deleted: erased.len() as u64,
             entries_deleted: erased.iter().map(|(_, e)| e.entries).sum(),
             segments_deleted: erased.iter().map(|(_, e)| e.segments).sum(),
+        }))
+    }
+
+    async fn search(
+        &self,
+        request: Request<pb::SearchRequest>,
+    ) -> Result<Response<pb::SearchResponse>, Status> {
+        let tenant = tenant(&request)?;
+        let (query, scope, limit) = parse_search(request.get_ref())?;
+        if request.get_ref().mode == pb::SearchMode::Semantic as i32 {
+            return Err(no_embeddings());
+        }
+        let hits = self
+            .service
+            .search(&tenant, &scope, &query, limit)
+            .await
+            .map_err(service_status)?;
+        let lexical = pb::SearchLeg::Lexical as i32;
+        Ok(Response::new(pb::SearchResponse {
+            hits: hits
+                .into_iter()
+                .map(|h| pb::SearchHit {
+                    session_id: h.session,
+                    level: h.level,
+                    first_seq: h.first_seq,
+                    last_seq: h.last_seq,
+                    segment_id: h.segment_id.unwrap_or(0),
+                    role: h.role.map_or(pb::Role::Unspecified, role_to_pb) as i32,
+                    created_at: Some(timestamp(h.created_at)),
+                    score: h.score,
+                    text: h.text,
+                    legs: vec![lexical],
+                })
+                .collect(),
+            legs: vec![lexical],
+            embedded_share: 0.0,
         }))
     }
 

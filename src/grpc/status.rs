@@ -63,6 +63,22 @@ pub(super) fn invalid(violations: Vec<FieldViolation>) -> Status {
     Status::with_error_details(Code::InvalidArgument, message, details)
 }
 
+/// A semantic search asked of a server with no embeddings configured.
+pub(super) fn no_embeddings() -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info("EMBEDDINGS_OFF", ERROR_DOMAIN, HashMap::new());
+    details.add_precondition_failure_violation(
+        "CONFIG",
+        "embedding",
+        "semantic search needs `[embedding]` configured on the server; use SEARCH_MODE_LEXICAL or AUTO",
+    );
+    Status::with_error_details(
+        Code::FailedPrecondition,
+        "SEARCH_MODE_SEMANTIC needs embeddings, and `[embedding]` is not configured on this server",
+        details,
+    )
+}
+
 pub(super) fn service_status(err: ServiceError) -> Status {
     match err {
         ServiceError::Store(e) => store_status(&e),
@@ -106,6 +122,7 @@ fn store_status(err: &StoreError) -> Status {
             (Code::Unavailable, "STORAGE_UNAVAILABLE", Vec::new())
         }
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
+        StoreError::SearchTooCostly => (Code::ResourceExhausted, "SEARCH_TOO_COSTLY", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,
             "TENANT_STORAGE_FULL",
@@ -218,6 +235,8 @@ fn store_status(err: &StoreError) -> Status {
                 format!("stored content is capped at {limit} bytes (limits.max_tenant_bytes)"),
             );
         }
+        // The same search would cost the same again: no retry advice.
+        (_, StoreError::SearchTooCostly) => {}
         (Code::ResourceExhausted, _) => {
             details.set_retry_info(Some(Duration::from_millis(100)));
         }

@@ -348,6 +348,132 @@ fn parse_grpc_timeout(raw: &str) -> Option<Duration> {
     })
 }
 
+const DEFAULT_SEARCH_LIMIT: u32 = 10;
+const MAX_SEARCH_LIMIT: u32 = 100;
+/// Most session ids one Search may name.
+const MAX_SEARCH_SESSIONS: usize = 1000;
+
+/// A timestamp as milliseconds since the epoch, if it is one.
+fn millis(ts: &prost_types::Timestamp) -> Option<crate::model::Millis> {
+    let ms = ts
+        .seconds
+        .checked_mul(1000)?
+        .checked_add(i64::from(ts.nanos) / 1_000_000)?;
+    (0..1_000_000_000)
+        .contains(&ts.nanos)
+        .then_some(crate::model::Millis(ms))
+}
+
+/// A Search request, checked: the parsed query, the scope, the limit and
+/// whether the semantic leg was asked for alone.
+pub(super) fn parse_search(
+    req: &pb::SearchRequest,
+) -> Result<(crate::search::query::Query, crate::store::SearchScope, u32), Status> {
+    use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
+    let mut violations = Vec::new();
+    let query = match Query::parse(&req.query) {
+        Ok(q) => Some(q),
+        Err(QueryError::TooLong) => {
+            violations.push(violation(
+                "query",
+                "QUERY_TOO_LONG",
+                format!(
+                    "the query is {} bytes, over the cap of {MAX_QUERY_BYTES}",
+                    req.query.len()
+                ),
+            ));
+            None
+        }
+        Err(QueryError::NoWords) => {
+            violations.push(violation(
+                "query",
+                "EMPTY_QUERY",
+                "the query has no word to look for (letters or digits, not only excluded ones)",
+            ));
+            None
+        }
+    };
+    if pb::SearchMode::try_from(req.mode).is_err() {
+        violations.push(violation(
+            "mode",
+            "INVALID_MODE",
+            format!("{} is no SearchMode", req.mode),
+        ));
+    }
+    if req.session_ids.len() > MAX_SEARCH_SESSIONS {
+        violations.push(violation(
+            "session_ids",
+            "TOO_MANY_SESSIONS",
+            format!(
+                "{} session ids, over the cap of {MAX_SEARCH_SESSIONS}",
+                req.session_ids.len()
+            ),
+        ));
+    }
+    let mut sessions = Vec::new();
+    for (i, raw) in req.session_ids.iter().take(MAX_SEARCH_SESSIONS).enumerate() {
+        match parse_session(raw, &format!("session_ids[{i}]")) {
+            Ok(s) => sessions.push(s),
+            Err(v) if violations.len() < MAX_LISTED_VIOLATIONS => violations.extend(v),
+            Err(_) => {}
+        }
+    }
+    let subject = optional_subject(&req.subject, &mut violations);
+    let mut time = |field: &str, ts: &Option<prost_types::Timestamp>| match ts {
+        None => None,
+        Some(ts) => {
+            let m = millis(ts);
+            if m.is_none() {
+                violations.push(violation(
+                    field,
+                    "INVALID_TIMESTAMP",
+                    "not a valid timestamp",
+                ));
+            }
+            m
+        }
+    };
+    let after = time("after", &req.after);
+    let before = time("before", &req.before);
+    let mut roles = Vec::new();
+    for (i, raw) in req.roles.iter().enumerate() {
+        match role_from_pb(*raw) {
+            Some(r) => roles.push(r),
+            None => violations.push(violation(
+                format!("roles[{i}]"),
+                "INVALID_ROLE",
+                format!("{raw} is no role"),
+            )),
+        }
+    }
+    for (i, level) in req.levels.iter().enumerate() {
+        if *level > MAX_LEVEL {
+            violations.push(violation(
+                format!("levels[{i}]"),
+                "INVALID_LEVEL",
+                format!("level {level} is past the deepest, {MAX_LEVEL}"),
+            ));
+        }
+    }
+    violations.truncate(MAX_LISTED_VIOLATIONS);
+    let Some(query) = query.filter(|_| violations.is_empty()) else {
+        return Err(invalid(violations));
+    };
+    let limit = match req.limit {
+        0 => DEFAULT_SEARCH_LIMIT,
+        n => n.min(MAX_SEARCH_LIMIT),
+    };
+    let scope = crate::store::SearchScope {
+        sessions,
+        subject,
+        after,
+        before,
+        roles,
+        levels: req.levels.clone(),
+    };
+    Ok((query, scope, limit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

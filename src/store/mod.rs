@@ -145,6 +145,11 @@ pub enum StoreError {
     CheckpointBusy,
     #[error(transparent)]
     Shared(Arc<StoreError>),
+    /// One search statement took more than the work bound of a query.
+    #[error(
+        "the search took more work than one query may; narrow it (fewer words, a scope, levels)"
+    )]
+    SearchTooCostly,
     #[error("a database worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
 }
@@ -449,6 +454,10 @@ macro_rules! on_backend {
         }
     };
 }
+
+// After `on_backend`, which it uses.
+mod search;
+pub(crate) use search::{SearchHit, SearchScope};
 
 impl Store {
     /// Opens (creating as needed) the SQLite database in `data_dir` and

@@ -1140,3 +1140,213 @@ async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_on
         assert_eq!(again.entries[0].seq, 1);
     }
 }
+
+/// The texts of a search's hits, best first.
+async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
+    let query = crate::search::query::Query::parse(q).expect("query");
+    store
+        .search(t, scope, &query, 10)
+        .await
+        .expect("search")
+        .into_iter()
+        .map(|h| h.text)
+        .collect()
+}
+
+#[tokio::test]
+async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        let all = SearchScope::default();
+        let fact = "My sister Maren moved to Trondheim last spring";
+        let ada = subject("ada");
+        store
+            .append_as(
+                &t,
+                &session("a"),
+                Some(&ada),
+                entries(&["hello there", fact, "the weather is grey"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        store
+            .append(
+                &t,
+                &session("b"),
+                entries(&["Trondheim has a cathedral"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        store
+            .append(
+                &other,
+                &session("a"),
+                entries(&["Trondheim secret of theirs"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+
+        // Strict first: the question worded like the fact finds it first,
+        // then the relaxed leg adds what shares a rarer word.
+        let hits = found(&store, &t, &all, "where did my sister Maren move").await;
+        assert_eq!(hits.first().map(String::as_str), Some(fact), "{hits:?}");
+        let hits = found(&store, &t, &all, "sister Trondheim").await;
+        assert_eq!(
+            hits,
+            vec![fact.to_owned(), "Trondheim has a cathedral".to_owned()]
+        );
+        // Phrases, exclusions, alternatives. (Diacritics: SQLite folds
+        // them, PostgreSQL's 'simple' keeps them; not part of the contract.)
+        assert_eq!(
+            found(&store, &t, &all, "\"sister maren\"").await,
+            vec![fact]
+        );
+        assert!(found(&store, &t, &all, "\"maren sister\"").await.is_empty());
+        assert_eq!(
+            found(&store, &t, &all, "trondheim -cathedral").await,
+            vec![fact]
+        );
+        assert_eq!(
+            found(&store, &t, &all, "cathedral or weather").await.len(),
+            2
+        );
+        // Another tenant's text is never found, nor theirs ours.
+        let theirs = found(&store, &other, &all, "trondheim").await;
+        assert_eq!(theirs, vec!["Trondheim secret of theirs"]);
+        assert!(
+            !found(&store, &t, &all, "secret")
+                .await
+                .iter()
+                .any(|h| h.contains("theirs"))
+        );
+
+        // Filters: sessions, subject, roles, time, levels.
+        let only_b = SearchScope {
+            sessions: vec![session("b")],
+            ..SearchScope::default()
+        };
+        assert_eq!(found(&store, &t, &only_b, "trondheim").await.len(), 1);
+        assert!(found(&store, &other, &only_b, "trondheim").await.is_empty());
+        let of_ada = SearchScope {
+            subject: Some(ada.clone()),
+            ..SearchScope::default()
+        };
+        assert_eq!(found(&store, &t, &of_ada, "trondheim").await, vec![fact]);
+        let assistant = SearchScope {
+            roles: vec![Role::Assistant],
+            ..SearchScope::default()
+        };
+        assert!(found(&store, &t, &assistant, "trondheim").await.is_empty());
+        let later = SearchScope {
+            after: Some(Millis(Millis::now().0 + 60_000)),
+            ..SearchScope::default()
+        };
+        assert!(found(&store, &t, &later, "trondheim").await.is_empty());
+        let earlier = SearchScope {
+            before: Some(Millis(Millis::now().0 + 60_000)),
+            ..SearchScope::default()
+        };
+        assert_eq!(found(&store, &t, &earlier, "trondheim").await.len(), 2);
+
+        // A recap is found at level 1 (by default), and not at level 0.
+        let id = store
+            .close_open_segment(&t, &session("b"))
+            .await
+            .expect("close")
+            .expect("open");
+        summarise(&store, id, "Recap: a talk about the Nidaros cathedral").await;
+        let hits = store
+            .search(
+                &t,
+                &all,
+                &crate::search::query::Query::parse("nidaros").expect("query"),
+                10,
+            )
+            .await
+            .expect("search");
+        assert_eq!(hits.len(), 1);
+        assert_eq!((hits[0].level, hits[0].segment_id), (1, Some(id)));
+        assert_eq!(hits[0].score, 1.0 / 61.0);
+        let entries_only = SearchScope {
+            levels: vec![0],
+            ..SearchScope::default()
+        };
+        assert!(found(&store, &t, &entries_only, "nidaros").await.is_empty());
+
+        // Erasure: session, subject, expiry; nothing of them is found.
+        store
+            .delete_session(&t, &session("b"))
+            .await
+            .expect("erase");
+        assert!(
+            found(&store, &t, &all, "cathedral or nidaros")
+                .await
+                .is_empty()
+        );
+        store.delete_subject(&t, &ada).await.expect("erase");
+        assert!(
+            found(&store, &t, &all, "trondheim or maren")
+                .await
+                .is_empty()
+        );
+        store
+            .append(&t, &session("c"), entries(&["quokka sighting"]), POLICY, 0)
+            .await
+            .expect("append");
+        assert_eq!(found(&store, &t, &all, "quokka").await.len(), 1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        store
+            .expire_sessions(Millis::now(), 10)
+            .await
+            .expect("expire");
+        assert!(found(&store, &t, &all, "quokka").await.is_empty());
+        // Expiry is by age, in every tenant.
+        assert!(found(&store, &other, &all, "trondheim").await.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn hostile_queries_are_words_on_every_backend() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        store
+            .append(
+                &t,
+                &session("s"),
+                entries(&["near the col star"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        for q in [
+            "NEAR(near col",
+            "col: star*",
+            "\"unbalanced near",
+            "^near \0 col",
+            "'; DROP TABLE entries; -- near",
+            "near AND OR NOT col",
+            "-near star",
+            "{near} [col] (star)",
+        ] {
+            let query = crate::search::query::Query::parse(q).expect("query");
+            store
+                .search(&t, &SearchScope::default(), &query, 10)
+                .await
+                .unwrap_or_else(|e| panic!("{q:?}: {e}"));
+        }
+        assert!(
+            found(&store, &t, &SearchScope::default(), "near AND OR NOT col")
+                .await
+                .len()
+                == 1
+        );
+    }
+}

@@ -16,6 +16,7 @@ mod operator;
 mod provider;
 mod reconciler;
 mod replicas;
+mod search;
 mod security;
 mod segments;
 mod subjects;

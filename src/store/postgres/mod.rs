@@ -69,6 +69,7 @@ mod notes;
 mod rows;
 mod runs;
 mod schema;
+mod search;
 mod segments;
 mod sessions;
 mod writer;

@@ -169,6 +169,19 @@ CREATE TABLE health_probe (
 ALTER TABLE sessions ADD COLUMN subject TEXT COLLATE "C";
 CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
 "#,
+    r#"
+-- The lexical index of Search: each text's tsvector ('simple': no
+-- stemming, so no language's rules surprise another's), computed by the
+-- INSERT that stores it (a generated column, so no write path can forget
+-- it, and the rows stored before this migration get theirs here), under a
+-- GIN index. Erasure deletes the rows, and the vectors with them.
+ALTER TABLE entries ADD COLUMN tsv tsvector
+    GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, content)) STORED;
+CREATE INDEX entries_search ON entries USING GIN (tsv);
+ALTER TABLE summaries ADD COLUMN tsv tsvector
+    GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, text)) STORED;
+CREATE INDEX summaries_search ON summaries USING GIN (tsv);
+"#,
 ];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {

@@ -27,6 +27,7 @@ mod kept;
 mod rows;
 mod runs;
 mod schema;
+mod search;
 mod segments;
 mod sessions;
 mod writer;
@@ -302,15 +303,24 @@ impl Sqlite {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.read_mut(move |conn| f(conn)).await
+    }
+
+    /// `read`, with the connection to set handlers on (search's work bound).
+    async fn read_mut<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let pooled = lock(&inner.readers).pop();
-            let conn = match pooled {
+            let mut conn = match pooled {
                 Some(c) => c,
                 None => open_reader(&inner.path)?,
             };
             conn.execute_batch("BEGIN")?;
-            let result = f(&conn);
+            let result = f(&mut conn);
             let end = conn.execute_batch("COMMIT");
             let mut readers = lock(&inner.readers);
             if end.is_ok() && readers.len() < MAX_IDLE_READERS {

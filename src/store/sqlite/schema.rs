@@ -285,6 +285,76 @@ CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subje
 ALTER TABLE sessions ADD COLUMN erasing INTEGER;
 CREATE INDEX sessions_erasing ON sessions (id) WHERE erasing IS NOT NULL;
 "#,
+    r#"
+-- The lexical index of Search: FTS5 over the text of entries and
+-- summaries (external content: the view names each document), kept in
+-- step by triggers in the transaction that stores or erases the text.
+-- `doc` is (session_id << 32) | seq for an entry (seqs stay far below
+-- 2^32) and -segment_id for a summary; `scope` is the owner's tenant as a
+-- token (`t` and its hex), so a query walks only its tenant's postings.
+-- The delete triggers read the tenant from the session row and the level
+-- from the segment: erasure deletes summaries before segments and entries
+-- before the session (sessions.rs, erase_tx).
+CREATE VIEW search_docs AS
+    SELECT (e.session_id << 32) | e.seq AS doc, e.content AS body,
+           't' || hex(x.tenant) AS scope
+    FROM entries e JOIN sessions x ON x.id = e.session_id
+    UNION ALL
+    SELECT -m.segment_id AS doc, m.text AS body, 't' || hex(x.tenant) AS scope
+    FROM summaries m JOIN segments g ON g.id = m.segment_id JOIN sessions x ON x.id = g.session_id;
+CREATE VIRTUAL TABLE search_index USING fts5(
+    body, scope, content = 'search_docs', content_rowid = 'doc',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+-- Deleting a document removes its terms from the index pages too, so the
+-- text of an erased session is in no page of the file (with the store's
+-- PRAGMA secure_delete zeroing the freed ones).
+INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 1);
+CREATE TRIGGER entries_indexed AFTER INSERT ON entries BEGIN
+    INSERT INTO search_index (rowid, body, scope)
+    SELECT (new.session_id << 32) | new.seq, new.content, 't' || hex(tenant)
+    FROM sessions WHERE id = new.session_id;
+END;
+CREATE TRIGGER entries_unindexed AFTER DELETE ON entries BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', (old.session_id << 32) | old.seq, old.content, 't' || hex(tenant)
+    FROM sessions WHERE id = old.session_id;
+END;
+CREATE TRIGGER summaries_indexed AFTER INSERT ON summaries BEGIN
+    INSERT INTO search_index (rowid, body, scope)
+    SELECT -new.segment_id, new.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
+END;
+CREATE TRIGGER summaries_unindexed AFTER DELETE ON summaries BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', -old.segment_id, old.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = old.segment_id;
+END;
+CREATE TRIGGER summaries_reindexed AFTER UPDATE OF text ON summaries BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', -old.segment_id, old.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = old.segment_id;
+    INSERT INTO search_index (rowid, body, scope)
+    SELECT -new.segment_id, new.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
+END;
+-- What was stored before this migration, indexed in its transaction.
+INSERT INTO search_index (search_index) VALUES ('rebuild');
+"#,
+    r#"
+-- Erasure records never reuse an id: the checkpoint thread reports "scrubbed
+-- up to id N", and with a plain rowid the next erasure after a finished
+-- scrub took the freed id again, so it was reported scrubbed while its
+-- text was still in the database file (found by the Search erasure test).
+CREATE TABLE erasures_pending_v2 (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    erased_at INTEGER NOT NULL
+);
+INSERT INTO erasures_pending_v2 SELECT id, tenant, erased_at FROM erasures_pending;
+DROP TABLE erasures_pending;
+ALTER TABLE erasures_pending_v2 RENAME TO erasures_pending;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -27,9 +27,11 @@ pub(super) struct SessionRow {
 /// The most entries, and about the most bytes of them, one batch of an
 /// erasure deletes: each batch is its own writer job, so other tenants'
 /// appends interleave between them instead of waiting on the whole session
-/// (a 200 MB one held the writer ~5 s in one transaction).
-const ERASE_BATCH_ROWS: u32 = 2_000;
-const ERASE_BATCH_BYTES: u64 = 1 << 20;
+/// (a 200 MB one held the writer ~5 s in one transaction). Each deleted
+/// entry also takes its terms out of the search index's pages
+/// (secure-delete), about as much work again as the row: hence half a MiB.
+const ERASE_BATCH_ROWS: u32 = 1_000;
+const ERASE_BATCH_BYTES: u64 = 1 << 19;
 
 /// Begins erasing the session `id` (the tenant's `name`), in one short
 /// transaction that makes it gone to every reader: its summaries and
@@ -531,6 +533,14 @@ fn append_tx(
                 .query_row(params![tenant, name, now.0, subject], |r| {
                     r.get::<_, i64>(0)
                 })?;
+            // The search index's (session_id << 32) | seq must stay a
+            // positive i64 (summaries have the negative ones).
+            if id >= 1 << 31 {
+                return Err(StoreError::Unstorable {
+                    index: 0,
+                    reason: "the database has held 2^31 sessions, the most the search index names",
+                });
+            }
             (id, 1, 1, None, subject)
         }
     };
@@ -589,6 +599,14 @@ fn append_tx(
             }
         }
         let seq = next_seq;
+        // The search index names an entry (session_id << 32) | seq
+        // (schema.rs): a seq past 32 bits would name another's.
+        if seq >= 1 << 32 {
+            return Err(StoreError::Unstorable {
+                index,
+                reason: "the session holds 2^32 - 1 entries, the most one session may",
+            });
+        }
         next_seq += 1;
         stored_any = true;
         added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))

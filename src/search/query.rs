@@ -1,0 +1,310 @@
+//! The query language of `Search`: web-search syntax parsed into our own
+//! AST, never handed to an engine as the caller wrote it.
+//!
+//! - words are runs of letters and digits (what the index's tokenizer
+//!   keeps); every other character separates words, so `NEAR(`, `*`,
+//!   `col:`, `^`, quotes inside words, NUL and SQL fragments are just the
+//!   words in them;
+//! - `"a phrase"` is its words in order (an unbalanced quote runs to the
+//!   end of the query);
+//! - `or` (any case) between two terms makes them alternatives;
+//! - `-word` / `-"a phrase"` excludes the documents that have it.
+//!
+//! At most [`MAX_TERMS`] terms are read (the rest are ignored, as the
+//! proto says), and a query longer than [`MAX_QUERY_BYTES`] is refused.
+//! Rendering quotes every word itself: FTS5 strings (`"` doubled, though
+//! a word never holds one) and a `websearch_to_tsquery` string made only of
+//! words, quotes, `or` and `-`, which that function never fails on.
+
+/// The longest query accepted, in bytes.
+pub(crate) const MAX_QUERY_BYTES: usize = 4096;
+/// The most terms (words or phrases) read from one query.
+pub(crate) const MAX_TERMS: usize = 32;
+
+/// A word or a phrase: its words, in order, lowercased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Term(pub(crate) Vec<String>);
+
+/// A parsed query: every group must match (a group is alternatives
+/// joined by `or`), and no excluded term may.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Query {
+    pub(crate) all: Vec<Vec<Term>>,
+    pub(crate) none: Vec<Term>,
+}
+
+/// Why a query cannot be run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum QueryError {
+    /// Longer than [`MAX_QUERY_BYTES`].
+    TooLong,
+    /// No word to look for (empty, only punctuation, or only exclusions).
+    NoWords,
+}
+
+enum Token {
+    Term { negated: bool, term: Term },
+    Or,
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+fn tokens(text: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    let mut terms = 0;
+    while terms < MAX_TERMS {
+        rest = rest.trim_start_matches(|c: char| !c.is_alphanumeric() && c != '"' && c != '-');
+        if rest.is_empty() {
+            break;
+        }
+        let negated = rest.starts_with('-');
+        if negated {
+            rest = &rest[1..];
+        }
+        let (chunk, phrase) = if let Some(after) = rest.strip_prefix('"') {
+            match after.find('"') {
+                Some(end) => {
+                    rest = &after[end + 1..];
+                    (&after[..end], true)
+                }
+                None => {
+                    rest = "";
+                    (after, true)
+                }
+            }
+        } else {
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"')
+                .unwrap_or(rest.len());
+            let chunk = &rest[..end];
+            rest = &rest[end..];
+            (chunk, false)
+        };
+        if !phrase && !negated && chunk.eq_ignore_ascii_case("or") {
+            out.push(Token::Or);
+            continue;
+        }
+        let found = words(chunk);
+        if found.is_empty() {
+            continue;
+        }
+        if phrase {
+            terms += 1;
+            out.push(Token::Term {
+                negated,
+                term: Term(found),
+            });
+        } else {
+            // `foo-bar` or `a.b`: each word its own term, as the index
+            // tokenizes it; a `-` in front negates only the first.
+            for (i, w) in found.into_iter().enumerate() {
+                if terms == MAX_TERMS {
+                    break;
+                }
+                terms += 1;
+                out.push(Token::Term {
+                    negated: negated && i == 0,
+                    term: Term(vec![w]),
+                });
+            }
+        }
+    }
+    out
+}
+
+impl Query {
+    /// Parses `text`.
+    pub(crate) fn parse(text: &str) -> Result<Query, QueryError> {
+        if text.len() > MAX_QUERY_BYTES {
+            return Err(QueryError::TooLong);
+        }
+        let mut all: Vec<Vec<Term>> = Vec::new();
+        let mut none = Vec::new();
+        // An `or` joins the next positive term to the last group, if
+        // there is one; anywhere else it is dropped.
+        let mut join = false;
+        for token in tokens(text) {
+            match token {
+                Token::Or => join = !all.is_empty(),
+                Token::Term {
+                    negated: true,
+                    term,
+                } => {
+                    none.push(term);
+                    join = false;
+                }
+                Token::Term {
+                    negated: false,
+                    term,
+                } => {
+                    match (join, all.last_mut()) {
+                        (true, Some(group)) => group.push(term),
+                        _ => all.push(vec![term]),
+                    }
+                    join = false;
+                }
+            }
+        }
+        if all.is_empty() {
+            return Err(QueryError::NoWords);
+        }
+        Ok(Query { all, none })
+    }
+
+    /// The relaxed form: any one of the positive terms, outside `common`,
+    /// with the exclusions kept; `None` when nothing is left.
+    pub(crate) fn relaxed(&self, common: &dyn Fn(&Term) -> bool) -> Option<Query> {
+        let any: Vec<Term> = self
+            .all
+            .iter()
+            .flatten()
+            .filter(|t| !common(t))
+            .cloned()
+            .collect();
+        if any.is_empty() {
+            return None;
+        }
+        Some(Query {
+            all: vec![any],
+            none: self.none.clone(),
+        })
+    }
+
+    /// Every positive term.
+    pub(crate) fn positive(&self) -> impl Iterator<Item = &Term> {
+        self.all.iter().flatten()
+    }
+
+    /// The FTS5 MATCH expression over the column `body`.
+    pub(crate) fn fts5(&self) -> String {
+        let groups: Vec<String> = self
+            .all
+            .iter()
+            .map(|g| {
+                let alts: Vec<String> = g.iter().map(fts5_term).collect();
+                format!("({})", alts.join(" OR "))
+            })
+            .collect();
+        let mut out = format!("body : ({})", groups.join(" AND "));
+        for t in &self.none {
+            out.push_str(" NOT body : ");
+            out.push_str(&fts5_term(t));
+        }
+        out
+    }
+
+    /// The text for PostgreSQL's `websearch_to_tsquery`.
+    pub(crate) fn websearch(&self) -> String {
+        let groups: Vec<String> = self
+            .all
+            .iter()
+            .map(|g| {
+                let alts: Vec<String> = g.iter().map(websearch_term).collect();
+                alts.join(" or ")
+            })
+            .collect();
+        let mut out = groups.join(" ");
+        for t in &self.none {
+            out.push_str(" -");
+            out.push_str(&websearch_term(t));
+        }
+        out
+    }
+}
+
+/// One FTS5 string: the words, each `"` doubled (none can hold one, as
+/// `words` splits on it, but the quoting does not rely on that).
+pub(crate) fn fts5_term(term: &Term) -> String {
+    format!("\"{}\"", term.0.join(" ").replace('"', "\"\""))
+}
+
+fn websearch_term(term: &Term) -> String {
+    // Words hold only letters and digits, so the quotes cannot be broken.
+    format!("\"{}\"", term.0.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(w: &str) -> Term {
+        Term(w.split(' ').map(str::to_owned).collect())
+    }
+
+    #[test]
+    fn words_phrases_or_and_exclusions() {
+        let q = Query::parse("Coffee \"oat milk\" tea OR juice -decaf -\"green tea\"").unwrap();
+        assert_eq!(
+            q.all,
+            vec![
+                vec![t("coffee")],
+                vec![t("oat milk")],
+                vec![t("tea"), t("juice")]
+            ]
+        );
+        assert_eq!(q.none, vec![t("decaf"), t("green tea")]);
+        assert_eq!(
+            q.fts5(),
+            "body : ((\"coffee\") AND (\"oat milk\") AND (\"tea\" OR \"juice\")) \
+             NOT body : \"decaf\" NOT body : \"green tea\""
+        );
+        assert_eq!(
+            q.websearch(),
+            "\"coffee\" \"oat milk\" \"tea\" or \"juice\" -\"decaf\" -\"green tea\""
+        );
+    }
+
+    #[test]
+    fn hostile_input_is_words() {
+        let q =
+            Query::parse("NEAR(a b) col:x * ^y \"unbalanced '; DROP TABLE entries;--\0").unwrap();
+        assert_eq!(
+            q.all,
+            vec![
+                vec![t("near")],
+                vec![t("a")],
+                vec![t("b")],
+                vec![t("col")],
+                vec![t("x")],
+                vec![t("y")],
+                vec![t("unbalanced drop table entries")],
+            ]
+        );
+        assert!(
+            q.fts5()
+                .chars()
+                .all(|c| c.is_alphanumeric() || " ():\"".contains(c))
+        );
+    }
+
+    #[test]
+    fn empty_or_wordless_or_only_negative_is_refused() {
+        for q in ["", "   ", "*** ()", "-a -b", "or", "\"\""] {
+            assert_eq!(Query::parse(q), Err(QueryError::NoWords), "{q:?}");
+        }
+        let long = "a ".repeat(MAX_QUERY_BYTES);
+        assert_eq!(Query::parse(&long), Err(QueryError::TooLong));
+    }
+
+    #[test]
+    fn terms_past_the_cap_are_ignored() {
+        let text: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
+        let q = Query::parse(&text.join(" ")).unwrap();
+        assert_eq!(q.all.len(), MAX_TERMS);
+    }
+
+    #[test]
+    fn relaxed_drops_common_terms_and_keeps_exclusions() {
+        let q = Query::parse("where is the cat -dog").unwrap();
+        let r = q.relaxed(&|t| t.0[0] == "the" || t.0[0] == "is").unwrap();
+        assert_eq!(r.all, vec![vec![t("where"), t("cat")]]);
+        assert_eq!(r.none, vec![t("dog")]);
+        assert!(q.relaxed(&|_| true).is_none());
+    }
+}

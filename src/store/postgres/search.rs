@@ -1,0 +1,122 @@
+//! One leg of Search on PostgreSQL: the GIN-indexed tsvector columns
+//! (schema.rs) matched by `websearch_to_tsquery` over our own rendering of
+//! the query (search/query.rs), ranked by `ts_rank`, with the filters
+//! applied before the limit; and the probe that finds common terms.
+
+use tokio_postgres::error::SqlState;
+
+use super::{Postgres, transact, unsigned};
+use crate::model::{Millis, Role, Tenant};
+use crate::search::query::{Query, Term};
+use crate::store::StoreError;
+use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
+
+/// The work bound of one search statement on PostgreSQL, in milliseconds:
+/// past it the statement is cancelled and the answer is `SearchTooCostly`.
+const STATEMENT_TIMEOUT_MS: u32 = 2000;
+
+const LEG: &str = "\
+WITH q AS (SELECT websearch_to_tsquery('simple', $1) AS q) \
+SELECT * FROM ( \
+SELECT x.name, 0::BIGINT AS level, e.seq AS first_seq, e.seq AS last_seq, NULL::BIGINT AS segment_id, \
+       e.role, e.created_at, e.content AS text, ts_rank(e.tsv, q.q) AS r \
+FROM q, entries e JOIN sessions x ON x.id = e.session_id \
+WHERE e.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
+AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
+AND ($5::BIGINT IS NULL OR e.created_at > $5) AND ($6::BIGINT IS NULL OR e.created_at < $6) \
+AND ($7::BIGINT[] IS NULL OR e.role = ANY($7)) AND 0 = ANY($8::BIGINT[]) \
+UNION ALL \
+SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL::BIGINT, s.created_at, s.text, \
+       ts_rank(s.tsv, q.q) \
+FROM q, summaries s JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
+WHERE s.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
+AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
+AND ($5::BIGINT IS NULL OR s.created_at > $5) AND ($6::BIGINT IS NULL OR s.created_at < $6) \
+AND $7::BIGINT[] IS NULL AND g.level = ANY($8::BIGINT[]) \
+) hits ORDER BY r DESC, created_at, name, first_seq LIMIT $9";
+
+impl Postgres {
+    pub(crate) async fn search(
+        &self,
+        tenant: &Tenant,
+        scope: &SearchScope,
+        query: &Query,
+        limit: u32,
+    ) -> Result<Vec<SearchHit>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(LEG).await?;
+        let subject = scope.subject.as_ref().map(|s| s.as_str());
+        let sessions = (!scope.sessions.is_empty()).then(|| {
+            scope
+                .sessions
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+        });
+        let roles = (!scope.roles.is_empty())
+            .then(|| scope.roles.iter().map(|r| r.code()).collect::<Vec<i64>>());
+        let levels: Vec<i64> = scope.levels().into_iter().map(i64::from).collect();
+        let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
+        let text = query.websearch();
+        let limit = i64::from(limit);
+        let setting = format!("SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}");
+        // Pipelined: BEGIN, the bound and the search go out together.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &text, &tenant.0, &subject, &sessions, &after, &before, &roles, &levels, &limit,
+        ];
+        let body = async {
+            let (set, rows) =
+                tokio::join!(client.batch_execute(&setting), client.query(&stmt, &params));
+            set?;
+            rows.map_err(|e| {
+                if e.code() == Some(&SqlState::QUERY_CANCELED) {
+                    StoreError::SearchTooCostly
+                } else {
+                    e.into()
+                }
+            })
+        };
+        let rows = transact(&client, body).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SearchHit {
+                    session: r.try_get(0)?,
+                    level: unsigned(r.try_get(1)?, "level")?,
+                    first_seq: unsigned(r.try_get(2)?, "seq")?,
+                    last_seq: unsigned(r.try_get(3)?, "seq")?,
+                    segment_id: r
+                        .try_get::<_, Option<i64>>(4)?
+                        .map(|id| unsigned(id, "segment id"))
+                        .transpose()?,
+                    role: r.try_get::<_, Option<i64>>(5)?.and_then(Role::from_code),
+                    created_at: Millis(r.try_get(6)?),
+                    text: r.try_get(7)?,
+                    score: 0.0,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `term` is in at least `COMMON_DOCS` of the tenant's entries
+    /// (counting stops there).
+    pub(crate) async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT count(*) FROM (SELECT 1 FROM entries e JOIN sessions x ON x.id = e.session_id \
+                 WHERE e.tsv @@ websearch_to_tsquery('simple', $1) AND x.tenant = $2 LIMIT $3) c",
+            )
+            .await?;
+        let single = Query {
+            all: vec![vec![term.clone()]],
+            none: Vec::new(),
+        };
+        let row = client
+            .query_one(
+                &stmt,
+                &[&single.websearch(), &tenant.0, &i64::from(COMMON_DOCS)],
+            )
+            .await?;
+        Ok(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS))
+    }
+}

@@ -1,0 +1,150 @@
+//! One leg of Search on SQLite: the FTS5 index (schema.rs), matched within
+//! the tenant's scope token, ranked by bm25 on the body, with the filters
+//! applied before the limit; and the probe that finds common terms. A
+//! session being erased (its entries still going, in batches) is gone to
+//! search as to every other read.
+
+use rusqlite::{Connection, params};
+
+use super::Sqlite;
+use crate::model::{Millis, Role, Tenant};
+use crate::search::query::{Query, Term, fts5_term};
+use crate::store::StoreError;
+use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
+
+/// The most progress-handler calls (each after this many virtual machine
+/// instructions) one search statement may take before it is stopped with
+/// `SearchTooCostly`: the bound on the work of one query.
+const STEPS_PER_CALL: i32 = 10_000;
+const MAX_CALLS: u32 = 20_000;
+
+/// The tenant's scope token, as the triggers write it (`'t' || hex(tenant)`).
+fn tenant_token(tenant: &Tenant) -> String {
+    let hex: String = tenant.0.bytes().map(|b| format!("{b:02X}")).collect();
+    format!("scope : \"t{hex}\"")
+}
+
+/// Runs `f` with the work bound set, and clears it after.
+fn bounded<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut calls = 0u32;
+    conn.progress_handler(
+        STEPS_PER_CALL,
+        Some(move || {
+            calls += 1;
+            calls > MAX_CALLS
+        }),
+    )?;
+    let result = f(conn);
+    // A pooled reader must not keep the bound for its next read.
+    conn.progress_handler(0, None::<fn() -> bool>)?;
+    result.map_err(|e| match e {
+        StoreError::Query(ref source)
+            if source
+                .downcast_ref::<rusqlite::Error>()
+                .and_then(rusqlite::Error::sqlite_error_code)
+                == Some(rusqlite::ErrorCode::OperationInterrupted) =>
+        {
+            StoreError::SearchTooCostly
+        }
+        other => other,
+    })
+}
+
+const LEG: &str = "\
+WITH m AS (SELECT rowid AS doc, bm25(search_index, 1.0, 0.0) AS r \
+           FROM search_index WHERE search_index MATCH ?1) \
+SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
+FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
+JOIN sessions x ON x.id = e.session_id \
+WHERE m.doc > 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
+AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
+AND (?5 IS NULL OR e.created_at > ?5) AND (?6 IS NULL OR e.created_at < ?6) \
+AND (?7 IS NULL OR e.role IN (SELECT value FROM json_each(?7))) \
+AND 0 IN (SELECT value FROM json_each(?8)) \
+UNION ALL \
+SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, m.r \
+FROM m JOIN summaries s ON s.segment_id = -m.doc JOIN segments g ON g.id = s.segment_id \
+JOIN sessions x ON x.id = g.session_id \
+WHERE m.doc < 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
+AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
+AND (?5 IS NULL OR s.created_at > ?5) AND (?6 IS NULL OR s.created_at < ?6) \
+AND ?7 IS NULL AND g.level IN (SELECT value FROM json_each(?8)) \
+ORDER BY 9 LIMIT ?9";
+
+fn json_list<T: ToString>(items: impl Iterator<Item = T>) -> String {
+    let items: Vec<String> = items.map(|i| i.to_string()).collect();
+    format!("[{}]", items.join(","))
+}
+
+impl Sqlite {
+    pub(crate) async fn search(
+        &self,
+        tenant: &Tenant,
+        scope: &SearchScope,
+        query: &Query,
+        limit: u32,
+    ) -> Result<Vec<SearchHit>, StoreError> {
+        let matching = format!("{} AND ({})", tenant_token(tenant), query.fts5());
+        let tenant = tenant.0.clone();
+        let subject = scope.subject.as_ref().map(|s| s.as_str().to_owned());
+        // Names are JSON-quoted by serde_json, not by hand.
+        let sessions = (!scope.sessions.is_empty())
+            .then(|| {
+                let names: Vec<&str> = scope.sessions.iter().map(|s| s.as_str()).collect();
+                serde_json::to_string(&names)
+            })
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("session names: {e}")))?;
+        let roles =
+            (!scope.roles.is_empty()).then(|| json_list(scope.roles.iter().map(|r| r.code())));
+        let levels = json_list(scope.levels().into_iter());
+        let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
+        self.read_mut(move |conn| {
+            bounded(conn, |conn| {
+                let mut stmt = conn.prepare_cached(LEG)?;
+                let rows = stmt.query_map(
+                    params![
+                        matching, tenant, subject, sessions, after, before, roles, levels, limit
+                    ],
+                    |r| {
+                        let role: Option<i64> = r.get(5)?;
+                        Ok(SearchHit {
+                            session: r.get(0)?,
+                            level: r.get(1)?,
+                            first_seq: r.get(2)?,
+                            last_seq: r.get(3)?,
+                            segment_id: r.get(4)?,
+                            role: role.and_then(Role::from_code),
+                            created_at: Millis(r.get(6)?),
+                            text: r.get(7)?,
+                            score: 0.0,
+                        })
+                    },
+                )?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+        })
+        .await
+    }
+
+    /// Whether `term` is in at least `COMMON_DOCS` of the tenant's
+    /// documents (counting stops there).
+    pub(crate) async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
+        let matching = format!("{} AND body : {}", tenant_token(tenant), fts5_term(term));
+        self.read_mut(move |conn| {
+            bounded(conn, |conn| {
+                let n: u32 = conn
+                    .prepare_cached(
+                        "SELECT count(*) FROM (SELECT 1 FROM search_index \
+                         WHERE search_index MATCH ?1 LIMIT ?2)",
+                    )?
+                    .query_row(params![matching, COMMON_DOCS], |r| r.get(0))?;
+                Ok(n >= COMMON_DOCS)
+            })
+        })
+        .await
+    }
+}
