@@ -24,6 +24,14 @@ pub(super) const MAX_PAGE_SIZE: u32 = 100;
 pub(super) const DEFAULT_PAGE_SIZE: u32 = 20;
 /// The budget `context` asks for when the model names none.
 pub(super) const DEFAULT_MAX_TOKENS: u32 = 2000;
+/// Most sessions one `recall` may name.
+const MAX_RECALL_SESSIONS: usize = 100;
+/// Hits one `recall` returns by default, and at most.
+pub(super) const DEFAULT_RECALL_LIMIT: u32 = 10;
+const MAX_RECALL_LIMIT: u32 = 100;
+/// Levels deeper than this cover more than any session holds (fanout 2:
+/// 2^63 segments).
+const MAX_LEVEL: u32 = 64;
 /// A page token is opaque and short; anything longer is not ours.
 const MAX_PAGE_TOKEN: usize = 1024;
 
@@ -111,6 +119,54 @@ pub(super) struct ListSessionsArgs {
     pub subject: Option<String>,
 }
 
+/// How `recall` looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[schemars(rename_all = "lowercase")]
+pub(super) enum ModeArg {
+    /// By words and by meaning where the server has embeddings on; by
+    /// words otherwise.
+    Auto,
+    /// By words only.
+    Lexical,
+    /// By meaning only (needs embeddings on the server).
+    Semantic,
+}
+
+/// `recall`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct RecallArgs {
+    /// What to look for, as in a web search: words (all of them match
+    /// best), "an exact phrase", `or` between alternatives, -word to
+    /// exclude. At most 4096 bytes.
+    #[schemars(length(min = 1, max = 4096))]
+    pub query: String,
+    /// Only these sessions (at most 100); with neither this nor subject,
+    /// every session of this memory.
+    #[schemars(length(max = 100))]
+    pub session_ids: Option<Vec<String>>,
+    /// Only the sessions of this subject.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    pub subject: Option<String>,
+    /// Only what was stored after this time: RFC 3339
+    /// (2026-11-30T09:00:00Z) or a date (2026-11-30, midnight UTC).
+    pub after: Option<String>,
+    /// Only what was stored before this time, written as for after.
+    pub before: Option<String>,
+    /// Only messages of these roles (recaps have none, so naming roles
+    /// leaves recaps out).
+    pub roles: Option<Vec<RoleArg>>,
+    /// What to search: 0 messages, 1 recaps of messages, 2 and up recaps
+    /// of recaps; default messages and recaps (0 and 1).
+    #[schemars(length(max = 16))]
+    pub levels: Option<Vec<u32>>,
+    /// The most hits, best first: 1 to 100, default 10.
+    #[schemars(range(min = 1, max = 100))]
+    pub limit: Option<u32>,
+    /// How to match: auto (default), lexical or semantic.
+    pub mode: Option<ModeArg>,
+}
+
 /// `forget`'s arguments.
 #[derive(Clone, Debug, PartialEq, JsonSchema)]
 #[schemars(deny_unknown_fields)]
@@ -183,6 +239,74 @@ impl FromArgs for ListSessionsArgs {
             page_size: page_size?,
             page_token: page_token?.filter(|t| !t.is_empty()),
             subject: subject?,
+        })
+    }
+}
+
+impl FromArgs for RecallArgs {
+    const FIELDS: &'static [&'static str] = &[
+        "query",
+        "session_ids",
+        "subject",
+        "after",
+        "before",
+        "roles",
+        "levels",
+        "limit",
+        "mode",
+    ];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        let query = r.query("query");
+        let session_ids = r
+            .opt_array("session_ids", MAX_RECALL_SESSIONS)
+            .map(|items| {
+                items.map(|items| {
+                    items
+                        .into_iter()
+                        .enumerate()
+                        .filter_map(|(i, item)| r.item_session_id("session_ids", i, item))
+                        .collect::<Vec<_>>()
+                })
+            });
+        let subject = r.subject("subject");
+        let after = r.time("after");
+        let before = r.time("before");
+        let roles = r.opt_array("roles", Role::ALL.len() * 4).map(|items| {
+            items.map(|items| {
+                items
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, item)| r.item_role("roles", i, item))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let levels = r.opt_array("levels", 16).map(|items| {
+            items.map(|items| {
+                items
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, item)| r.item_level("levels", i, item))
+                    .collect::<Vec<_>>()
+            })
+        });
+        let limit = r.count("limit", 1, MAX_RECALL_LIMIT);
+        let mode = r.mode("mode");
+        if let (Some(Some(after)), Some(Some(before))) = (&after, &before)
+            && after >= before
+        {
+            r.bad("before", "must be later than after");
+        }
+        Some(RecallArgs {
+            query: query?,
+            session_ids: session_ids?,
+            subject: subject?,
+            after: after?.map(|t| humantime::format_rfc3339(t).to_string()),
+            before: before?.map(|t| humantime::format_rfc3339(t).to_string()),
+            roles: roles?,
+            levels: levels?,
+            limit: limit?,
+            mode: mode?,
         })
     }
 }
@@ -352,6 +476,141 @@ impl Reader {
         }
     }
 
+    /// A search query: words to look for, within the server's bound.
+    fn query(&mut self, field: &str) -> Option<String> {
+        use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
+        let raw = self.string(field)?;
+        match Query::parse(&raw) {
+            Ok(_) => Some(raw),
+            Err(QueryError::TooLong) => {
+                self.bad(
+                    field,
+                    format!(
+                        "is {} bytes; at most {MAX_QUERY_BYTES} are allowed",
+                        raw.len()
+                    ),
+                );
+                None
+            }
+            Err(QueryError::NoWords) => {
+                self.bad(
+                    field,
+                    "has no word to look for (letters or digits, not only -excluded ones)",
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional time: RFC 3339, or a date meaning its midnight UTC.
+    fn time(&mut self, field: &str) -> Option<Option<std::time::SystemTime>> {
+        let Some(raw) = self.opt_string(field, 64)? else {
+            return Some(None);
+        };
+        let parsed = match raw.len() {
+            10 => humantime::parse_rfc3339(&format!("{raw}T00:00:00Z")),
+            _ => humantime::parse_rfc3339_weak(&raw),
+        };
+        match parsed {
+            Ok(at) => Some(Some(at)),
+            Err(_) => {
+                self.bad(
+                    field,
+                    format!("{raw:?} is not a time: write it like 2026-11-30T09:00:00Z, or a date like 2026-11-30"),
+                );
+                None
+            }
+        }
+    }
+
+    fn mode(&mut self, field: &str) -> Option<Option<ModeArg>> {
+        let Some(raw) = self.opt_string(field, 64)? else {
+            return Some(None);
+        };
+        match raw.as_str() {
+            "auto" => Some(Some(ModeArg::Auto)),
+            "lexical" => Some(Some(ModeArg::Lexical)),
+            "semantic" => Some(Some(ModeArg::Semantic)),
+            _ => {
+                self.bad(
+                    field,
+                    format!("{raw:?} is not a mode: auto, lexical or semantic"),
+                );
+                None
+            }
+        }
+    }
+
+    /// An optional array of at most `max` items.
+    fn opt_array(&mut self, field: &str, max: usize) -> Option<Option<Vec<Value>>> {
+        match self.take(field) {
+            None => Some(None),
+            Some(Value::Array(items)) if items.len() > max => {
+                self.bad(
+                    field,
+                    format!("holds {} items; at most {max} are allowed", items.len()),
+                );
+                None
+            }
+            Some(Value::Array(items)) => Some(Some(items)),
+            Some(other) => {
+                self.bad(field, format!("must be an array, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    fn item_session_id(&mut self, field: &str, i: usize, item: Value) -> Option<String> {
+        let path = format!("{field}[{i}]");
+        match item {
+            Value::String(raw) => match SessionName::parse(&raw) {
+                Ok(_) => Some(raw),
+                Err(e) => {
+                    self.bad(&path, e.to_string());
+                    None
+                }
+            },
+            other => {
+                self.bad(&path, format!("must be a string, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    fn item_role(&mut self, field: &str, i: usize, item: Value) -> Option<RoleArg> {
+        let path = format!("{field}[{i}]");
+        match item {
+            Value::String(name) => match role_arg(&name) {
+                Some(role) => Some(role),
+                None => {
+                    self.bad(
+                        &path,
+                        format!("{name:?} is not a role: user, assistant, system or tool"),
+                    );
+                    None
+                }
+            },
+            other => {
+                self.bad(&path, format!("must be a string, not {}", kind(&other)));
+                None
+            }
+        }
+    }
+
+    fn item_level(&mut self, field: &str, i: usize, item: Value) -> Option<u32> {
+        let path = format!("{field}[{i}]");
+        match item.as_u64() {
+            Some(level) if level <= u64::from(MAX_LEVEL) => Some(level as u32),
+            _ => {
+                self.bad(
+                    &path,
+                    format!("must be a whole number from 0 to {MAX_LEVEL}, not {item}"),
+                );
+                None
+            }
+        }
+    }
+
     /// `messages[i]`, its violations added to this reader's.
     fn message(&mut self, i: usize, item: Value) -> Option<MessageArg> {
         let path = format!("{}messages[{i}]", self.prefix);
@@ -364,11 +623,8 @@ impl Reader {
         };
         let mut r = Reader::new(object, &format!("{path}."));
         let role = match r.string("role") {
-            Some(name) => match Role::parse(&name) {
-                Some(Role::User) => Some(RoleArg::User),
-                Some(Role::Assistant) => Some(RoleArg::Assistant),
-                Some(Role::System) => Some(RoleArg::System),
-                Some(Role::Tool) => Some(RoleArg::Tool),
+            Some(name) => match role_arg(&name) {
+                Some(role) => Some(role),
                 None => {
                     r.bad(
                         "role",
@@ -416,6 +672,15 @@ impl Reader {
             );
         }
         self.object.clear();
+    }
+}
+
+fn role_arg(name: &str) -> Option<RoleArg> {
+    match Role::parse(name)? {
+        Role::User => Some(RoleArg::User),
+        Role::Assistant => Some(RoleArg::Assistant),
+        Role::System => Some(RoleArg::System),
+        Role::Tool => Some(RoleArg::Tool),
     }
 }
 
@@ -567,6 +832,58 @@ mod tests {
         );
     }
 
+    #[test]
+    fn recall_reads_its_scope_and_filters() {
+        let args = RecallArgs::parse(object(json!({
+            "query": "\"migration 0042\" or timeout -staging",
+            "session_ids": ["a", "b"],
+            "after": "2026-11-30",
+            "before": "2026-12-01T12:00:00Z",
+            "roles": ["user"],
+            "levels": [0, 1, 2],
+            "limit": 5,
+            "mode": "lexical",
+        })))
+        .expect("good arguments");
+        assert_eq!(
+            args.session_ids.as_deref(),
+            Some(&["a".to_owned(), "b".to_owned()][..])
+        );
+        assert_eq!(args.after.as_deref(), Some("2026-11-30T00:00:00Z"));
+        assert_eq!(args.before.as_deref(), Some("2026-12-01T12:00:00Z"));
+        assert_eq!(args.roles, Some(vec![RoleArg::User]));
+        assert_eq!(args.levels, Some(vec![0, 1, 2]));
+        assert_eq!((args.limit, args.mode), (Some(5), Some(ModeArg::Lexical)));
+        let violations = RecallArgs::parse(object(json!({
+            "query": "-only -excluded",
+            "session_ids": ["ok", "not ok"],
+            "after": "yesterday",
+            "roles": ["bot"],
+            "levels": [99],
+            "limit": 0,
+            "mode": "fuzzy",
+        })))
+        .expect_err("bad arguments");
+        assert_eq!(
+            fields(&violations),
+            [
+                "query",
+                "session_ids[1]",
+                "after",
+                "roles[0]",
+                "levels[0]",
+                "limit",
+                "mode"
+            ]
+        );
+        assert!(violations[0].description.contains("no word to look for"));
+        let violations = RecallArgs::parse(object(json!({
+            "query": "x", "after": "2026-12-02", "before": "2026-12-01",
+        })))
+        .expect_err("an empty window");
+        assert_eq!(fields(&violations), ["before"]);
+    }
+
     /// The schema a model reads and the fields read here are one list.
     #[test]
     fn each_schema_names_the_fields_read() {
@@ -592,6 +909,7 @@ mod tests {
             sorted(ListSessionsArgs::FIELDS)
         );
         assert_eq!(properties::<ForgetArgs>(), sorted(ForgetArgs::FIELDS));
+        assert_eq!(properties::<RecallArgs>(), sorted(RecallArgs::FIELDS));
         assert_eq!(
             properties::<MessageArg>(),
             sorted(&["role", "content", "client_entry_id"])

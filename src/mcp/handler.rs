@@ -16,6 +16,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use super::args::FromArgs;
 use super::error::ToolError;
+use super::recall::{self, RECALL};
 use super::tools::{self, CONTEXT, FORGET, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
 use crate::client::{Client, ClientOptions, connect_with};
 
@@ -82,6 +83,7 @@ impl Backend {
     pub(super) async fn call(&self, name: &str, args: Option<JsonObject>) -> CallToolResult {
         let outcome = match name {
             REMEMBER => tools::remember(self, args).await,
+            RECALL => recall::recall(self, args).await,
             CONTEXT => tools::context(self, args).await,
             LIST_SESSIONS => tools::list_sessions(self, args).await,
             FORGET => tools::forget(self, args).await,

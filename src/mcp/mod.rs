@@ -6,11 +6,11 @@
 //! reached as the terminal client reaches it (`--server`, TLS, the
 //! tenant's token from `ARCHIVIST_TOKEN`).
 //!
-//! Tools: `remember` (AppendEntries), `context` (GetContext within a
-//! budget), `list_sessions` (ListSessions) and, only when started with
-//! `--allow-forget`, `forget` (DeleteSession): without the flag it is not
-//! listed, and a call naming it anyway is refused with a tool error saying
-//! which flag would allow it.
+//! Tools: `remember` (AppendEntries), `recall` (Search), `context`
+//! (GetContext within a budget), `list_sessions` (ListSessions) and, only
+//! when started with `--allow-forget`, `forget` (DeleteSession): without
+//! the flag it is not listed, and a call naming it anyway is refused with
+//! a tool error saying which flag would allow it.
 //!
 //! What holds for every call: arguments are checked here, every bad field
 //! named, before anything is sent (`args.rs`); every failure is a tool
@@ -19,13 +19,14 @@
 //! (`error.rs`); an answer stays within `--max-answer-bytes`, cut with a
 //! note (`answer.rs`); and nothing a caller sends or a server does ends
 //! the process: an archivist that went away is a retryable error until it
-//! is back. `tools.rs` holds the tools, `handler.rs` the MCP handler and
-//! the shared connection.
+//! is back. `tools.rs` holds the tools (`recall.rs` the search),
+//! `handler.rs` the MCP handler and the shared connection.
 
 mod answer;
 mod args;
 mod error;
 mod handler;
+mod recall;
 mod tools;
 
 use std::net::SocketAddr;

@@ -12,10 +12,12 @@ use serde_json::Value;
 
 use super::answer::{Cut, Room, cost, shorten, success};
 use super::args::{
-    ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ListSessionsArgs, RememberArgs,
+    ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ListSessionsArgs, RecallArgs,
+    RememberArgs,
 };
 use super::error::{FailureReport, ToolError, failure_report};
 use super::handler::Backend;
+use super::recall::{RECALL, RECALL_DESCRIPTION, RecallOutput};
 use crate::pb;
 use crate::text::count;
 use crate::wire::{role_from_pb, role_to_pb};
@@ -29,6 +31,7 @@ pub(super) const FORGET: &str = "forget";
 pub(super) const INSTRUCTIONS: &str = "archivist is a long-term memory that keeps what was said across conversations. \
 `remember` stores messages in a session (one per conversation or topic; reuse its session_id later to continue it). \
 `context` reads a session back within a token budget: recaps of older history, the newest messages verbatim. \
+`recall` searches every session (or some, or one subject's) for what was said, best first. \
 `list_sessions` finds earlier sessions. \
 A failed call is a tool error whose structured content says the code, whether it is retryable (and after how long) and what_to_do.";
 
@@ -60,6 +63,9 @@ pub(super) fn tools(allow_forget: bool) -> Vec<Tool> {
                     .idempotent(false)
                     .open_world(false),
             ),
+        tool::<RecallArgs, RecallOutput>(RECALL, RECALL_DESCRIPTION)
+            .with_title("Search memory")
+            .with_annotations(read_only()),
         tool::<ContextArgs, ContextOutput>(CONTEXT, CONTEXT_DESCRIPTION)
             .with_title("Read a session's memory")
             .with_annotations(read_only()),
@@ -706,7 +712,7 @@ pub(super) async fn forget(
     Ok(success(text, &out))
 }
 
-fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
+pub(super) fn rfc3339(t: &prost_types::Timestamp) -> Option<String> {
     std::time::SystemTime::try_from(*t)
         .ok()
         .map(|at| humantime::format_rfc3339_seconds(at).to_string())
@@ -721,10 +727,13 @@ mod tests {
         let names = |tools: Vec<Tool>| -> Vec<String> {
             tools.into_iter().map(|t| t.name.into_owned()).collect()
         };
-        assert_eq!(names(tools(false)), [REMEMBER, CONTEXT, LIST_SESSIONS]);
+        assert_eq!(
+            names(tools(false)),
+            [REMEMBER, RECALL, CONTEXT, LIST_SESSIONS]
+        );
         assert_eq!(
             names(tools(true)),
-            [REMEMBER, CONTEXT, LIST_SESSIONS, FORGET]
+            [REMEMBER, RECALL, CONTEXT, LIST_SESSIONS, FORGET]
         );
     }
 

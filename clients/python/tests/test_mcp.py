@@ -127,7 +127,7 @@ async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Co
         assert "remember" in (client.instructions or "")
         tools = {t.name: t for t in (await client.list_tools()).tools}
         # forget is not offered without --allow-forget.
-        assert list(tools) == ["remember", "context", "list_sessions"]
+        assert list(tools) == ["remember", "recall", "context", "list_sessions"]
         remember = tools["remember"]
         assert "long-term memory" in (remember.description or "")
         schema = remember.input_schema
@@ -144,6 +144,10 @@ async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Co
         assert context.annotations is not None and context.annotations.read_only_hint is True
         assert remember.annotations is not None and remember.annotations.read_only_hint is False
         assert tools["list_sessions"].input_schema.get("required", []) == []
+        recall = tools["recall"]
+        assert recall.input_schema["required"] == ["query"]
+        assert recall.input_schema["properties"]["limit"]["maximum"] == 100
+        assert recall.annotations is not None and recall.annotations.read_only_hint is True
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -308,6 +312,70 @@ async def test_a_provider_down_loses_nothing_and_its_failure_reaches_the_model(
             {"kind": "recap", "level": 1, "first_seq": 1, "last_seq": 2, "text": "A recap of the segment."},
             {**memory["items"][1], "kind": "message", "seq": 3, "content": said[-1]},
         ]
+
+
+async def test_recall_finds_what_was_said_in_any_session(start_server, connect: Connect) -> None:
+    server = start_server()
+    billing, garden = sorted(new_session() for _ in range(2))
+    async with connect(url(server)) as client:
+        ok(await client.call_tool("remember", {
+            "session_id": billing,
+            "subject": "ada@example.com",
+            "messages": [
+                {"role": "user", "content": "The billing deploy failed: migration 0042 timed out."},
+                {"role": "assistant", "content": "Rerun migration 0042 with a 300 second timeout."},
+            ],
+        }))
+        ok(await client.call_tool("remember", {
+            "session_id": garden,
+            "subject": "bob@example.com",
+            "messages": [{"role": "user", "content": "The tomatoes need watering every morning."}],
+        }))
+
+        result = await client.call_tool("recall", {"query": "migration timeout"})
+        found = ok(result)
+        assert found["query"] == "migration timeout"
+        assert found["matched_by"] == ["lexical"]
+        # Both messages of the billing session, none of the garden's.
+        assert sorted((h["session_id"], h["kind"], h["level"], h["first_seq"], h["last_seq"]) for h in found["hits"]) == [
+            (billing, "message", 0, 1, 1), (billing, "message", 0, 2, 2),
+        ]
+        best = found["hits"][0]
+        assert best["role"] in ("user", "assistant") and best["created_at"].endswith("Z")
+        assert best["score"] > 0 and best["matched_by"] == ["lexical"]
+        lines = text(result).splitlines()
+        assert lines[0] == '2 hits for "migration timeout", best first:'
+        assert lines[1].startswith(f"1. [{billing} seq {best['first_seq']}, {best['role']}, ")
+        assert lines[1].endswith(best["text"])
+
+        # Scopes and filters: a subject, sessions, a role, a limit.
+        assert ok(await client.call_tool("recall", {"query": "tomatoes", "subject": "ada@example.com"}))["hits"] == []
+        hits = ok(await client.call_tool("recall", {"query": "tomatoes", "session_ids": [garden]}))["hits"]
+        assert [(h["session_id"], h["text"]) for h in hits] == [
+            (garden, "The tomatoes need watering every morning.")
+        ]
+        hits = ok(await client.call_tool("recall", {"query": "migration", "roles": ["assistant"]}))["hits"]
+        assert [h["text"] for h in hits] == ["Rerun migration 0042 with a 300 second timeout."]
+        assert len(ok(await client.call_tool("recall", {"query": "migration", "limit": 1}))["hits"]) == 1
+        hits = ok(await client.call_tool("recall", {"query": "migration", "before": "2000-01-01"}))["hits"]
+        assert hits == []
+
+        result = await client.call_tool("recall", {"query": "zeppelin"})
+        assert ok(result)["hits"] == []
+        assert text(result).startswith('Nothing found for "zeppelin"')
+
+
+async def test_recall_by_meaning_without_embeddings_says_so(server, connect: Connect) -> None:
+    async with connect(url(server)) as client:
+        error = failed(await client.call_tool("recall", {"query": "anything", "mode": "semantic"}))
+        assert (error["origin"], error["code"], error["reason"]) == (
+            "archivist", "FAILED_PRECONDITION", "EMBEDDINGS_OFF",
+        )
+        assert error["retryable"] is False
+        # A query with nothing to look for never leaves this process.
+        error = failed(await client.call_tool("recall", {"query": "-only -excluded"}))
+        assert (error["origin"], error["reason"]) == ("arguments", "INVALID_ARGUMENTS")
+        assert [v["field"] for v in error["violations"]] == ["query"]
 
 
 async def test_list_sessions_pages_through_the_tenants_sessions(start_server, connect: Connect) -> None:
@@ -544,6 +612,16 @@ async def test_answers_stay_within_the_cap(server, connect: Connect) -> None:
         seqs = [i["seq"] for i in memory["items"]]
         assert seqs == list(range(seqs[0], 91)) and seqs[0] > 1
         assert memory["items"][-1]["content"] == "fact 89"
+
+        # A search with more hits than fit: the lowest ranked go.
+        result = await client.call_tool("recall", {"query": "fact", "limit": 100, "session_ids": [many], "levels": [0]})
+        found = ok(result)
+        assert len(text(result).encode()) <= cap
+        assert len(json.dumps(found).encode()) <= cap
+        assert found["cut"]["left_out"] == 90 - len(found["hits"]) > 0
+        assert [line.split(".")[0] for line in text(result).splitlines()[1:]] == [
+            str(n) for n in range(1, len(found["hits"]) + 1)
+        ]
 
         # One message longer than the budget the cap carries (about 975
         # tokens, where the cap carries 819): archivist names the budget it
