@@ -90,8 +90,8 @@ enum Command {
     Migrate(MigrateArgs),
     /// Serve the Model Context Protocol (stdio, or streamable HTTP with
     /// --listen) in front of a running server, so an MCP-capable agent
-    /// gets a memory: tools remember, recall, context, list_sessions, and forget
-    /// with --allow-forget.
+    /// gets a memory: tools remember, recall, context, list_sessions, and
+    /// forget with --allow-forget.
     Mcp(McpArgs),
 }
 
