@@ -36,6 +36,18 @@ class SessionEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_EVENT_KIND_PARKED: _ClassVar[SessionEventKind]
     SESSION_EVENT_KIND_DELETED: _ClassVar[SessionEventKind]
     SESSION_EVENT_KIND_GAP: _ClassVar[SessionEventKind]
+
+class SearchMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEARCH_MODE_AUTO: _ClassVar[SearchMode]
+    SEARCH_MODE_LEXICAL: _ClassVar[SearchMode]
+    SEARCH_MODE_SEMANTIC: _ClassVar[SearchMode]
+
+class SearchLeg(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEARCH_LEG_UNSPECIFIED: _ClassVar[SearchLeg]
+    SEARCH_LEG_LEXICAL: _ClassVar[SearchLeg]
+    SEARCH_LEG_SEMANTIC: _ClassVar[SearchLeg]
 ROLE_UNSPECIFIED: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
@@ -53,6 +65,12 @@ SESSION_EVENT_KIND_FAILED: SessionEventKind
 SESSION_EVENT_KIND_PARKED: SessionEventKind
 SESSION_EVENT_KIND_DELETED: SessionEventKind
 SESSION_EVENT_KIND_GAP: SessionEventKind
+SEARCH_MODE_AUTO: SearchMode
+SEARCH_MODE_LEXICAL: SearchMode
+SEARCH_MODE_SEMANTIC: SearchMode
+SEARCH_LEG_UNSPECIFIED: SearchLeg
+SEARCH_LEG_LEXICAL: SearchLeg
+SEARCH_LEG_SEMANTIC: SearchLeg
 
 class NewEntry(_message.Message):
     __slots__ = ("client_entry_id", "role", "content")
@@ -488,3 +506,59 @@ class SessionEvent(_message.Message):
     at: _timestamp_pb2.Timestamp
     missed: int
     def __init__(self, kind: _Optional[_Union[SessionEventKind, str]] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed: _Optional[int] = ...) -> None: ...
+
+class SearchRequest(_message.Message):
+    __slots__ = ("query", "session_ids", "subject", "after", "before", "roles", "levels", "limit", "mode")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    subject: str
+    after: _timestamp_pb2.Timestamp
+    before: _timestamp_pb2.Timestamp
+    roles: _containers.RepeatedScalarFieldContainer[Role]
+    levels: _containers.RepeatedScalarFieldContainer[int]
+    limit: int
+    mode: SearchMode
+    def __init__(self, query: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., subject: _Optional[str] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., levels: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., mode: _Optional[_Union[SearchMode, str]] = ...) -> None: ...
+
+class SearchHit(_message.Message):
+    __slots__ = ("session_id", "level", "first_seq", "last_seq", "segment_id", "role", "created_at", "score", "text", "legs")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LEGS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    level: int
+    first_seq: int
+    last_seq: int
+    segment_id: int
+    role: Role
+    created_at: _timestamp_pb2.Timestamp
+    score: float
+    text: str
+    legs: _containers.RepeatedScalarFieldContainer[SearchLeg]
+    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ...) -> None: ...
+
+class SearchResponse(_message.Message):
+    __slots__ = ("hits", "legs", "embedded_share")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    LEGS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    hits: _containers.RepeatedCompositeFieldContainer[SearchHit]
+    legs: _containers.RepeatedScalarFieldContainer[SearchLeg]
+    embedded_share: float
+    def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ..., embedded_share: _Optional[float] = ...) -> None: ...

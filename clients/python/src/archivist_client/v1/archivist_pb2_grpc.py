@@ -101,6 +101,11 @@ class ArchivistStub:
                 request_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.SerializeToString,
                 response_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.FromString,
                 _registered_method=True)
+        self.Search = channel.unary_unary(
+                '/archivist.v1.Archivist/Search',
+                request_serializer=archivist_dot_v1_dot_archivist__pb2.SearchRequest.SerializeToString,
+                response_deserializer=archivist_dot_v1_dot_archivist__pb2.SearchResponse.FromString,
+                _registered_method=True)
 
 
 class ArchivistServicer:
@@ -233,6 +238,14 @@ class ArchivistServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Search(self, request, context):
+        """Search finds the tenant's entries and summaries by their words, best
+        first, within the request's scope; erased text is never found.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArchivistServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -300,6 +313,11 @@ def add_ArchivistServicer_to_server(servicer, server):
                     servicer.DeleteSubject,
                     request_deserializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.FromString,
                     response_serializer=archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.SerializeToString,
+            ),
+            'Search': grpc.unary_unary_rpc_method_handler(
+                    servicer.Search,
+                    request_deserializer=archivist_dot_v1_dot_archivist__pb2.SearchRequest.FromString,
+                    response_serializer=archivist_dot_v1_dot_archivist__pb2.SearchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -655,6 +673,33 @@ class Archivist:
             '/archivist.v1.Archivist/DeleteSubject',
             archivist_dot_v1_dot_archivist__pb2.DeleteSubjectRequest.SerializeToString,
             archivist_dot_v1_dot_archivist__pb2.DeleteSubjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Search(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/archivist.v1.Archivist/Search',
+            archivist_dot_v1_dot_archivist__pb2.SearchRequest.SerializeToString,
+            archivist_dot_v1_dot_archivist__pb2.SearchResponse.FromString,
             options,
             channel_credentials,
             insecure,
