@@ -27,7 +27,8 @@
 //!   they print, as text or JSON).
 //! - `mcp`: `archivist mcp`, the Model Context Protocol server (stdio or
 //!   streamable HTTP, on `rmcp`) in front of a running archivist: the
-//!   tools (`tools.rs`), their arguments checked before any call
+//!   tools (`tools.rs`, `recall.rs` the search), their arguments checked
+//!   before any call
 //!   (`args.rs`), every failure a tool error (`error.rs`), answers within
 //!   a cap (`answer.rs`), the handler and its shared connection
 //!   (`handler.rs`).
