@@ -28,10 +28,9 @@
 //! - `mcp`: `archivist mcp`, the Model Context Protocol server (stdio or
 //!   streamable HTTP, on `rmcp`) in front of a running archivist: the
 //!   tools (`tools.rs`, `recall.rs` the search), their arguments checked
-//!   before any call
-//!   (`args.rs`), every failure a tool error (`error.rs`), answers within
-//!   a cap (`answer.rs`), the handler and its shared connection
-//!   (`handler.rs`).
+//!   before any call (`args.rs`), every failure a tool error (`error.rs`),
+//!   answers within a cap (`answer.rs`), the handler and its shared
+//!   connection (`handler.rs`).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!
