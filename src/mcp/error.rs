@@ -196,12 +196,18 @@ impl ToolError {
     /// A call the archivist server failed (or that never reached it).
     /// `tool` decides what a retry risks; `timeout` is the call's deadline.
     pub(super) fn status(status: &tonic::Status, tool: &str, timeout: Duration) -> ToolError {
-        let call = CallError::from_status(status);
+        let mut call = CallError::from_status(status);
         let failure = failure_detail(status).map(failure_report);
         // No ErrorInfo and no DebugInfo: the status came from the client's
         // own transport (a refused connection, a reset, the deadline), and
         // its source chain says why.
         let from_transport = call.reason.is_none() && call.causes.is_empty();
+        // tonic's own call timeout ends the call as CANCELLED ("Timeout
+        // expired"): it is this process's deadline, and the call may have
+        // committed, so it is said as the deadline it is.
+        if from_transport && call.code == tonic::Code::Cancelled {
+            call.code = tonic::Code::DeadlineExceeded;
+        }
         let causes = match (&failure, from_transport) {
             (Some(f), _) if !f.causes.is_empty() => f.causes.clone(),
             (_, true) => {
@@ -536,6 +542,17 @@ mod tests {
         assert_eq!(err.reason.as_deref(), Some("NO_ANSWER_IN_TIME"));
         assert!(err.retryable);
         assert!(err.what_to_do.contains("within 30 s"), "{}", err.what_to_do);
+        assert!(
+            err.what_to_do.contains("client_entry_id"),
+            "{}",
+            err.what_to_do
+        );
+        // What tonic's call timeout really ends a call with.
+        let timed_out = tonic::Status::new(tonic::Code::Cancelled, "Timeout expired");
+        let err = ToolError::status(&timed_out, "remember", Duration::from_secs(3));
+        assert_eq!(err.origin, Origin::Connection);
+        assert_eq!(err.reason.as_deref(), Some("NO_ANSWER_IN_TIME"));
+        assert!(err.retryable);
         assert!(
             err.what_to_do.contains("client_entry_id"),
             "{}",
