@@ -21,7 +21,74 @@ KEY_ENV = "FAKE_PROVIDER_KEY"
 SECRET_KEY = "sk-archivist-test-key-0123456789abcdef"
 
 
-class ArchivistServer:
+class _Child:
+    """A binary of ours in a subprocess: its stderr read to the end (so it
+    never blocks on a full pipe) and kept as its log, and what its start-up
+    line reports (where it serves) handed back."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.process: subprocess.Popen[str] | None = None
+
+    def _spawn(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        reported: Callable[[str], str | None],
+        what: str,
+        startup_timeout: float,
+    ) -> str:
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        found: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._drain, args=(found, reported), daemon=True).start()
+        try:
+            value = found.get(timeout=startup_timeout)
+        except queue.Empty:
+            value = None
+        if value is None:
+            self.stop()
+            raise RuntimeError(f"{what}; its log:\n" + "\n".join(self.log[-40:]))
+        return value
+
+    def _drain(self, found: queue.Queue[str | None], reported: Callable[[str], str | None]) -> None:
+        assert self.process is not None and self.process.stderr is not None
+        done = False
+        for line in self.process.stderr:
+            self.log.append(line.rstrip("\n"))
+            if not done:
+                value = reported(line)
+                if value is not None:
+                    found.put(value)
+                    done = True
+        if not done:
+            found.put(None)
+
+    def stop(self) -> int | None:
+        """Ends the process (SIGTERM, then SIGKILL after 20 s) and says how
+        it exited; None when it never started."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+
+class ArchivistServer(_Child):
     """`archivist serve` on 127.0.0.1 and a port of its own choosing (read
     back from its start-up line), with a fresh data directory."""
 
@@ -33,6 +100,7 @@ class ArchivistServer:
         env: dict[str, str] | None = None,
         listen: str = "127.0.0.1:0",
     ) -> None:
+        super().__init__()
         self.binary = binary
         self.workdir = workdir
         self.config = config
@@ -40,9 +108,7 @@ class ArchivistServer:
         # Port 0 lets the server choose; a fixed one lets a test restart it
         # where its clients already point.
         self.listen = listen
-        self.log: list[str] = []
         self.address = ""
-        self.process: subprocess.Popen[str] | None = None
 
     @property
     def port(self) -> int:
@@ -54,54 +120,28 @@ class ArchivistServer:
         config_file = self.workdir / "archivist.toml"
         config_file.write_text(self.config, encoding="utf-8")
         # Only what this test says: no ARCHIVIST_* from the caller's shell.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ARCHIVIST_")}
-        env["RUST_LOG"] = "info"
-        env.update(self.extra_env)
-        self.process = subprocess.Popen(
-            [
-                str(self.binary),
-                "serve",
-                "--listen",
-                self.listen,
-                "--data-dir",
-                str(data_dir),
-                "--config",
-                str(config_file),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
+        env = clean_env({"RUST_LOG": "info", **self.extra_env})
+        argv = [
+            str(self.binary),
+            "serve",
+            "--listen",
+            self.listen,
+            "--data-dir",
+            str(data_dir),
+            "--config",
+            str(config_file),
+        ]
+
+        def address(line: str) -> str | None:
+            if "archivist is serving" in line and "listen=" in line:
+                return line.split("listen=", 1)[1].split()[0]
+            return None
+
+        self.address = self._spawn(
+            argv, env, address, "archivist did not report its listen address", startup_timeout
         )
-        found: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._drain, args=(found,), daemon=True).start()
-        try:
-            address = found.get(timeout=startup_timeout)
-        except queue.Empty:
-            address = None
-        if address is None:
-            self.stop()
-            raise RuntimeError(
-                "archivist did not report its listen address; its log:\n"
-                + "\n".join(self.log[-40:])
-            )
-        self.address = address
         self._wait_for_port(startup_timeout)
         return self
-
-    def _drain(self, found: queue.Queue[str | None]) -> None:
-        """Reads stderr to the end (so the server never blocks on a full
-        pipe), reporting the address from the start-up line."""
-        assert self.process is not None and self.process.stderr is not None
-        reported = False
-        for line in self.process.stderr:
-            self.log.append(line.rstrip("\n"))
-            if not reported and "archivist is serving" in line and "listen=" in line:
-                found.put(line.split("listen=", 1)[1].split()[0])
-                reported = True
-        if not reported:
-            found.put(None)
 
     def _wait_for_port(self, limit: float) -> None:
         host, port = self.address.rsplit(":", 1)
@@ -114,19 +154,6 @@ class ArchivistServer:
                 if time.monotonic() > end:
                     raise RuntimeError(f"archivist is not accepting on {self.address}")
                 time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def log_text(self) -> str:
-        return "\n".join(self.log)
 
 
 def free_port() -> int:
@@ -144,64 +171,31 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class McpHttpServer:
+class McpHttpServer(_Child):
     """`archivist mcp --listen 127.0.0.1:0` in a subprocess: the URL of its
     streamable HTTP endpoint, read back from its start-up line."""
 
     def __init__(self, binary: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        super().__init__()
         self.binary = binary
         self.args = args
         self.env = env or {}
-        self.log: list[str] = []
         self.url = ""
-        self.process: subprocess.Popen[str] | None = None
 
     def start(self, startup_timeout: float = 30.0) -> McpHttpServer:
-        self.process = subprocess.Popen(
-            [str(self.binary), *self.args, "--listen", "127.0.0.1:0"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=clean_env(self.env),
-            text=True,
-        )
-        found: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._drain, args=(found,), daemon=True).start()
-        try:
-            url = found.get(timeout=startup_timeout)
-        except queue.Empty:
-            url = None
-        if url is None:
-            self.stop()
-            raise RuntimeError("archivist mcp did not report its URL; its log:\n" + self.log_text())
-        self.url = url
-        return self
-
-    def _drain(self, found: queue.Queue[str | None]) -> None:
-        assert self.process is not None and self.process.stderr is not None
-        reported = False
-        for line in self.process.stderr:
-            self.log.append(line.rstrip("\n"))
-            if not reported and "archivist mcp is serving at " in line:
-                found.put(line.split("serving at ", 1)[1].strip())
-                reported = True
-        if not reported:
-            found.put(None)
-
-    def stop(self) -> int | None:
-        if self.process is None:
+        def url(line: str) -> str | None:
+            if "archivist mcp is serving at " in line:
+                return line.split("serving at ", 1)[1].strip()
             return None
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        return self.process.returncode
 
-    def log_text(self) -> str:
-        return "\n".join(self.log)
+        self.url = self._spawn(
+            [str(self.binary), *self.args, "--listen", "127.0.0.1:0"],
+            clean_env(self.env),
+            url,
+            "archivist mcp did not report its URL",
+            startup_timeout,
+        )
+        return self
 
 
 Reply = tuple[int, dict[str, str], bytes]
