@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use super::output::describe_with_hint;
 use crate::client::{Client, ClientOptions, DEFAULT_SERVER, connect_with};
+use crate::model::Role;
 use crate::pb;
+use crate::wire::role_to_pb;
 
 /// Exit status of a close or flush that worked while a recap is not there:
 /// it failed, or was still running when the call's bound came.
@@ -153,6 +155,15 @@ pub(super) fn check_subject(subject: &str) -> Result<(), Failed> {
                 "{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)"
             ))
         })
+}
+
+/// A role named on the command line.
+pub(super) fn parse_role(name: &str) -> Result<pb::Role, Failed> {
+    Role::parse(name).map(role_to_pb).ok_or_else(|| {
+        Failed::Usage(format!(
+            "unknown role {name:?}: use user, assistant, system or tool"
+        ))
+    })
 }
 
 /// Every segment of `session` at `levels` (all when empty), page by page;
