@@ -243,6 +243,24 @@ pub(super) fn legs(legs: &[i32]) -> String {
         .join("+")
 }
 
+/// Text as a terminal should show it: control characters other than
+/// newline and tab (escape sequences that would clear the screen, retitle
+/// the window or hide what follows) written as escapes, `\u{1b}`. A search
+/// prints whatever anyone stored in the tenant's memory.
+pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let shown = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    if text.chars().all(shown) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| match shown(c) {
+            true => c.to_string(),
+            false => c.escape_unicode().to_string(),
+        })
+        .collect::<String>()
+        .into()
+}
+
 /// One search hit as a block for a person: its rank, where it is (the
 /// session, what kind of text, the seq range, the node), when it was
 /// stored, its role and score, then its whole text indented.
@@ -271,7 +289,7 @@ pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> S
     );
     for line in hit.text.lines() {
         out.push_str("    ");
-        out.push_str(line);
+        out.push_str(&printable(line));
         out.push('\n');
     }
     out
@@ -390,6 +408,15 @@ mod tests {
         assert_eq!(
             render_hit(3, &hit, SystemTime::now()),
             "3. ada level 2 roll-up of seq 1..200 (node 9); score 0.0325 (lexical+semantic)\n    first line\n    second line\n"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        assert_eq!(printable("a\tb\nc"), "a\tb\nc");
+        assert_eq!(
+            printable("\u{1b}[2Jgone\u{7}\r"),
+            "\\u{1b}[2Jgone\\u{7}\\u{d}"
         );
     }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use super::output::{legs, render_hit, wire_json};
 use super::terminal::{
     ClientFlags, Failed, check_session, check_subject, connect, exit, parse_role, print_json,
-    request,
+    print_out, request,
 };
 use crate::pb;
 use crate::text::count;
@@ -148,6 +148,6 @@ async fn search(args: SearchArgs) -> Result<(), Failed> {
     for (i, hit) in resp.hits.iter().enumerate() {
         out.push_str(&render_hit(i + 1, hit, now));
     }
-    print!("{out}");
+    print_out(&out)?;
     Ok(())
 }

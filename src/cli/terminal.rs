@@ -130,8 +130,23 @@ pub(super) fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
 
 pub(super) fn print_json(value: &Value) {
     match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
+        Ok(text) => {
+            if let Err(Failed::Error(e)) = print_out(&format!("{text}\n")) {
+                eprintln!("error: {e}");
+            }
+        }
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}
+
+/// Writes `text` to standard output; false when its reader has gone
+/// (`| head`), which ends a command quietly rather than in a panic.
+pub(super) fn print_out(text: &str) -> Result<bool, Failed> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(Failed::Error(format!("cannot print: {e}"))),
     }
 }
 
