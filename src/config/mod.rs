@@ -20,13 +20,14 @@ use crate::model::SegmentPolicy;
 pub const CONFIG_ENV: &str = "ARCHIVIST_CONFIG";
 /// `ARCHIVIST_*` variables that are not configuration keys: the file's
 /// name, the terminal client's server address and token, and the
-/// PostgreSQL server the tests and benchmarks use (and whether the tests
-/// require it), which a server they start inherits.
+/// PostgreSQL servers the tests (one with pgvector) and benchmarks use (and
+/// whether the tests require them), which a server they start inherits.
 const NOT_KEYS: &[&str] = &[
     CONFIG_ENV,
     "ARCHIVIST_SERVER",
     "ARCHIVIST_TOKEN",
     "ARCHIVIST_TEST_PG_URL",
+    "ARCHIVIST_TEST_PGVECTOR_URL",
     "ARCHIVIST_REQUIRE_PG",
     "ARCHIVIST_BENCH_PG_URL",
 ];
