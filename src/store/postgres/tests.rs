@@ -699,15 +699,8 @@ fn a_described_url_never_shows_a_password_even_with_an_unencoded_at() {
 
 /// The texts a search of the default tenant finds.
 async fn found(store: &Store, q: &str) -> Vec<String> {
-    let query = crate::search::query::Query::parse(q).expect("query");
     let scope = crate::store::SearchScope::default();
-    store
-        .search(&Tenant::default(), &scope, &query, 10)
-        .await
-        .expect("search")
-        .into_iter()
-        .map(|h| h.text)
-        .collect()
+    crate::store::tests::found(store, &Tenant::default(), &scope, q).await
 }
 
 /// Takes the database back to before the search index's backlog
