@@ -1142,7 +1142,7 @@ async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_on
 }
 
 /// The texts of a search's hits, best first.
-pub(crate) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
+pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
     let query = crate::search::query::Query::parse(q).expect("query");
     store
         .search(t, scope, &query, 10)
