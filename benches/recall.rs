@@ -30,7 +30,8 @@
 //!   recall_any@5 and @10, NDCG@10, corrections, p50/p99 over
 //!   `--search-queries N` searches (default 300), the load's rate and the
 //!   index's bytes per entry; `--pg`: PostgreSQL beside SQLite (a fresh
-//!   database, as `benches/append.rs` makes).
+//!   database, as `benches/append.rs` makes); `--facts`: the questions
+//!   that found nothing relevant in their first 5 hits, with the first hit.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose

@@ -122,6 +122,10 @@ enum Mark {
 /// relevant texts the subject holds.
 struct Ranking {
     marks: Vec<Mark>,
+    /// For `--facts`: the query, the answer looked for, and the first hit.
+    query: String,
+    answer: String,
+    first: Option<String>,
     relevant: usize,
     updated: bool,
     error: Option<String>,
@@ -165,6 +169,9 @@ struct Quality {
     corrected: (usize, usize),
     outside: usize,
     errors: Vec<String>,
+    /// The questions with no relevant hit in the first 5: the query, the
+    /// answer looked for, and the first hit.
+    misses: Vec<String>,
 }
 
 fn quality(rankings: &[Ranking]) -> Quality {
@@ -182,6 +189,18 @@ fn quality(rankings: &[Ranking]) -> Quality {
             .map(|r| r.marks.iter().filter(|m| **m == Mark::Outside).count())
             .sum(),
         errors: rankings.iter().filter_map(|r| r.error.clone()).collect(),
+        misses: rankings
+            .iter()
+            .filter(|r| r.recall_any(5) == 0.0)
+            .map(|r| {
+                format!(
+                    "{:?} for {}: first hit {:?}",
+                    r.query,
+                    r.answer,
+                    r.first.as_deref().unwrap_or("(none)")
+                )
+            })
+            .collect(),
     }
 }
 
@@ -299,7 +318,7 @@ async fn measure(
                 (fact.paraphrase, &mut paraphrase),
             ] {
                 let answer = search(&mut client, &subject.name, text).await;
-                out.push(rank(subject, fact, relevant, answer));
+                out.push(rank(subject, fact, text, relevant, answer));
             }
         }
     }
@@ -421,6 +440,7 @@ async fn search(
 fn rank(
     subject: &Subject,
     fact: &Fact,
+    query: &str,
     relevant: usize,
     answer: Result<pb::SearchResponse, tonic::Status>,
 ) -> Ranking {
@@ -428,6 +448,7 @@ fn rank(
         Ok(a) => (a.hits, None),
         Err(s) => (Vec::new(), Some(format!("{:?}: {}", s.code(), s.message()))),
     };
+    let first = hits.first().map(|h| h.text.clone());
     let marks = hits
         .into_iter()
         .map(|h| {
@@ -447,6 +468,9 @@ fn rank(
         .collect();
     Ranking {
         marks,
+        query: query.to_owned(),
+        answer: fact.current().to_owned(),
+        first,
         relevant,
         updated: fact.update.is_some(),
         error,
@@ -654,4 +678,15 @@ fn print_tables(o: &Options, rows: &[Row]) {
         );
     }
     println!("  (! the wait for every recap ran out)");
+    if o.facts {
+        for r in rows {
+            println!(
+                "Questions in the facts' words with no relevant hit in the first 5, {} at {} entries:",
+                r.backend, r.size
+            );
+            for miss in &r.question.misses {
+                println!("  {miss}");
+            }
+        }
+    }
 }
