@@ -455,8 +455,10 @@ macro_rules! on_backend {
     };
 }
 
-// After `on_backend`, which it uses.
+// After `on_backend`, which they use.
+mod index;
 mod search;
+pub(crate) use index::Indexed;
 pub(crate) use search::{SearchHit, SearchScope};
 
 impl Store {

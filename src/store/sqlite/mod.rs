@@ -23,6 +23,7 @@
 mod checkpoint;
 mod claims;
 mod entries;
+mod index;
 mod kept;
 mod rows;
 mod runs;
