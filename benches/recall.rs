@@ -22,7 +22,16 @@
 //! - `--wait-seconds S`: how long to wait for every recap (default 1800);
 //! - `--show N`: print the first session of N entries (its facts, then
 //!   every entry with its estimated tokens; `--detail K`: session K) and
-//!   exit, starting no server.
+//!   exit, starting no server;
+//! - `--search`: the Search benchmark instead (`recall/search.rs`): a
+//!   tenant of `--subjects K` subjects (default 3) of 30 sessions each,
+//!   `--search-sizes 1000,10000,100000,1000000` entries in all (the
+//!   default), each fact asked in its own words and in a paraphrase;
+//!   recall_any@5 and @10, NDCG@10, corrections, p50/p99 over
+//!   `--search-queries N` searches (default 300), the load's rate and the
+//!   index's bytes per entry; `--pg`: PostgreSQL beside SQLite (a fresh
+//!   database, as `benches/append.rs` makes); `--facts`: the questions
+//!   that found nothing relevant in their first 5 hits, with the first hit.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -52,6 +61,8 @@ mod fixture;
 mod pools;
 #[path = "recall/score.rs"]
 mod score;
+#[path = "recall/search.rs"]
+mod search;
 
 use fixture::{Session, Speaker};
 use score::{Outcome, Returned, Source, Tally};
@@ -77,6 +88,12 @@ struct Options {
     show: Option<usize>,
     /// Which session of each size `--facts` and `--cover` show (0: the first).
     detail: usize,
+    /// `--search`: the Search benchmark (recall/search.rs) instead.
+    search: bool,
+    search_sizes: Vec<usize>,
+    subjects: usize,
+    search_queries: usize,
+    pg: bool,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -115,6 +132,11 @@ impl Options {
             wait: Duration::from_secs(1800),
             show: None,
             detail: 0,
+            search: false,
+            search_sizes: vec![1_000, 10_000, 100_000, 1_000_000],
+            subjects: 3,
+            search_queries: 300,
+            pg: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -133,6 +155,11 @@ impl Options {
                 "--llm-only" => o.llm_only = true,
                 "--show" => o.show = Some(number(&a, args.next())),
                 "--detail" => o.detail = number(&a, args.next()),
+                "--search" => o.search = true,
+                "--search-sizes" => o.search_sizes = list(&a, args.next()),
+                "--subjects" => o.subjects = number(&a, args.next()),
+                "--search-queries" => o.search_queries = number(&a, args.next()),
+                "--pg" => o.pg = true,
                 // cargo bench passes --bench.
                 _ => {}
             }
@@ -141,6 +168,14 @@ impl Options {
             o.sessions > 0 && o.calls > 0 && o.detail < o.sessions,
             "--sessions and --calls: at least 1; --detail: below --sessions"
         );
+        assert!(o.subjects > 0, "--subjects: at least 1");
+        for &n in &o.search_sizes {
+            assert!(
+                n / o.subjects >= fixture::MIN_ENTRIES,
+                "--search-sizes: at least {} entries a subject",
+                fixture::MIN_ENTRIES
+            );
+        }
         for &n in o.sizes.iter().chain(&o.llm_sizes) {
             assert!(
                 n >= fixture::MIN_ENTRIES,
@@ -282,6 +317,10 @@ fn main() {
         return;
     }
     let rt = common::runtime();
+    if o.search {
+        rt.block_on(search::run(&o));
+        return;
+    }
     let reports = rt.block_on(async {
         let mut reports = Vec::new();
         for suite in suites(&o) {
@@ -419,18 +458,7 @@ async fn load(
         for (b, chunk) in session.entries.chunks(BATCH).enumerate() {
             let request = pb::AppendEntriesRequest {
                 session_id: session.id.clone(),
-                entries: chunk
-                    .iter()
-                    .map(|m| pb::NewEntry {
-                        client_entry_id: String::new(),
-                        role: match m.speaker {
-                            Speaker::User => pb::Role::User,
-                            Speaker::Assistant => pb::Role::Assistant,
-                        }
-                        .into(),
-                        content: m.content.clone(),
-                    })
-                    .collect(),
+                entries: new_entries(chunk),
                 ..Default::default()
             };
             let answer = client
@@ -448,24 +476,7 @@ async fn load(
         }
     }
     let append = started.elapsed();
-    let started = Instant::now();
-    let mut last = None;
-    let settled = loop {
-        let b = client
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .expect("backlog")
-            .into_inner();
-        if b.pending == 0 && last == Some(b.summarised) {
-            break true;
-        }
-        last = (b.pending == 0).then_some(b.summarised);
-        if started.elapsed() > wait {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    let summarise = started.elapsed();
+    let (summarise, settled) = settle(&mut client, wait).await;
     let mut levels: BTreeMap<u32, [u64; 4]> = BTreeMap::new();
     // Every level: more than any tree grows.
     let all: Vec<u32> = (1..=32).collect();
@@ -488,6 +499,46 @@ async fn load(
         levels,
         settled,
     }
+}
+
+/// The fixture's messages as an AppendEntries' entries.
+fn new_entries(messages: &[fixture::Message]) -> Vec<pb::NewEntry> {
+    messages
+        .iter()
+        .map(|m| pb::NewEntry {
+            client_entry_id: String::new(),
+            role: match m.speaker {
+                Speaker::User => pb::Role::User,
+                Speaker::Assistant => pb::Role::Assistant,
+            }
+            .into(),
+            content: m.content.clone(),
+        })
+        .collect()
+}
+
+/// Waits until the server has no segment or roll-up PENDING and its count
+/// of SUMMARISED nodes holds still for a poll, or until `wait` runs out:
+/// how long it took, and whether it settled.
+async fn settle(client: &mut archivist::client::Client, wait: Duration) -> (Duration, bool) {
+    let started = Instant::now();
+    let mut last = None;
+    let settled = loop {
+        let b = client
+            .get_backlog(pb::GetBacklogRequest {})
+            .await
+            .expect("backlog")
+            .into_inner();
+        if b.pending == 0 && last == Some(b.summarised) {
+            break true;
+        }
+        last = (b.pending == 0).then_some(b.summarised);
+        if started.elapsed() > wait {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    (started.elapsed(), settled)
 }
 
 /// GetContext of every session at `budget`: 2 untimed calls, `calls`

@@ -27,10 +27,15 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub struct Server {
     child: Child,
     pub address: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Server {
+    /// The server's data directory (a SQLite server's database is there).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
     /// CPU time the server's threads have used so far: the sum of each
     /// live thread's run time in `/proc` (nanoseconds, where the process's
     /// own user/system ticks are 10 ms). None where `/proc` does not say.
@@ -89,7 +94,7 @@ pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str,
     let server = Server {
         child,
         address: format!("http://127.0.0.1:{port}"),
-        _dir: dir,
+        dir,
     };
     for _ in 0..200 {
         if archivist::client::connect(&server.address).await.is_ok() {
