@@ -456,12 +456,17 @@ impl Default for SegmentConfig {
     }
 }
 
+/// `limits.max_content_bytes` unless configured: the longest entry text.
+pub(crate) const DEFAULT_MAX_CONTENT_BYTES: u32 = 64 * 1024;
+/// `limits.max_message_bytes` unless configured: the largest request.
+pub(crate) const DEFAULT_MAX_MESSAGE_BYTES: u32 = 4 * 1024 * 1024;
+
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_content_bytes: 64 * 1024,
+            max_content_bytes: DEFAULT_MAX_CONTENT_BYTES,
             max_entries_per_call: 1000,
-            max_message_bytes: 4 * 1024 * 1024,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_concurrent_calls: 256,
             max_tenant_bytes: 1024 * 1024 * 1024,
             max_context_tokens: 100_000,

@@ -19,6 +19,12 @@ use crate::model::{Role, SessionName, Subject};
 pub(super) const MAX_MESSAGES: usize = 100;
 /// The longest a client_entry_id may be (the server's own bound).
 const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// The longest message text, in UTF-8 bytes: a server's default bound, so
+/// a model is told which message before anything is sent.
+pub(super) const MAX_CONTENT_BYTES: usize = crate::config::DEFAULT_MAX_CONTENT_BYTES as usize;
+/// The most text one `remember` sends: a server's default request bound,
+/// less room for the rest of the request (ids, roles, framing).
+const MAX_CALL_BYTES: usize = crate::config::DEFAULT_MAX_MESSAGE_BYTES as usize - 64 * 1024;
 /// Sessions one `list_sessions` page holds at most.
 pub(super) const MAX_PAGE_SIZE: u32 = 100;
 pub(super) const DEFAULT_PAGE_SIZE: u32 = 20;
@@ -62,8 +68,8 @@ impl RoleArg {
 pub(super) struct MessageArg {
     /// Who said it: user, assistant, system or tool.
     pub role: RoleArg,
-    /// The text, exactly as said (not empty).
-    #[schemars(length(min = 1))]
+    /// The text, exactly as said (not empty; at most 65,536 bytes of UTF-8).
+    #[schemars(length(min = 1, max = 65536))]
     pub content: String,
     /// Optional idempotency key, unique within the session (at most 128
     /// characters): sending the same id with the same text again stores it
@@ -206,6 +212,17 @@ impl FromArgs for RememberArgs {
                 .filter_map(|(i, item)| r.message(i, item))
                 .collect::<Vec<_>>()
         });
+        if let Some(messages) = &messages {
+            let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+            if bytes > MAX_CALL_BYTES {
+                r.bad(
+                    "messages",
+                    format!(
+                        "hold {bytes} bytes of text together; one call takes at most {MAX_CALL_BYTES}: send them in several calls"
+                    ),
+                );
+            }
+        }
         let subject = r.subject("subject");
         Some(RememberArgs {
             session_id: session_id?,
@@ -640,6 +657,16 @@ impl Reader {
                 r.bad("content", "is empty");
                 None
             }
+            Some(c) if c.len() > MAX_CONTENT_BYTES => {
+                r.bad(
+                    "content",
+                    format!(
+                        "is {} bytes; at most {MAX_CONTENT_BYTES} are allowed: split it into several messages",
+                        c.len()
+                    ),
+                );
+                None
+            }
             other => other,
         };
         let client_entry_id = match r.opt_string("client_entry_id", MAX_CLIENT_ENTRY_ID) {
@@ -797,6 +824,33 @@ mod tests {
                 .expect_err("too many");
         assert_eq!(fields(&violations), ["messages"]);
         assert!(violations[0].description.contains("at most 100"));
+    }
+
+    #[test]
+    fn text_past_the_servers_bounds_is_named_before_sending() {
+        let big = "é".repeat(MAX_CONTENT_BYTES / 2 + 1);
+        let violations = RememberArgs::parse(object(json!({"session_id": "s", "messages": [
+            {"role": "user", "content": "fine"},
+            {"role": "user", "content": big},
+        ]})))
+        .expect_err("too long");
+        assert_eq!(fields(&violations), ["messages[1].content"]);
+        assert!(
+            violations[0].description.contains("65538 bytes"),
+            "{violations:?}"
+        );
+        // Each within its bound, too much together.
+        let each = "x".repeat(MAX_CONTENT_BYTES);
+        let many: Vec<Value> = (0..MAX_MESSAGES)
+            .map(|_| json!({"role": "user", "content": each}))
+            .collect();
+        let violations = RememberArgs::parse(object(json!({"session_id": "s", "messages": many})))
+            .expect_err("too much");
+        assert_eq!(fields(&violations), ["messages"]);
+        assert!(
+            violations[0].description.contains("several calls"),
+            "{violations:?}"
+        );
     }
 
     #[test]

@@ -227,6 +227,12 @@ impl ToolError {
             (true, tonic::Code::DeadlineExceeded) => {
                 (Origin::Connection, Some("NO_ANSWER_IN_TIME".to_owned()))
             }
+            // A reset or closed connection mid-call ends as UNKNOWN
+            // "transport error" with the transport's error as its source:
+            // the call may or may not have reached the server.
+            (true, tonic::Code::Unknown) => {
+                (Origin::Connection, Some("CONNECTION_LOST".to_owned()))
+            }
             _ => (Origin::Archivist, call.reason.clone()),
         };
         let retry_after = call.retry_after.or_else(|| {
@@ -236,6 +242,8 @@ impl ToolError {
         });
         let retryable = match &failure {
             Some(f) => f.retryable,
+            // Every way this process loses a call passes with the connection.
+            None if origin == Origin::Connection => true,
             None => retryable_code(call.code, retry_after.is_some()),
         };
         let what_to_do = advice(&call, origin, retryable, retry_after, tool, timeout);
@@ -551,6 +559,23 @@ mod tests {
                 err.what_to_do
             );
         }
+        // A connection reset mid-call: tonic's UNKNOWN "transport error",
+        // the reset as its source.
+        let reset = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        assert_eq!(reset.code(), tonic::Code::Unknown);
+        let err = ToolError::status(&reset, "remember", Duration::from_secs(30));
+        assert_eq!(err.origin, Origin::Connection);
+        assert_eq!(err.reason.as_deref(), Some("CONNECTION_LOST"));
+        assert!(err.retryable);
+        assert!(
+            err.what_to_do.contains("client_entry_id"),
+            "{}",
+            err.what_to_do
+        );
+        assert!(err.text().contains("connection reset"), "{}", err.text());
     }
 
     #[test]

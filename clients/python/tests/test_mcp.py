@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import socket
+import struct
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -679,6 +682,85 @@ async def test_an_archivist_that_went_away_is_a_retryable_error_until_it_is_back
             assert [i["content"] for i in memory["items"]] == ["before the restart"]
         finally:
             server.stop()
+
+
+class ResetMidCall:
+    """A peer that completes the HTTP/2 handshake, reads the start of the
+    call, then resets the connection (RST, SO_LINGER 0): an archivist
+    killed or a proxy dropping the call after it was sent."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.resets = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                # An empty SETTINGS frame, then the client's preface and
+                # frames up to its first HEADERS (type 1): the call is out.
+                conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                got = b""
+                try:
+                    while len(got) < len(preface):
+                        got += conn.recv(65536)
+                    rest = got[len(preface):]
+                    while True:
+                        while len(rest) >= 9:
+                            length = int.from_bytes(rest[:3], "big")
+                            kind = rest[3]
+                            if kind == 4 and not rest[4] & 1:
+                                conn.sendall(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")
+                            if kind == 1:
+                                raise StopIteration
+                            rest = rest[9 + length:]
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        rest += chunk
+                except StopIteration:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.resets += 1
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_connection_reset_mid_call_is_the_connection_and_retryable(
+    connect: Connect,
+) -> None:
+    """The call may have reached archivist: a retry is safe with ids, and
+    the model is told so (a reset was said "from the archivist server, not
+    retryable")."""
+    peer = ResetMidCall()
+    try:
+        async with connect(f"http://{peer.address}", "--timeout", "5s") as client:
+            error = failed(await client.call_tool("remember", {
+                "session_id": new_session(),
+                "messages": [{"role": "user", "content": "said once"}],
+            }))
+            assert error["origin"] == "connection", error
+            assert error["retryable"] is True, error
+            assert "client_entry_id" in error["what_to_do"], error
+            # Not a refusal by the server: no reason of archivist's.
+            assert (error["code"], error["reason"]) == ("UNKNOWN", "CONNECTION_LOST"), error
+            assert peer.resets >= 1
+            # Still serving: the next call fails the same way, nothing crashed.
+            error = failed(await client.call_tool("list_sessions", {}))
+            assert error["origin"] == "connection", error
+    finally:
+        peer.close()
 
 
 def test_a_non_loopback_listen_is_refused_without_insecure_open(archivist_bin: Path) -> None:
