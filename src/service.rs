@@ -219,8 +219,12 @@ impl Service {
                 }
             },
         };
-        // Each leg over-fetches, so that fusion ranks from more than it keeps.
-        let fetch = limit.saturating_mul(OVERFETCH).min(MAX_LEG);
+        // With two legs each over-fetches, so that fusion ranks from more
+        // than it keeps.
+        let fetch = match (&semantic, mode) {
+            (Some(_), SearchMode::Auto) => limit.saturating_mul(OVERFETCH).min(MAX_LEG),
+            _ => limit,
+        };
         let mut legs = Vec::new();
         let mut ran = Vec::new();
         if mode != SearchMode::Semantic {

@@ -360,6 +360,19 @@ async fn an_answer_of_the_wrong_dimension_is_refused_and_nothing_is_stored() {
         failure.kind,
         Some(pb::failure::Kind::MalformedResponse(_))
     ));
+    // The query's embedding is refused the same way: SEMANTIC fails with
+    // the class's code, AUTO answers by words and says so.
+    let status = server
+        .client
+        .clone()
+        .search(search("sister", pb::SearchMode::Semantic))
+        .await
+        .expect_err("the query's vector is of the wrong dimension");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(crate::harness::reason(&status), "QUERY_EMBEDDING_FAILED");
+    let auto = found(&server, search("sister", pb::SearchMode::Auto)).await;
+    assert_eq!(auto.legs, vec![pb::SearchLeg::Lexical as i32]);
+    assert_eq!(auto.hits.first().map(|h| h.text.as_str()), Some(SISTER));
     server.stop().await;
 }
 
