@@ -276,13 +276,14 @@ impl Source for Embedder {
         redact(text, &self.secrets())
     }
 
+    /// Decided on the class alone: the embedder's answers carry no
+    /// symptom the hint would change for.
     fn hint(
         &self,
         class: FailureClass,
-        last: Option<&ProviderError>,
-        retry: &RetryConfig,
+        _last: Option<&ProviderError>,
+        _retry: &RetryConfig,
     ) -> String {
-        let _ = (last, retry);
         let base_url = self.base_url();
         let later = "the server tries again by itself, with growing spacing";
         match class {
