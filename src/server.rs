@@ -138,6 +138,12 @@ pub async fn run_with_key(
             "parked segments failed under another provider configuration; they are due again"
         );
     }
+    if store.set_search_language(config.search.language).await? {
+        info!(
+            language = config.search.language.name(),
+            "the search language changed: every stored text is indexed again in the background"
+        );
+    }
     let summariser = app.summariser.clone();
     let service = Arc::new(app.service());
 
@@ -146,6 +152,10 @@ pub async fn run_with_key(
     let reconciler_task = tokio::spawn(app.reconciler().with_ready(ready).run(background.clone()));
     // The backlog from before the start is looked at before any call is.
     let _ = reconciler_ready.await;
+    tokio::spawn(crate::search::indexer::run(
+        store.clone(),
+        background.clone(),
+    ));
     if config.provider.kind == ProviderKind::Openai && config.provider.check_on_start {
         // Once, in the background: a provider that is down or misconfigured
         // is said plainly at start-up, but never holds the server back.

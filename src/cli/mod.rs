@@ -58,34 +58,49 @@ pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
     config::parse_listen(text)
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed by this
+/// call, not at the first poll: a signal between the two would take the
+/// default action (the process killed, its wind-down skipped).
+#[cfg(unix)]
+fn signal() -> impl Future<Output = ()> + Send {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = int.recv() => {}
                 }
             }
-            Err(_) => {
+            (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                one.recv().await;
+            }
+            (Err(_), Err(_)) => {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
     }
-    #[cfg(not(unix))]
-    {
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn signal() -> impl Future<Output = ()> + Send {
+    async {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
 
 /// Resolves on the first signal; a second one ends the process at once
-/// (every acknowledged write is already committed).
-pub async fn shutdown_signal() {
-    signal().await;
-    tokio::spawn(exit_on_signal());
+/// (every acknowledged write is already committed). The handlers are
+/// installed when this is called.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
+    let first = signal();
+    async move {
+        first.await;
+        tokio::spawn(exit_on_signal());
+    }
 }
 
 /// Runs `first` on the first signal, and ends the process at once on a

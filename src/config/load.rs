@@ -578,4 +578,21 @@ ceiling = "15s"
         let e = load(&Overrides::default(), env(&[("ARCHIVIST_NOPE", "1")])).expect_err("refused");
         assert!(e.to_string().contains("ARCHIVIST_NOPE"), "{e}");
     }
+
+    #[test]
+    fn what_ci_exports_is_not_taken_for_keys() {
+        // A server a test starts inherits these; refusing one would fail
+        // every such test under .ci/run.
+        let url = "postgres://postgres@127.0.0.1:55432/test";
+        load(
+            &Overrides::default(),
+            env(&[
+                ("ARCHIVIST_TEST_PG_URL", url),
+                ("ARCHIVIST_TEST_PGVECTOR_URL", url),
+                ("ARCHIVIST_REQUIRE_PG", "1"),
+                ("ARCHIVIST_BENCH_PG_URL", url),
+            ]),
+        )
+        .expect("not keys");
+    }
 }

@@ -20,13 +20,14 @@ use crate::model::SegmentPolicy;
 pub const CONFIG_ENV: &str = "ARCHIVIST_CONFIG";
 /// `ARCHIVIST_*` variables that are not configuration keys: the file's
 /// name, the terminal client's server address and token, and the
-/// PostgreSQL server the tests and benchmarks use (and whether the tests
-/// require it), which a server they start inherits.
+/// PostgreSQL servers the tests (one with pgvector) and benchmarks use (and
+/// whether the tests require them), which a server they start inherits.
 const NOT_KEYS: &[&str] = &[
     CONFIG_ENV,
     "ARCHIVIST_SERVER",
     "ARCHIVIST_TOKEN",
     "ARCHIVIST_TEST_PG_URL",
+    "ARCHIVIST_TEST_PGVECTOR_URL",
     "ARCHIVIST_REQUIRE_PG",
     "ARCHIVIST_BENCH_PG_URL",
 ];
@@ -44,6 +45,7 @@ pub struct Config {
     pub context: ContextConfig,
     pub retention: RetentionConfig,
     pub storage: StorageConfig,
+    pub search: SearchConfig,
     pub limits: LimitsConfig,
     pub provider: ProviderConfig,
     pub embedding: EmbeddingConfig,
@@ -255,6 +257,38 @@ pub enum BackendKind {
     Postgres,
 }
 
+/// Search's lexical index.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SearchConfig {
+    /// How texts and queries are cut into terms. A change re-indexes every
+    /// text in the background.
+    pub language: SearchLanguage,
+}
+
+/// The lexical index's language.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchLanguage {
+    /// Words as written, lower-cased, no stemming: no language's rules
+    /// surprise another's (SQLite also folds diacritics).
+    #[default]
+    Simple,
+    /// English stemming: "deploying" finds "deployed" (SQLite's porter,
+    /// PostgreSQL's `english`).
+    English,
+}
+
+impl SearchLanguage {
+    /// Its name in the configuration and in the database.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SearchLanguage::Simple => "simple",
+            SearchLanguage::English => "english",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DurabilityConfig {
@@ -429,6 +463,7 @@ impl Default for Config {
             context: ContextConfig::default(),
             retention: RetentionConfig::default(),
             storage: StorageConfig::default(),
+            search: SearchConfig::default(),
             limits: LimitsConfig::default(),
             provider: ProviderConfig::default(),
             embedding: EmbeddingConfig::default(),

@@ -460,8 +460,10 @@ macro_rules! on_backend {
 
 // After `on_backend`, which they use.
 mod embeddings;
+mod index;
 mod search;
 pub(crate) use embeddings::{Batch, EndedBatch};
+pub(crate) use index::Indexed;
 pub(crate) use search::{Leg, SearchHit, SearchScope, fuse};
 
 impl Store {

@@ -1142,7 +1142,7 @@ async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_on
 }
 
 /// The texts of a search's hits, best first.
-async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
+pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
     let query = crate::search::query::Query::parse(q).expect("query");
     store
         .search(t, scope, &query, 10)
@@ -1309,6 +1309,112 @@ async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() 
         assert!(found(&store, &t, &all, "quokka").await.is_empty());
         // Expiry is by age, in every tenant.
         assert!(found(&store, &other, &all, "trondheim").await.is_empty());
+    }
+}
+
+/// Drains the search index's backlog a `batch` at a time; the texts each
+/// batch indexed.
+async fn drain_index(store: &Store, batch: u32) -> Vec<u64> {
+    let mut steps = Vec::new();
+    loop {
+        let step = store.index_some(batch).await.expect("index");
+        steps.push(step.texts);
+        if step.done {
+            return steps;
+        }
+        assert!(steps.len() < 1000, "the backlog never ends: {steps:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_language_change_reindexes_in_batches_beside_appends_and_erasure() {
+    use crate::config::SearchLanguage;
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        // A fresh database owes nothing, in the default language.
+        assert_eq!(store.index_backlog().await.expect("backlog"), 0);
+        assert_eq!(drain_index(&store, 10).await, [0]);
+        assert!(
+            !store
+                .set_search_language(SearchLanguage::Simple)
+                .await
+                .expect("same")
+        );
+        let old: Vec<String> = (0..25)
+            .map(|i| format!("we were deploying build {i}"))
+            .collect();
+        let old: Vec<&str> = old.iter().map(String::as_str).collect();
+        store
+            .append(&t, &session("a"), entries(&old), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(
+                &t,
+                &session("gone"),
+                entries(&["deploying the doomed branch"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        // No stemming: the word as written only.
+        assert!(found(&store, &t, &all, "deployed").await.is_empty());
+        assert_eq!(
+            found(&store, &t, &all, "deploying build 7").await[0],
+            "we were deploying build 7"
+        );
+
+        assert!(
+            store
+                .set_search_language(SearchLanguage::English)
+                .await
+                .expect("change")
+        );
+        assert_eq!(store.index_backlog().await.expect("backlog"), 26);
+        // Beside the backlog: an append is found at once, in the new
+        // language, and an erasure of owed texts leaves nothing behind.
+        store
+            .append(
+                &t,
+                &session("a"),
+                entries(&["the rollout deployed cleanly"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        assert_eq!(
+            found(&store, &t, &all, "deploys").await,
+            ["the rollout deployed cleanly"]
+        );
+        store
+            .delete_session(&t, &session("gone"))
+            .await
+            .expect("erase");
+        // The 25 old texts; PostgreSQL also recomputes the new one, which
+        // is within the backlog's range (the work is the same either way).
+        let owed = store.index_backlog().await.expect("backlog");
+        assert!((25..=26).contains(&owed), "{owed}");
+        let steps = drain_index(&store, 10).await;
+        assert_eq!(steps.iter().sum::<u64>(), owed, "{steps:?}");
+        assert!(steps.iter().all(|&n| n <= 10), "{steps:?}");
+        assert_eq!(store.index_backlog().await.expect("backlog"), 0);
+        // Every old text is found by its stem now, the erased one by none.
+        let hits = found(&store, &t, &all, "deployed build 7").await;
+        assert_eq!(hits[0], "we were deploying build 7");
+        assert_eq!(
+            found(&store, &t, &all, "\"deployed build\"").await.len(),
+            10
+        );
+        assert!(found(&store, &t, &all, "doomed").await.is_empty());
+        assert!(
+            !store
+                .set_search_language(SearchLanguage::English)
+                .await
+                .expect("same")
+        );
     }
 }
 

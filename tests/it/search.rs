@@ -159,3 +159,51 @@ async fn hostile_queries_are_input_and_bad_ones_name_the_field() {
         status.message()
     );
 }
+
+/// `[search] language` changed between two runs: the new server indexes
+/// every stored text again in the background, batch by batch, while it
+/// takes appends, and then finds them by their English stems.
+#[tokio::test]
+async fn a_language_change_reindexes_in_the_background_while_appends_go_on() {
+    let server = TestServer::start().await;
+    let builds: Vec<String> = (0..2500)
+        .map(|i| format!("we were deploying build {i}"))
+        .collect();
+    for chunk in builds.chunks(500) {
+        let texts: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        server.append("old", &texts).await;
+    }
+    let mut c = server.client.clone();
+    // The default language: no stemming.
+    assert!(texts(&mut c, search("deployed")).await.is_empty());
+    let dir = server.stop().await;
+
+    let mut config = archivist::config::Config::default();
+    config.search.language = archivist::config::SearchLanguage::English;
+    let server = TestServer::start_in(dir, config, None).await;
+    let mut c = server.client.clone();
+    // Appends are taken while the old texts are indexed again, and found.
+    let fresh = server
+        .append("new", &["the rollout deployed cleanly"])
+        .await;
+    assert_eq!(fresh.entries.len(), 1);
+    assert!(
+        crate::harness::eventually(std::time::Duration::from_secs(60), || {
+            let mut c = c.clone();
+            async move {
+                let mut every = search("\"deployed build\"");
+                every.limit = 100;
+                let hits = texts(&mut c, every).await.len();
+                let last = texts(&mut c, search("deployed build 2499")).await;
+                hits == 100
+                    && last.first().map(String::as_str) == Some("we were deploying build 2499")
+            }
+        })
+        .await,
+        "the old texts were not indexed in the new language"
+    );
+    assert_eq!(
+        texts(&mut c, search("deploys rollout")).await,
+        ["the rollout deployed cleanly"]
+    );
+}

@@ -133,8 +133,9 @@ impl Postgres {
             let stmt = client
                 .prepare_cached(
                     "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
-                     input_tokens, output_tokens, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                     input_tokens, output_tokens, created_at, tsv) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+                     to_tsvector((SELECT language FROM search_state WHERE id = 1), $2))",
                 )
                 .await?;
             client

@@ -65,6 +65,7 @@
 mod claims;
 mod entries;
 mod erasure;
+mod index;
 mod notes;
 mod rows;
 mod runs;

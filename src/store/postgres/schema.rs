@@ -170,17 +170,43 @@ ALTER TABLE sessions ADD COLUMN subject TEXT COLLATE "C";
 CREATE INDEX sessions_by_subject ON sessions (tenant, subject, name) WHERE subject IS NOT NULL;
 "#,
     r#"
--- The lexical index of Search: each text's tsvector ('simple': no
--- stemming, so no language's rules surprise another's), computed by the
--- INSERT that stores it (a generated column, so no write path can forget
--- it, and the rows stored before this migration get theirs here), under a
--- GIN index. Erasure deletes the rows, and the vectors with them.
-ALTER TABLE entries ADD COLUMN tsv tsvector
-    GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, content)) STORED;
+-- The lexical index of Search: each text's tsvector, written by the
+-- statement that stores the text (writer.rs, claims.rs) in the index's
+-- language (search_state, the next migration), under a GIN index. Rows
+-- stored before are indexed in batches beside appends (index.rs): a
+-- generated column here would rewrite every row in this transaction,
+-- holding every write back. Erasure deletes the rows, and the vectors with
+-- them.
+ALTER TABLE entries ADD COLUMN tsv tsvector;
 CREATE INDEX entries_search ON entries USING GIN (tsv);
-ALTER TABLE summaries ADD COLUMN tsv tsvector
-    GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, text)) STORED;
+ALTER TABLE summaries ADD COLUMN tsv tsvector;
 CREATE INDEX summaries_search ON summaries USING GIN (tsv);
+"#,
+    r#"
+-- The index's language and its backlog (index.rs): entries in
+-- (entries_after, entries_until] by (session_id, seq) and summaries in
+-- (summaries_after, summaries_until] by segment id get their tsvector (in
+-- this language) from the indexer; NULL bounds: nothing owed. A database
+-- whose columns were generated ('simple') keeps its vectors, the columns
+-- now plain; one whose rows have none owes them.
+ALTER TABLE entries ALTER COLUMN tsv DROP EXPRESSION IF EXISTS;
+ALTER TABLE summaries ALTER COLUMN tsv DROP EXPRESSION IF EXISTS;
+CREATE TABLE search_state (
+    id                    INTEGER PRIMARY KEY CHECK (id = 1),
+    language              regconfig NOT NULL,
+    entries_after_session BIGINT,
+    entries_after_seq     BIGINT,
+    entries_until_session BIGINT,
+    entries_until_seq     BIGINT,
+    summaries_after       BIGINT,
+    summaries_until       BIGINT
+);
+INSERT INTO search_state
+SELECT 1, 'simple', 0, 0, e.session_id, e.seq, 0, s.segment_id
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (SELECT session_id, seq FROM entries WHERE tsv IS NULL
+                   ORDER BY session_id DESC, seq DESC LIMIT 1) e ON true
+LEFT JOIN LATERAL (SELECT max(segment_id) AS segment_id FROM summaries WHERE tsv IS NULL) s ON true;
 "#,
 ];
 

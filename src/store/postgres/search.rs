@@ -16,7 +16,7 @@ use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
 const STATEMENT_TIMEOUT_MS: u32 = 2000;
 
 const LEG: &str = "\
-WITH q AS (SELECT websearch_to_tsquery('simple', $1) AS q) \
+WITH q AS (SELECT websearch_to_tsquery(language, $1) AS q FROM search_state WHERE id = 1) \
 SELECT * FROM ( \
 SELECT x.name, 0::BIGINT AS level, e.seq AS first_seq, e.seq AS last_seq, NULL::BIGINT AS segment_id, \
        e.role, e.created_at, e.content AS text, ts_rank(e.tsv, q.q) AS r \
@@ -105,7 +105,8 @@ impl Postgres {
         let stmt = client
             .prepare_cached(
                 "SELECT count(*) FROM (SELECT 1 FROM entries e JOIN sessions x ON x.id = e.session_id \
-                 WHERE e.tsv @@ websearch_to_tsquery('simple', $1) AND x.tenant = $2 LIMIT $3) c",
+                 WHERE e.tsv @@ websearch_to_tsquery((SELECT language FROM search_state WHERE id = 1), $1) \
+                 AND x.tenant = $2 LIMIT $3) c",
             )
             .await?;
         let single = Query {

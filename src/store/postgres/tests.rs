@@ -696,3 +696,86 @@ fn a_described_url_never_shows_a_password_even_with_an_unencoded_at() {
         "says how to write it"
     );
 }
+
+/// The texts a search of the default tenant finds.
+async fn found(store: &Store, q: &str) -> Vec<String> {
+    let scope = crate::store::SearchScope::default();
+    crate::store::tests::found(store, &Tenant::default(), &scope, q).await
+}
+
+/// Takes the database back to before the search index's backlog
+/// migration (the last), then `then` changes its columns as an older build
+/// left them.
+async fn before_the_backlog(url: &str, then: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    let last = super::schema::known() as i32;
+    client
+        .execute(
+            "DELETE FROM archivist_schema_version WHERE version = $1",
+            &[&last],
+        )
+        .await
+        .expect("version");
+    client
+        .batch_execute(&format!("DROP TABLE search_state; {then}"))
+        .await
+        .expect("older columns");
+}
+
+#[tokio::test]
+async fn a_database_from_before_the_index_backlog_keeps_or_owes_its_vectors() {
+    let Some(db) = fresh_database().await else {
+        return;
+    };
+    let t = Tenant::default();
+    // Generated columns (the first search build): their vectors are kept,
+    // the columns become plain ones the writes fill.
+    let store = Store::connect(&db.url).await.expect("open");
+    store
+        .append(
+            &t,
+            &session("a"),
+            entries(&["alpha was said before"]),
+            BIG,
+            0,
+        )
+        .await
+        .expect("append");
+    drop(store);
+    before_the_backlog(
+        &db.url,
+        "ALTER TABLE entries DROP COLUMN tsv; \
+         ALTER TABLE entries ADD COLUMN tsv tsvector \
+             GENERATED ALWAYS AS (to_tsvector('simple'::regconfig, content)) STORED; \
+         CREATE INDEX entries_search ON entries USING GIN (tsv);",
+    )
+    .await;
+    let store = Store::connect(&db.url).await.expect("migrated");
+    assert_eq!(store.index_backlog().await.expect("backlog"), 0);
+    assert_eq!(found(&store, "alpha").await, ["alpha was said before"]);
+    store
+        .append(&t, &session("a"), entries(&["beta came after"]), BIG, 0)
+        .await
+        .expect("append to a plain column");
+    assert_eq!(found(&store, "beta").await, ["beta came after"]);
+    drop(store);
+
+    // Rows stored before the index (no vector): owed, found once indexed.
+    before_the_backlog(&db.url, "UPDATE entries SET tsv = NULL;").await;
+    let store = Store::connect(&db.url).await.expect("migrated");
+    assert_eq!(store.index_backlog().await.expect("backlog"), 2);
+    assert!(found(&store, "alpha or beta").await.is_empty());
+    let step = store.index_some(1).await.expect("index");
+    assert_eq!((step.texts, step.done), (1, false));
+    assert_eq!(
+        found(&store, "alpha or beta").await,
+        ["alpha was said before"]
+    );
+    let step = store.index_some(1).await.expect("index");
+    assert_eq!((step.texts, step.done), (1, true));
+    assert_eq!(found(&store, "beta").await, ["beta came after"]);
+    assert_eq!(store.index_backlog().await.expect("backlog"), 0);
+}

@@ -511,8 +511,10 @@ async fn write_all(
              AS u (id, entry_count, tokens, last_seq, closed) WHERE s.id = u.id",
         ),
         client.prepare_cached(
+            // The text's search vector in the index's language (schema.rs).
             "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, \
-             created_at) SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1 \
+             created_at, tsv) SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1, \
+             to_tsvector((SELECT language FROM search_state WHERE id = 1), u.content) \
              FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
              $7::bigint[]) AS u (session_id, seq, cid, role, content, tokens)",
         ),

@@ -24,6 +24,7 @@ mod checkpoint;
 mod claims;
 mod embeddings;
 mod entries;
+mod index;
 mod kept;
 mod rows;
 mod runs;

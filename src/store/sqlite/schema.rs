@@ -338,8 +338,9 @@ CREATE TRIGGER summaries_reindexed AFTER UPDATE OF text ON summaries BEGIN
     SELECT -new.segment_id, new.text, 't' || hex(x.tenant)
     FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
 END;
--- What was stored before this migration, indexed in its transaction.
-INSERT INTO search_index (search_index) VALUES ('rebuild');
+-- What was stored before this migration is indexed in batches beside
+-- appends (the backlog of a later migration; index.rs), not here in one
+-- transaction that would hold every write back.
 "#,
     r#"
 -- Erasure records never reuse an id: the checkpoint thread reports "scrubbed
@@ -354,6 +355,56 @@ CREATE TABLE erasures_pending_v2 (
 INSERT INTO erasures_pending_v2 SELECT id, tenant, erased_at FROM erasures_pending;
 DROP TABLE erasures_pending;
 ALTER TABLE erasures_pending_v2 RENAME TO erasures_pending;
+"#,
+    r#"
+-- The lexical index's language and its backlog (index.rs): the entries in
+-- (entries_after, entries_until] of documents (`doc` as above) and the
+-- summaries in (summaries_after, summaries_until] of segment ids that are
+-- not indexed yet are, by the indexer, in batches beside appends; a
+-- language change owes every stored text so. NULL bounds: nothing owed.
+-- A text is indexed exactly when the index has its document size row
+-- (FTS5's docsize, written and deleted with its terms): new texts are
+-- indexed at once, the indexer skips those, and an erasure unindexes only
+-- what was indexed (a 'delete' of a document never inserted would corrupt
+-- the index).
+CREATE TABLE search_state (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    language        TEXT    NOT NULL,
+    entries_after   INTEGER,
+    entries_until   INTEGER,
+    summaries_after INTEGER,
+    summaries_until INTEGER
+);
+INSERT INTO search_state
+SELECT 1, 'simple', 0, (SELECT max((session_id << 32) | seq) FROM entries),
+       0, (SELECT max(segment_id) FROM summaries);
+DROP TRIGGER entries_unindexed;
+DROP TRIGGER summaries_unindexed;
+DROP TRIGGER summaries_reindexed;
+CREATE TRIGGER entries_unindexed AFTER DELETE ON entries
+WHEN EXISTS (SELECT 1 FROM search_index_docsize WHERE id = ((old.session_id << 32) | old.seq))
+BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', (old.session_id << 32) | old.seq, old.content, 't' || hex(tenant)
+    FROM sessions WHERE id = old.session_id;
+END;
+CREATE TRIGGER summaries_unindexed AFTER DELETE ON summaries
+WHEN EXISTS (SELECT 1 FROM search_index_docsize WHERE id = -old.segment_id)
+BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', -old.segment_id, old.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = old.segment_id;
+END;
+CREATE TRIGGER summaries_reindexed AFTER UPDATE OF text ON summaries BEGIN
+    INSERT INTO search_index (search_index, rowid, body, scope)
+    SELECT 'delete', -old.segment_id, old.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id
+    WHERE g.id = old.segment_id
+      AND EXISTS (SELECT 1 FROM search_index_docsize WHERE id = -old.segment_id);
+    INSERT INTO search_index (rowid, body, scope)
+    SELECT -new.segment_id, new.text, 't' || hex(x.tenant)
+    FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
+END;
 "#,
     r#"
 -- Embeddings (embeddings.rs). `doc` names an entry or a summary as in

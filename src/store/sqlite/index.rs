@@ -1,0 +1,207 @@
+//! The FTS5 index's language and backlog on SQLite (the `search_state`
+//! row, schema.rs): a language change drops the index and recreates it
+//! with the language's tokenizer, owing every stored text again; each batch
+//! indexes the next owed texts in document order and moves the backlog's
+//! lower bound past them, in one writer transaction between appends.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Sqlite;
+use crate::config::SearchLanguage;
+use crate::store::{Indexed, StoreError};
+
+/// The tokenizer of each language (FTS5 has stemming for English only).
+fn tokenizer(language: SearchLanguage) -> &'static str {
+    match language {
+        SearchLanguage::Simple => "unicode61 remove_diacritics 2",
+        SearchLanguage::English => "porter unicode61 remove_diacritics 2",
+    }
+}
+
+/// The backlog: owed entry documents in (after, until], owed summaries'
+/// segment ids in (after, until].
+struct Backlog {
+    entries: Option<(i64, i64)>,
+    summaries: Option<(i64, i64)>,
+}
+
+fn backlog(conn: &Connection) -> Result<Backlog, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT entries_after, entries_until, summaries_after, summaries_until \
+             FROM search_state WHERE id = 1",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, Option<i64>>(0)?,
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((ea, eu, sa, su)) = row else {
+        return Ok(Backlog {
+            entries: None,
+            summaries: None,
+        });
+    };
+    Ok(Backlog {
+        entries: ea.zip(eu),
+        summaries: sa.zip(su),
+    })
+}
+
+impl Sqlite {
+    pub(crate) async fn set_search_language(
+        &self,
+        language: SearchLanguage,
+    ) -> Result<bool, StoreError> {
+        self.write(move |conn| {
+            let current: String =
+                conn.query_row("SELECT language FROM search_state WHERE id = 1", [], |r| {
+                    r.get(0)
+                })?;
+            if current == language.name() {
+                return Ok(false);
+            }
+            // The tokenizer is fixed when the table is made: a new table,
+            // its name the triggers' and the search's.
+            conn.execute_batch(&format!(
+                "DROP TABLE search_index;
+                 CREATE VIRTUAL TABLE search_index USING fts5(
+                     body, scope, content = 'search_docs', content_rowid = 'doc',
+                     tokenize = '{}'
+                 );
+                 INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 1);",
+                tokenizer(language)
+            ))?;
+            conn.execute(
+                "UPDATE search_state SET language = ?1, \
+                 entries_after = 0, entries_until = (SELECT max((session_id << 32) | seq) FROM entries), \
+                 summaries_after = 0, summaries_until = (SELECT max(segment_id) FROM summaries) \
+                 WHERE id = 1",
+                params![language.name()],
+            )?;
+            Ok(true)
+        })
+        .await
+    }
+
+    pub(crate) async fn index_backlog(&self) -> Result<u64, StoreError> {
+        self.read(|conn| {
+            let owed = backlog(conn)?;
+            let mut n = 0u64;
+            if let Some((after, until)) = owed.entries {
+                n += conn.query_row(
+                    "SELECT count(*) FROM entries \
+                     WHERE (session_id, seq) > (?1 >> 32, ?1 & 4294967295) \
+                     AND (session_id, seq) <= (?2 >> 32, ?2 & 4294967295) \
+                     AND NOT EXISTS (SELECT 1 FROM search_index_docsize \
+                                     WHERE id = (session_id << 32) | seq)",
+                    params![after, until],
+                    |r| r.get::<_, u64>(0),
+                )?;
+            }
+            if let Some((after, until)) = owed.summaries {
+                n += conn.query_row(
+                    "SELECT count(*) FROM summaries WHERE segment_id > ?1 AND segment_id <= ?2 \
+                     AND NOT EXISTS (SELECT 1 FROM search_index_docsize WHERE id = -segment_id)",
+                    params![after, until],
+                    |r| r.get::<_, u64>(0),
+                )?;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    pub(crate) async fn index_some(&self, batch: u32) -> Result<Indexed, StoreError> {
+        self.write(move |conn| {
+            let owed = backlog(conn)?;
+            let last_part = owed.summaries.is_none();
+            let (part, (after, until)) = match (owed.entries, owed.summaries) {
+                (Some(range), _) => (&ENTRIES, range),
+                (None, Some(range)) => (&SUMMARIES, range),
+                (None, None) => {
+                    return Ok(Indexed {
+                        texts: 0,
+                        done: true,
+                    });
+                }
+            };
+            let mut docs = Vec::new();
+            {
+                let mut rows = conn.prepare_cached(part.owed)?;
+                let found = rows.query_map(params![after, until, batch], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })?;
+                for doc in found {
+                    docs.push(doc?);
+                }
+            }
+            // Texts stored since the backlog began were indexed as they came
+            // (their document size row says so).
+            let mut insert = conn.prepare_cached(
+                "INSERT INTO search_index (rowid, body, scope) SELECT ?1, ?2, ?3 \
+                 WHERE NOT EXISTS (SELECT 1 FROM search_index_docsize WHERE id = ?1)",
+            )?;
+            let mut texts = 0u64;
+            for (_, rowid, body, scope) in &docs {
+                texts += insert.execute(params![rowid, body, scope])? as u64;
+            }
+            let last = docs.last().map(|d| d.0);
+            let more = docs.len() == batch as usize && last.is_some_and(|l| l < until);
+            match (more, last) {
+                (true, Some(last)) => conn.execute(part.advance, params![last])?,
+                _ => conn.execute(part.clear, [])?,
+            };
+            Ok(Indexed {
+                texts,
+                done: !more && (part.is_last || last_part),
+            })
+        })
+        .await
+    }
+}
+
+/// One kind of text the backlog owes, walked in the order of its key.
+struct Part {
+    /// (key, rowid, body, scope) of the owed texts with ?1 < key <= ?2,
+    /// the first ?3 in key order.
+    owed: &'static str,
+    /// Moves the lower bound to ?1.
+    advance: &'static str,
+    /// Nothing of this kind is owed.
+    clear: &'static str,
+    /// The kind walked last.
+    is_last: bool,
+}
+
+/// Entries by document (their primary key's order: seq < 2^32).
+const ENTRIES: Part = Part {
+    owed: "SELECT (e.session_id << 32) | e.seq, (e.session_id << 32) | e.seq, e.content, \
+           't' || hex(x.tenant) FROM entries e JOIN sessions x ON x.id = e.session_id \
+           WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
+           AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
+           ORDER BY e.session_id, e.seq LIMIT ?3",
+    advance: "UPDATE search_state SET entries_after = ?1 WHERE id = 1",
+    clear: "UPDATE search_state SET entries_after = NULL, entries_until = NULL WHERE id = 1",
+    is_last: false,
+};
+
+/// Summaries by segment id (their document is minus it).
+const SUMMARIES: Part = Part {
+    owed: "SELECT m.segment_id, -m.segment_id, m.text, 't' || hex(x.tenant) FROM summaries m \
+           JOIN segments g ON g.id = m.segment_id JOIN sessions x ON x.id = g.session_id \
+           WHERE m.segment_id > ?1 AND m.segment_id <= ?2 ORDER BY m.segment_id LIMIT ?3",
+    advance: "UPDATE search_state SET summaries_after = ?1 WHERE id = 1",
+    clear: "UPDATE search_state SET summaries_after = NULL, summaries_until = NULL WHERE id = 1",
+    is_last: true,
+};
