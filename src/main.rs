@@ -17,6 +17,7 @@ use tracing_subscriber::EnvFilter;
 use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::check::{self, CheckArgs};
 use archivist::cli::migrate::{self, MigrateArgs};
+use archivist::cli::search::{self, SearchArgs};
 use archivist::cli::session::{self, ClientFlags, ForgetSubjectArgs, SessionArgs, SessionsArgs};
 use archivist::cli::{EXIT_USAGE, load_config, parse_listen, shutdown_signal};
 use archivist::config::{self, LogFormat, Overrides};
@@ -69,6 +70,10 @@ enum Command {
     /// List your sessions on a running server (with --subject, only that
     /// subject's).
     Sessions(SessionsArgs),
+    /// Search your memory on a running server: entries and recaps found
+    /// by their words, best first, across every session or only some, a
+    /// subject's, a time window, roles or levels.
+    Search(SearchArgs),
     /// Erase every session of a subject on a running server (the "forget
     /// this user" privacy law asks for). Asks first on a terminal.
     ForgetSubject(ForgetSubjectArgs),
@@ -153,6 +158,10 @@ fn main() -> ExitCode {
         Command::Sessions(args) => {
             init_logging(LogFormat::Text, "warn");
             runtime.block_on(session::sessions(args))
+        }
+        Command::Search(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(search::run(args))
         }
         Command::ForgetSubject(args) => {
             init_logging(LogFormat::Text, "warn");

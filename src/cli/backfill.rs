@@ -15,7 +15,7 @@ use crate::app::{App, BuildError};
 use crate::backfill::{self, EmbeddingReport, Options, Progress, Report};
 use crate::config::BackendKind;
 use crate::failure::cause_chain;
-use crate::model::{Millis, SessionName};
+use crate::model::SessionName;
 use crate::store::{OpenMode, StoreError};
 
 /// Exit code when segments are left unsummarised.
@@ -208,13 +208,13 @@ async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
         closed_before: args
             .closed_before
             .as_deref()
-            .map(parse_time)
+            .map(super::parse_time)
             .transpose()
             .map_err(usage("--closed-before"))?,
         closed_after: args
             .closed_after
             .as_deref()
-            .map(parse_time)
+            .map(super::parse_time)
             .transpose()
             .map_err(usage("--closed-after"))?,
         concurrency: args
@@ -285,26 +285,6 @@ async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
         print!("{}", render(&report));
     }
     Ok(report)
-}
-
-/// An RFC 3339 time, or a duration ago ("90m", "2h", "3days").
-fn parse_time(text: &str) -> Result<Millis, String> {
-    if let Ok(at) = humantime::parse_rfc3339_weak(text) {
-        let ms = at
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|_| format!("{text:?} is before 1970"))?
-            .as_millis();
-        return Ok(Millis(i64::try_from(ms).unwrap_or(i64::MAX)));
-    }
-    match humantime::parse_duration(text) {
-        Ok(ago) => {
-            let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
-            Ok(Millis(Millis::now().0.saturating_sub(ms)))
-        }
-        Err(_) => Err(format!(
-            "{text:?} is neither a time (2026-11-29T10:00:00Z) nor a duration ago (2h)"
-        )),
-    }
 }
 
 /// A progress bar when standard error is a terminal, a line every few

@@ -3,16 +3,17 @@
 //! configuration loading, signals, the listen address and exit codes.
 //!
 //! The terminal client: `session.rs` its commands, `reads.rs` and
-//! `waits.rs` the longer ones, `terminal.rs` what every command shares
-//! (flags, connection, exit status), `output.rs` what they print. The
-//! commands use `terminal.rs` and `output.rs`, never each other's
-//! callers.
+//! `waits.rs` the longer ones, `search.rs` `archivist search`,
+//! `terminal.rs` what every command shares (flags, connection, exit
+//! status), `output.rs` what they print. The commands use `terminal.rs`
+//! and `output.rs`, never each other's callers.
 
 pub mod backfill;
 pub mod check;
 pub mod migrate;
 mod output;
 mod reads;
+pub mod search;
 pub mod session;
 mod terminal;
 mod waits;
@@ -22,6 +23,7 @@ pub(crate) use terminal::parse_duration;
 
 use crate::config::{self, Config, Overrides};
 use crate::failure::cause_chain;
+use crate::model::Millis;
 
 /// Exit code of a usage error (bad flags or arguments), as sysexits'
 /// EX_USAGE: never one a command gives to an outcome, such as backfill's 2
@@ -56,6 +58,27 @@ fn load_offline_config(
 /// localhost.
 pub fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
     config::parse_listen(text)
+}
+
+/// A time given on the command line (backfill's close times, search's
+/// window): an RFC 3339 time, or a duration ago ("90m", "2h", "3days").
+pub(crate) fn parse_time(text: &str) -> Result<Millis, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(text) {
+        let ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("{text:?} is before 1970"))?
+            .as_millis();
+        return Ok(Millis(i64::try_from(ms).unwrap_or(i64::MAX)));
+    }
+    match humantime::parse_duration(text) {
+        Ok(ago) => {
+            let ms = i64::try_from(ago.as_millis()).unwrap_or(i64::MAX);
+            Ok(Millis(Millis::now().0.saturating_sub(ms)))
+        }
+        Err(_) => Err(format!(
+            "{text:?} is neither a time (2026-11-29T10:00:00Z) nor a duration ago (2h)"
+        )),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed by this

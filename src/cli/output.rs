@@ -226,6 +226,75 @@ pub(super) fn entry_line(e: &pb::Entry) -> String {
     format!("{} {}: {}", e.seq, role_name(e.role), e.content)
 }
 
+/// A search leg's name: how a hit was matched.
+pub(super) fn leg_name(leg: i32) -> &'static str {
+    match pb::SearchLeg::try_from(leg) {
+        Ok(pb::SearchLeg::Lexical) => "lexical",
+        Ok(pb::SearchLeg::Semantic) => "semantic",
+        Ok(pb::SearchLeg::Unspecified) | Err(_) => "?",
+    }
+}
+
+/// The legs of a hit or a search: "lexical", "lexical+semantic".
+pub(super) fn legs(legs: &[i32]) -> String {
+    legs.iter()
+        .map(|l| leg_name(*l))
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// Text as a terminal should show it: control characters other than
+/// newline and tab (escape sequences that would clear the screen, retitle
+/// the window or hide what follows) written as escapes, `\u{1b}`. A search
+/// prints whatever anyone stored in the tenant's memory.
+pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let shown = |c: char| !c.is_control() || c == '\n' || c == '\t';
+    if text.chars().all(shown) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| match shown(c) {
+            true => c.to_string(),
+            false => c.escape_unicode().to_string(),
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// One search hit as a block for a person: its rank, where it is (the
+/// session, what kind of text, the seq range, the node), when it was
+/// stored, its role and score, then its whole text indented.
+pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> String {
+    let what = match hit.level {
+        0 => format!("seq {}, {}", hit.first_seq, role_name(hit.role)),
+        1 => format!(
+            "recap of seq {}..{} (segment {})",
+            hit.first_seq, hit.last_seq, hit.segment_id
+        ),
+        level => format!(
+            "level {level} roll-up of seq {}..{} (node {})",
+            hit.first_seq, hit.last_seq, hit.segment_id
+        ),
+    };
+    let at = hit
+        .created_at
+        .as_ref()
+        .map(|t| format!(", {}", when(t, now)))
+        .unwrap_or_default();
+    let mut out = format!(
+        "{rank}. {} {what}{at}; score {:.4} ({})\n",
+        hit.session_id,
+        hit.score,
+        legs(&hit.legs)
+    );
+    for line in hit.text.lines() {
+        out.push_str("    ");
+        out.push_str(&printable(line));
+        out.push('\n');
+    }
+    out
+}
+
 /// Levels `session tree` asks for: with fanout 4, level 16 covers four
 /// billion segments.
 pub(super) const TREE_DEPTH: u32 = 16;
@@ -312,5 +381,42 @@ pub(super) fn print_event(event: &pb::SessionEvent) {
             count(event.missed, "event", "events")
         ),
         None => println!("{at} {kind}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roll_up_hit_names_its_level_range_and_node_and_indents_every_line() {
+        let hit = pb::SearchHit {
+            session_id: "ada".to_owned(),
+            level: 2,
+            first_seq: 1,
+            last_seq: 200,
+            segment_id: 9,
+            created_at: None,
+            score: 1.0 / 61.0 + 1.0 / 62.0,
+            text: "first line\nsecond line".to_owned(),
+            legs: vec![
+                pb::SearchLeg::Lexical as i32,
+                pb::SearchLeg::Semantic as i32,
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            render_hit(3, &hit, SystemTime::now()),
+            "3. ada level 2 roll-up of seq 1..200 (node 9); score 0.0325 (lexical+semantic)\n    first line\n    second line\n"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        assert_eq!(printable("a\tb\nc"), "a\tb\nc");
+        assert_eq!(
+            printable("\u{1b}[2Jgone\u{7}\r"),
+            "\\u{1b}[2Jgone\\u{7}\\u{d}"
+        );
     }
 }

@@ -2,13 +2,12 @@
 //! transcript (`entries`), the tenant's sessions (`archivist sessions`)
 //! and the backlog.
 
-use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use serde_json::json;
 
 use super::output::*;
-use super::terminal::{ClientFlags, Failed, all_segments, connect, print_json, request};
+use super::terminal::{ClientFlags, Failed, all_segments, connect, print_json, print_out, request};
 use crate::client::Client;
 use crate::pb;
 use crate::text::{count, human_duration};
@@ -64,7 +63,6 @@ pub(super) async fn list_entries(
             ))
             .await?
             .into_inner();
-        let mut out = std::io::stdout().lock();
         for e in resp
             .entries
             .iter()
@@ -74,10 +72,8 @@ pub(super) async fn list_entries(
                 true => wire_json(e).to_string(),
                 false => entry_line(e),
             };
-            match writeln!(out, "{line}") {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-                Err(e) => return Err(Failed::Error(format!("cannot print: {e}"))),
+            if !print_out(&format!("{line}\n"))? {
+                return Ok(());
             }
             printed += 1;
             left -= 1;

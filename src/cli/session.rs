@@ -18,14 +18,12 @@ use super::output::*;
 use super::reads::{list_entries, list_sessions, show, show_backlog};
 pub use super::terminal::ClientFlags;
 use super::terminal::{
-    Failed, all_segments, check_session, check_subject, connect, ensure_session, exit, print_json,
-    request,
+    Failed, all_segments, check_session, check_subject, connect, ensure_session, exit, parse_role,
+    print_json, request,
 };
 use super::waits::{close, flush};
-use crate::model::Role;
 use crate::pb;
 use crate::text::count;
-use crate::wire::role_to_pb;
 
 #[derive(Debug, Args)]
 pub struct SessionArgs {
@@ -464,14 +462,6 @@ fn entry_text(args: &[String]) -> Result<String, Failed> {
         ));
     }
     Ok(text)
-}
-
-fn parse_role(name: &str) -> Result<pb::Role, Failed> {
-    Role::parse(name).map(role_to_pb).ok_or_else(|| {
-        Failed::Usage(format!(
-            "unknown role {name:?}: use user, assistant, system or tool"
-        ))
-    })
 }
 
 /// Asks on the terminal; anything but yes ends the command. Off a terminal

@@ -12,7 +12,9 @@ use serde_json::Value;
 
 use super::output::describe_with_hint;
 use crate::client::{Client, ClientOptions, DEFAULT_SERVER, connect_with};
+use crate::model::Role;
 use crate::pb;
+use crate::wire::role_to_pb;
 
 /// Exit status of a close or flush that worked while a recap is not there:
 /// it failed, or was still running when the call's bound came.
@@ -128,8 +130,23 @@ pub(super) fn request<T>(flags: &ClientFlags, message: T) -> tonic::Request<T> {
 
 pub(super) fn print_json(value: &Value) {
     match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
+        Ok(text) => {
+            if let Err(Failed::Error(e)) = print_out(&format!("{text}\n")) {
+                eprintln!("error: {e}");
+            }
+        }
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}
+
+/// Writes `text` to standard output; false when its reader has gone
+/// (`| head`), which ends a command quietly rather than in a panic.
+pub(super) fn print_out(text: &str) -> Result<bool, Failed> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(Failed::Error(format!("cannot print: {e}"))),
     }
 }
 
@@ -153,6 +170,15 @@ pub(super) fn check_subject(subject: &str) -> Result<(), Failed> {
                 "{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)"
             ))
         })
+}
+
+/// A role named on the command line.
+pub(super) fn parse_role(name: &str) -> Result<pb::Role, Failed> {
+    Role::parse(name).map(role_to_pb).ok_or_else(|| {
+        Failed::Usage(format!(
+            "unknown role {name:?}: use user, assistant, system or tool"
+        ))
+    })
 }
 
 /// Every segment of `session` at `levels` (all when empty), page by page;

@@ -3,18 +3,22 @@ langchain-core's fake chat model."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 from langchain_core.chat_history import BaseChatMessageHistory
+from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
-from archivist_client import AsyncClient, Client, NotFound
-from archivist_client.langchain import ArchivistChatMessageHistory
+from archivist_client import AsyncClient, Client, InvalidArgument, NotFound
+from archivist_client.langchain import ArchivistChatMessageHistory, ArchivistRetriever
 
 
 def chat_chain(client: Client, replies: list[str], seen: list[list[BaseMessage]]):
@@ -235,3 +239,71 @@ async def test_async_history_with_an_async_client(server, session_id: str) -> No
         with pytest.raises(NotFound):
             await client.context(session_id)
         await history.aclear()  # already clear: no error
+
+
+def test_the_retriever_returns_the_planted_fact_as_a_document(server) -> None:
+    who = f"user:{uuid.uuid4().hex[:12]}"
+    with Client(server.address) as client:
+        client.append(
+            "retriever-ada",
+            [("user", "Hello."), ("user", "My vault code is zephyrquill 4471."), ("assistant", "Noted.")],
+            subject=who,
+        )
+        client.append("retriever-bob", [("user", "Bob's vault code is 1234.")], subject="user:bob-retriever")
+        retriever = ArchivistRetriever(client=client, subject=who, limit=5)
+        assert isinstance(retriever, BaseRetriever)
+        docs = retriever.invoke("what is my vault code?")
+        assert all(isinstance(d, Document) for d in docs)
+        assert [d.page_content for d in docs] == ["My vault code is zephyrquill 4471."]
+        meta = docs[0].metadata
+        assert {k: meta[k] for k in ("session_id", "kind", "level", "first_seq", "last_seq", "role", "legs")} == {
+            "session_id": "retriever-ada",
+            "kind": "entry",
+            "level": 0,
+            "first_seq": 2,
+            "last_seq": 2,
+            "role": "user",
+            "legs": ["lexical"],
+        }
+        assert meta["segment_id"] is None
+        assert meta["score"] == pytest.approx(1 / 61)
+        at = datetime.fromisoformat(meta["created_at"])
+        assert at.tzinfo is not None and abs(datetime.now(timezone.utc) - at).total_seconds() < 300
+        assert docs[0].id == "archivist:retriever-ada:seq:2"
+
+        # The scope holds: roles, levels, sessions; recaps come as summaries.
+        assert ArchivistRetriever(client=client, subject=who, roles=["assistant"]).invoke("vault code") == []
+        closed = client.close("retriever-ada", wait=True)
+        assert closed is not None
+        recaps = ArchivistRetriever(client=client, session_ids=["retriever-ada"], levels=[1]).invoke("zephyrquill")
+        assert [(d.metadata["kind"], d.metadata["segment_id"], d.metadata["role"]) for d in recaps] == [
+            ("summary", closed.id, None)
+        ]
+        assert recaps[0].id == f"archivist:retriever-ada:node:{closed.id}"
+
+        # A bad scope fails where it is written; a bad query when asked.
+        with pytest.raises(ValueError, match="limit"):
+            ArchivistRetriever(client=client, limit=500)
+        with pytest.raises(ValueError, match="INVALID_ROLE"):
+            ArchivistRetriever(client=client, roles=["boss"])
+        with pytest.raises(InvalidArgument):
+            retriever.invoke("")
+        with pytest.raises(InvalidArgument) as caught:
+            retriever.invoke("***")
+        assert caught.value.reason == "EMPTY_QUERY"
+
+
+async def test_the_retriever_searches_through_an_async_client_or_a_blocking_one(server) -> None:
+    who = f"user:{uuid.uuid4().hex[:12]}"
+    async with AsyncClient(server.address) as client:
+        await client.append("retriever-async", [("user", "The boiler is in the basement.")], subject=who)
+        retriever = ArchivistRetriever(client=client, subject=who)
+        docs = await retriever.ainvoke("where is the boiler?")
+        assert [(d.page_content, d.metadata["session_id"]) for d in docs] == [
+            ("The boiler is in the basement.", "retriever-async")
+        ]
+        with pytest.raises(TypeError, match="AsyncClient"):
+            retriever.invoke("boiler")
+    with Client(server.address) as sync:
+        docs = await ArchivistRetriever(client=sync, subject=who).ainvoke("boiler basement")
+        assert [d.page_content for d in docs] == ["The boiler is in the basement."]

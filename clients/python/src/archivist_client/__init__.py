@@ -11,8 +11,9 @@
 Layout: `client` (Client, AsyncClient, and the SessionWatch and
 AsyncSessionWatch that `watch` returns), `types` (the result dataclasses),
 `errors` (ArchivistError and one subclass per status code), `langchain`
-(a LangChain chat message history; needs the `langchain` extra), and `v1`
-(the generated protobuf and gRPC stubs, made by generate.py).
+(a LangChain chat message history and retriever; needs the `langchain`
+extra), and `v1` (the generated protobuf and gRPC stubs, made by
+generate.py).
 """
 
 from .client import DEFAULT_TIMEOUT, AsyncClient, AsyncSessionWatch, Client, SessionWatch
@@ -44,6 +45,8 @@ from .types import (
     Failure,
     FlushResult,
     MessageLike,
+    SearchHit,
+    SearchResult,
     Segment,
     SessionEvent,
     SessionInfo,
@@ -79,6 +82,8 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "ResourceExhausted",
+    "SearchHit",
+    "SearchResult",
     "Segment",
     "SessionEvent",
     "SessionInfo",

@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Callable, TypeVar, cast
 
 import grpc
 import grpc.aio
 
-from .errors import from_rpc_error
+from .errors import from_rpc_error, invalid_argument
 from .types import (
+    SEARCH_MODES,
     AppendResult,
     Backlog,
     Context,
@@ -32,11 +34,13 @@ from .types import (
     Entry,
     FlushResult,
     MessageLike,
+    SearchResult,
     Segment,
     SessionEvent,
     SessionInfo,
     count_value,
     new_entries,
+    role_value,
     state_value,
 )
 from .v1 import archivist_pb2 as pb
@@ -107,19 +111,120 @@ def _metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-def _levels(levels: Iterable[int] | int | None) -> list[int]:
+def _levels(
+    levels: Iterable[int] | int | None, meaning: str = "1: segments, 2 and up: roll-ups"
+) -> list[int]:
     if levels is None:
         return []
     if isinstance(levels, int):
         levels = [levels]
     out = []
-    for level in levels:
+    for i, level in enumerate(levels):
         if isinstance(level, bool) or not isinstance(level, int):
-            raise TypeError(
-                f"levels must be ints (1: segments, 2 and up: roll-ups); got {level!r}"
-            )
-        out.append(level)
+            raise TypeError(f"levels must be ints ({meaning}); got {level!r}")
+        out.append(count_value(f"levels[{i}]", level))
     return out
+
+
+def _strings(field: str, values: Iterable[str] | str | None) -> list[str]:
+    """A repeated string argument: a list of str, or one str for a list of
+    one (never its characters)."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        return [values]
+    out = list(values)
+    for value in out:
+        if not isinstance(value, str):
+            raise TypeError(f"{field} must be strs; got {value!r}")
+    return out
+
+
+def _instant(field: str, value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise TypeError(f"{field} must be a datetime; got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        # A naive datetime could be any zone's: guessing would move the
+        # window by hours without a word.
+        raise invalid_argument(
+            field,
+            "must be timezone-aware, such as datetime.now(timezone.utc); "
+            f"got the naive {value.isoformat()}",
+            "INVALID_TIMESTAMP",
+        )
+    return value
+
+
+#: The longest query the server takes, in UTF-8 bytes (the proto's cap).
+MAX_QUERY_BYTES = 4096
+#: The most hits one search returns (the proto's cap).
+MAX_SEARCH_LIMIT = 100
+
+
+def _search_request(
+    query: str,
+    session_ids: Iterable[str] | str | None,
+    subject: str | None,
+    after: datetime | None,
+    before: datetime | None,
+    roles: Iterable[str] | str | None,
+    levels: Iterable[int] | int | None,
+    limit: int | None,
+    mode: str,
+) -> pb.SearchRequest:
+    """A Search request from `search()`'s arguments, checked as far as the
+    client can tell: wrong types raise TypeError, bad values
+    InvalidArgument (with the server's reasons), before anything is sent.
+    Whether a non-empty query has a word to look for is the server's to
+    say (EMPTY_QUERY too)."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str; got {type(query).__name__}")
+    if not query.strip():
+        raise invalid_argument("query", "the query is empty: give words to look for", "EMPTY_QUERY")
+    try:
+        size = len(query.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise invalid_argument(
+            "query", "the query is not valid text (it holds a lone surrogate)"
+        ) from None
+    if size > MAX_QUERY_BYTES:
+        raise invalid_argument(
+            "query",
+            f"the query is {size} bytes, over the cap of {MAX_QUERY_BYTES}",
+            "QUERY_TOO_LONG",
+        )
+    if subject is not None and not isinstance(subject, str):
+        raise TypeError(f"subject must be a str; got {type(subject).__name__}")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int; got {type(limit).__name__}")
+        if not 1 <= limit <= MAX_SEARCH_LIMIT:
+            raise invalid_argument(
+                "limit",
+                f"must be from 1 to {MAX_SEARCH_LIMIT} (None: the server's default, 10); "
+                f"got {limit}",
+            )
+    if not isinstance(mode, str) or mode.lower() not in SEARCH_MODES:
+        raise invalid_argument(
+            "mode", f"must be one of {', '.join(SEARCH_MODES)}; got {mode!r}", "INVALID_MODE"
+        )
+    roles_wire = [
+        cast("pb.Role", role_value(r, f"roles[{i}]"))
+        for i, r in enumerate(_strings("roles", roles))
+    ]
+    return pb.SearchRequest(
+        query=query,
+        session_ids=_strings("session_ids", session_ids),
+        subject=subject or "",
+        after=_instant("after", after),
+        before=_instant("before", before),
+        roles=roles_wire,
+        levels=_levels(levels, "0: entries, 1: segment recaps, 2 and up: roll-ups"),
+        limit=limit or 0,
+        mode=cast("pb.SearchMode", pb.SearchMode.Value("SEARCH_MODE_" + mode.upper())),
+    )
 
 
 def _list_request(
@@ -676,6 +781,47 @@ class Client(_Base):
             self._call(self._stub.DeleteSubject, request, timeout)
         )
 
+    def search(
+        self,
+        query: str,
+        *,
+        session_ids: Iterable[str] | str | None = None,
+        subject: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+        roles: Iterable[str] | str | None = None,
+        levels: Iterable[int] | int | None = None,
+        limit: int | None = None,
+        mode: str = "auto",
+        timeout: float | None = DEFAULT,
+    ) -> SearchResult:
+        """Searches the caller's memory (Search): entries and recaps found by
+        their words, best first, as a `SearchResult` of `SearchHit`s.
+
+        `query` is web-search syntax: words, `"a phrase"`, `or` between
+        alternatives, `-word` to exclude (at most 4096 bytes; terms past the
+        32nd are ignored). The scope is `session_ids` (these sessions), or
+        `subject` (that subject's sessions; with both, those of the named
+        sessions that are the subject's), or neither: every session of the
+        caller's tenant. `after` / `before` (timezone-aware datetimes) keep
+        what was stored strictly after / before; `roles` ("user", ...) only
+        entries of those roles (recaps have none); `levels` 0 entries, 1
+        segment recaps, 2 and up roll-ups (None: entries and segment
+        recaps). `limit` is 1 to 100 (None: 10). `mode` is "auto" (by
+        meaning too when the server has embeddings), "lexical" or
+        "semantic" (FailedPrecondition, reason EMBEDDINGS_OFF, on a server
+        without embeddings).
+
+        Erased text is never found, nor another tenant's. Bad arguments
+        raise InvalidArgument (a query with no word to look for: reason
+        EMPTY_QUERY) or, for a wrong type, TypeError, before anything is
+        sent where the client can tell.
+        """
+        request = _search_request(
+            query, session_ids, subject, after, before, roles, levels, limit, mode
+        )
+        return SearchResult.from_pb(self._call(self._stub.Search, request, timeout))
+
     def watch(self, session_id: str, *, timeout: float | None = None) -> SessionWatch:
         """Watches the session's events: returns, once the server has
         subscribed, a `SessionWatch` generating `SessionEvent`s as segments
@@ -890,6 +1036,26 @@ class AsyncClient(_Base):
         return DeleteSubjectResult.from_pb(
             await self._call(self._stub.DeleteSubject, request, timeout)
         )
+
+    async def search(
+        self,
+        query: str,
+        *,
+        session_ids: Iterable[str] | str | None = None,
+        subject: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+        roles: Iterable[str] | str | None = None,
+        levels: Iterable[int] | int | None = None,
+        limit: int | None = None,
+        mode: str = "auto",
+        timeout: float | None = DEFAULT,
+    ) -> SearchResult:
+        """Searches the caller's memory, best first; see `Client.search`."""
+        request = _search_request(
+            query, session_ids, subject, after, before, roles, levels, limit, mode
+        )
+        return SearchResult.from_pb(await self._call(self._stub.Search, request, timeout))
 
     def watch(self, session_id: str, *, timeout: float | None = None) -> AsyncSessionWatch:
         """Watches the session's events: an `AsyncSessionWatch`, an async

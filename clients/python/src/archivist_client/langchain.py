@@ -1,4 +1,5 @@
-"""A LangChain chat message history kept in archivist.
+"""LangChain integrations: a chat message history kept in archivist, and a
+retriever over archivist's search.
 
     from archivist_client import Client
     from archivist_client.langchain import ArchivistChatMessageHistory
@@ -33,6 +34,12 @@ page by page); `messages` stays what belongs in a prompt.
 
 `clear()` erases the session in archivist (DeleteSession): its entries,
 recaps and roll-ups, for good.
+
+`ArchivistRetriever` is a `BaseRetriever` over Search: each hit, an entry or
+a recap, becomes a `Document` whose metadata says where it is in memory.
+
+    retriever = ArchivistRetriever(client=Client("127.0.0.1:50051"), subject="user:ada")
+    retriever.invoke("what is the vault code?")   # [Document(page_content=..., metadata=...)]
 """
 
 from __future__ import annotations
@@ -40,10 +47,16 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional, Union
 
 try:
+    from langchain_core.callbacks import (
+        AsyncCallbackManagerForRetrieverRun,
+        CallbackManagerForRetrieverRun,
+    )
     from langchain_core.chat_history import BaseChatMessageHistory
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables.config import run_in_executor
     from langchain_core.messages import (
         AIMessage,
@@ -60,11 +73,11 @@ except ImportError as e:  # pragma: no cover - depends on the install
         "pip install 'archivist-client[langchain]'"
     ) from e
 
-from .client import AsyncClient, Client
+from .client import AsyncClient, Client, _search_request
 from .errors import NotFound, invalid_argument
-from .types import Context, ContextSummary, Entry
+from .types import Context, ContextSummary, Entry, SearchHit
 
-__all__ = ["ArchivistChatMessageHistory"]
+__all__ = ["ArchivistChatMessageHistory", "ArchivistRetriever"]
 
 # The server refuses longer client_entry_ids (and control characters).
 MAX_KEY_CHARS = 128
@@ -305,3 +318,92 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
             await self.client.delete_session(self.session_id)
         except NotFound:
             pass
+
+
+def _document(hit: SearchHit) -> Document:
+    """A search hit as a Document: its text, and where it is in memory."""
+    where = f"seq:{hit.first_seq}" if hit.level == 0 else f"node:{hit.segment_id}"
+    return Document(
+        id=f"archivist:{hit.session_id}:{where}",
+        page_content=hit.text,
+        metadata={
+            "session_id": hit.session_id,
+            "kind": hit.kind,
+            "level": hit.level,
+            "first_seq": hit.first_seq,
+            "last_seq": hit.last_seq,
+            "segment_id": hit.segment_id,
+            "created_at": hit.created_at.isoformat() if hit.created_at else None,
+            "score": hit.score,
+            "role": hit.role,
+            "legs": hit.legs,
+        },
+    )
+
+
+class ArchivistRetriever(BaseRetriever):
+    """A LangChain retriever over archivist's Search: the caller's entries
+    and recaps found by their words, best first, as Documents.
+
+    Args:
+        client: a `Client`, or an `AsyncClient` for `ainvoke` (and the
+            other async methods) only. With a `Client`, `ainvoke` runs the
+            search in an executor.
+        subject: only this subject's sessions (whose memory they are).
+        session_ids: only these sessions.
+        levels: 0 entries, 1 segment recaps, 2 and up roll-ups (None:
+            entries and segment recaps).
+        roles: only entries of these roles ("user", "assistant", "system",
+            "tool"); recaps have none, so a role leaves them out.
+        limit: the most Documents per query, 1 to 100 (None: 10).
+        mode: "auto", "lexical" or "semantic" (see `Client.search`).
+
+    Each Document's `page_content` is the hit's text and its `metadata`
+    says where in memory it is: `session_id`, `kind` ("entry" or
+    "summary"), `level`, `first_seq`, `last_seq`, `segment_id` (None for
+    an entry), `created_at` (ISO 8601, UTC), `score`, `role` (None for a
+    recap) and `legs` (how it was found). Its `id` names the entry or node.
+    A bad scope, limit or mode fails when the retriever is made (pydantic's
+    ValidationError, a ValueError, with the client's InvalidArgument
+    message); a query the server refuses raises its `ArchivistError`.
+    """
+
+    client: Union[Client, AsyncClient]
+    subject: Optional[str] = None
+    session_ids: Optional[list[str]] = None
+    levels: Optional[list[int]] = None
+    roles: Optional[list[str]] = None
+    limit: Optional[int] = None
+    mode: str = "auto"
+
+    def model_post_init(self, context: Any) -> None:
+        # The scope is checked now, with the checks every search makes, so
+        # a bad one fails where it is written rather than at the first query.
+        _search_request("scope check", after=None, before=None, **self._scope())
+
+    def _scope(self) -> dict[str, Any]:
+        return {
+            "session_ids": self.session_ids,
+            "subject": self.subject,
+            "roles": self.roles,
+            "levels": self.levels,
+            "limit": self.limit,
+            "mode": self.mode,
+        }
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        if not isinstance(self.client, Client):
+            raise TypeError(
+                "this retriever was given an AsyncClient: use ainvoke(), or give it a Client"
+            )
+        return [_document(hit) for hit in self.client.search(query, **self._scope()).hits]
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        if not isinstance(self.client, AsyncClient):
+            return await super()._aget_relevant_documents(query, run_manager=run_manager)
+        found = await self.client.search(query, **self._scope())
+        return [_document(hit) for hit in found.hits]

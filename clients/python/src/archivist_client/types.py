@@ -36,6 +36,9 @@ __all__ = [
     "MessageLike",
     "ROLES",
     "STATES",
+    "SEARCH_MODES",
+    "SearchHit",
+    "SearchResult",
     "Segment",
     "SessionEvent",
     "SessionInfo",
@@ -46,6 +49,8 @@ __all__ = [
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
 #: Segment states, as the client spells them.
 STATES: tuple[str, ...] = ("open", "pending", "summarised", "parked")
+#: Search modes (`search(mode=...)`), as the client spells them.
+SEARCH_MODES: tuple[str, ...] = ("auto", "lexical", "semantic")
 #: Session event kinds (`SessionEvent.kind`), as the client spells them.
 EVENT_KINDS: tuple[str, ...] = ("closed", "summarised", "failed", "parked", "deleted", "gap")
 
@@ -88,6 +93,10 @@ def state_name(value: int) -> str:
 
 def event_kind_name(value: int) -> str:
     return _enum_name(pb.SessionEventKind, value, "SESSION_EVENT_KIND_")
+
+
+def leg_name(value: int) -> str:
+    return _enum_name(pb.SearchLeg, value, "SEARCH_LEG_")
 
 
 def _level(value: int) -> int:
@@ -598,4 +607,74 @@ class SessionEvent:
             at=_ts(event, "at"),
             missed=event.missed,
             raw=event,
+        )
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """An entry or a recap that a search found (from `search()`).
+
+    `level` 0 is an entry (`role` is its role, `first_seq == last_seq` its
+    seq); 1 is a segment's recap and 2 and up a roll-up's (`role` None,
+    `segment_id` the node, `first_seq..last_seq` the entries it stands for),
+    so every hit points back into the session's context. `score` is
+    higher for better hits, comparable within one search only; `legs` says
+    how it was found ("lexical": by its words, "semantic": by meaning).
+    """
+
+    session_id: str
+    level: int
+    first_seq: int
+    last_seq: int
+    segment_id: int | None
+    role: str | None
+    created_at: datetime | None
+    score: float
+    text: str
+    legs: list[str]
+    raw: pb.SearchHit = field(repr=False, compare=False)
+
+    @property
+    def kind(self) -> Literal["entry", "summary"]:
+        """"entry" (level 0) or "summary" (a recap or roll-up), as context
+        items say."""
+        return "entry" if self.level == 0 else "summary"
+
+    @classmethod
+    def from_pb(cls, hit: pb.SearchHit) -> SearchHit:
+        return cls(
+            session_id=hit.session_id,
+            level=hit.level,
+            first_seq=hit.first_seq,
+            last_seq=hit.last_seq,
+            segment_id=hit.segment_id or None,
+            role=role_name(hit.role) if hit.level == 0 else None,
+            created_at=_ts(hit, "created_at"),
+            score=hit.score,
+            text=hit.text,
+            legs=[leg_name(leg) for leg in hit.legs],
+            raw=hit,
+        )
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The answer to `search()`: `hits`, best first; the `legs` that ran
+    ("lexical", and "semantic" when embeddings are on); and
+    `embedded_share`, the share of the searched texts that have an
+    embedding (0 without embeddings: below 1, a match by meaning may miss
+    the rest, which the lexical leg still covers)."""
+
+    hits: list[SearchHit]
+    legs: list[str]
+    embedded_share: float
+    raw: pb.SearchResponse = field(repr=False, compare=False)
+
+    @classmethod
+    def from_pb(cls, response: pb.SearchResponse) -> SearchResult:
+        return cls(
+            hits=[SearchHit.from_pb(h) for h in response.hits],
+            legs=[leg_name(leg) for leg in response.legs],
+            embedded_share=response.embedded_share,
+            raw=response,
         )
