@@ -7,12 +7,16 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::breaker::{Breaker, MAX_PROBE_SPACING};
-use crate::config::{BackendKind, Config, ConfigError, DurabilityConfig, ProviderKind};
+use crate::config::{
+    BackendKind, Config, ConfigError, DurabilityConfig, EmbeddingKind, ProviderKind,
+};
 use crate::events::{Hub, WatchLimits};
 use crate::metrics::Metrics;
 use crate::model::{Millis, ProviderIdentity};
+use crate::pass::embed::Embedding;
 use crate::pass::schedule::lease;
 use crate::pass::{Reports, Summariser, SummariserConfig};
+use crate::provider::embed::Embedder;
 use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
 use crate::service::Service;
@@ -109,6 +113,8 @@ pub struct App {
     pub(crate) breaker: Arc<Breaker>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) summariser: Arc<Summariser>,
+    /// The embedder's passes, when `[embedding]` is on.
+    pub(crate) embedding: Option<Arc<Embedding>>,
     /// Makes the reconciler scan sooner: closes, requeues and new roll-ups
     /// notify it.
     pub(crate) wake: Arc<Notify>,
@@ -183,6 +189,20 @@ impl App {
             },
             metrics.clone(),
         );
+        let embedding = match config.embedding.kind {
+            EmbeddingKind::None => None,
+            EmbeddingKind::Openai => {
+                let key = std::env::var(&config.embedding.api_key_env).ok();
+                let embedder =
+                    Embedder::new(&config.embedding, key).map_err(ProviderSetupError::Client)?;
+                Some(Embedding::new(
+                    store.clone(),
+                    embedder,
+                    config,
+                    format!("{owner}-embed"),
+                ))
+            }
+        };
         let summariser = Summariser::new(
             store.clone(),
             provider,
@@ -200,6 +220,7 @@ impl App {
             breaker,
             metrics,
             summariser,
+            embedding,
             wake,
             events,
             provider_fingerprint,
@@ -273,6 +294,7 @@ impl App {
         Service::new(
             self.store.clone(),
             self.summariser.clone(),
+            self.embedding.clone(),
             self.wake.clone(),
             self.events.clone(),
             &self.config,
@@ -284,6 +306,7 @@ impl App {
         Reconciler::new(
             self.store.clone(),
             self.summariser.clone(),
+            self.embedding.clone(),
             Reports {
                 breaker: self.breaker.clone(),
                 metrics: self.metrics.clone(),

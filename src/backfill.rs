@@ -2,9 +2,11 @@
 //! operator's filters gets one pass, through the same summariser, claims
 //! and breaker as the server, so it can run beside a live server on the
 //! same database. Ends with a report of what is summarised and what is left.
+//! With `--embeddings`, the same for what is owed an embedding.
 //! The terminal side (flags, progress bar, printing) is in `cli/backfill.rs`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -14,6 +16,7 @@ use crate::app::App;
 use crate::breaker::{BreakerState, TRIP_AFTER};
 use crate::model::{Millis, ProviderIdentity, Segment, SegmentId, SegmentState, SessionName};
 use crate::pass::PassOutcome;
+use crate::pass::embed::{BatchOutcome, Embedding};
 use crate::store::{BackfillFilter, StoreError};
 
 #[derive(Clone, Debug)]
@@ -246,4 +249,110 @@ fn tally(report: &mut Report, segment: &Segment, claimed: bool) {
         }
         SegmentState::Open => {}
     }
+}
+
+/// What an embedding drain (`backfill --embeddings`) did and what is left.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct EmbeddingReport {
+    /// The model and dimensions the vectors are made with.
+    pub(crate) generation: String,
+    /// Owed when the run began.
+    pub(crate) owed: u64,
+    /// Texts with a vector of the generation now (by this run or a server
+    /// beside it), in scope of every tenant.
+    pub(crate) embedded: u64,
+    /// Still owed and not parked (their next try is later, or a server's
+    /// claim holds them).
+    pub(crate) pending: u64,
+    pub(crate) parked: u64,
+    pub(crate) parked_by_class: BTreeMap<String, u64>,
+    /// The last failure's class and causes, while it is still owed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) last_failure: Option<String>,
+    pub(crate) interrupted: bool,
+    pub(crate) stopped_early: Option<String>,
+}
+
+impl EmbeddingReport {
+    /// Texts still without a vector.
+    pub(crate) fn left(&self) -> u64 {
+        self.pending + self.parked
+    }
+}
+
+/// Drains what is owed an embedding with `concurrency` batches at once,
+/// through the same passes, claims and breaker as the server's reconciler,
+/// until nothing is due: a batch that failed is due again only after its
+/// spacing, so the run ends and reports it as pending. Items parked under
+/// another embedder configuration are made due first, as at a server's
+/// start.
+pub(crate) async fn run_embeddings(
+    app: &App,
+    embedding: &Arc<Embedding>,
+    concurrency: usize,
+    cancel: &CancellationToken,
+    mut progress: impl FnMut(Progress),
+) -> Result<EmbeddingReport, StoreError> {
+    let store = &app.store;
+    let generation = embedding.generation();
+    store.unpark_owed(&embedding.fingerprint()).await?;
+    let before = store.embedding_backlog(None, &generation).await?;
+    let mut report = EmbeddingReport {
+        generation: generation.as_str().to_owned(),
+        owed: before.pending,
+        ..EmbeddingReport::default()
+    };
+    let mut state = Progress {
+        total: before.pending,
+        ..Progress::default()
+    };
+    progress(state);
+    let mut running = JoinSet::new();
+    // Cleared when a step finds nothing due: no more are started.
+    let mut due = true;
+    loop {
+        while due
+            && running.len() < concurrency.max(1)
+            && report.stopped_early.is_none()
+            && !cancel.is_cancelled()
+        {
+            if embedding.breaker().state() != BreakerState::Closed {
+                report.stopped_early = Some(format!(
+                    "{TRIP_AFTER} embedding passes in a row failed on the embedder's side, so no \
+                     more were started; a running server keeps probing it"
+                ));
+                break;
+            }
+            let e = embedding.clone();
+            running.spawn(async move { e.step().await });
+        }
+        if running.is_empty() {
+            break;
+        }
+        tokio::select! {
+            biased;
+            () = cancel.cancelled(), if !report.interrupted => {
+                report.interrupted = true;
+                embedding.cancel_all();
+            }
+            Some(outcome) = running.join_next() => {
+                if matches!(outcome, Ok(BatchOutcome::Idle | BatchOutcome::StoreFailed)) {
+                    due = false;
+                }
+                let now = store.embedding_backlog(None, &generation).await?;
+                state.done = before.pending.saturating_sub(now.pending);
+                state.summarised = now.embedded.saturating_sub(before.embedded);
+                progress(state);
+            }
+        }
+    }
+    let after = store.embedding_backlog(None, &generation).await?;
+    report.embedded = after.embedded;
+    report.pending = after.pending;
+    report.parked = after.parked;
+    report.parked_by_class = after.parked_by_class.into_iter().collect();
+    report.last_failure = after
+        .last_failure
+        .map(|f| format!("{}: {}", f.class.as_str(), f.causes.join(": ")));
+    Ok(report)
 }

@@ -39,23 +39,29 @@
 //!   and summariser once, for serve, backfill, check and the benches, and
 //!   holds a run to the provider the database was served with.
 //! - `store/`: the backend-neutral store (`mod.rs`), the GetContext cover
-//!   over the memory tree (`context.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
+//!   over the memory tree (`context.rs`), Search's legs and their fusion
+//!   (`search.rs`), what is owed an embedding and the vectors
+//!   (`embeddings.rs`; SQLite only so far), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
 //!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
 //!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used,
-//!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures), the
+//!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures,
+//!   `embeddings.rs` batch claims, vectors and the exact cosine leg), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
 //!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
 //!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and
 //!   one suite for every backend (`tests.rs`).
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible
 //!   client and the built-in extractive one; every prompt and its version
-//!   in `prompts.rs`.
+//!   in `prompts.rs`; the embeddings client (`embed.rs`); the HTTP
+//!   plumbing both OpenAI-compatible clients share (`http.rs`: bounded
+//!   bodies, Retry-After, classification, redaction).
 //! - `pass/`: recap passes: `retry.rs` the one bounded retry loop,
 //!   `schedule.rs` what follows a pass without a recap (`Disposition`) and
 //!   the lease, `recap.rs` chunk-and-fold planning, `record.rs` the Failure
 //!   of a pass and its hint, `pipeline.rs` claim-recap-write and the
-//!   provider probe, `mod.rs` the registry of running passes.
+//!   provider probe, `embed.rs` a batch's embedding (claim, pass, write)
+//!   and the query's, `mod.rs` the registry of running passes.
 //! - `breaker`: the provider-wide circuit breaker.
 //! - `reconciler`: the background drain of due PENDING segments and
 //!   roll-ups, the closing of segments idle for `segment.max_idle`, and the
@@ -93,8 +99,9 @@
 //! - Only `wire.rs` converts between domain and `pb` types:
 //!   `grep -rn 'fn .*_to_pb\|fn .*_from_pb' src` finds them in `wire.rs`.
 //! - Retries happen in one place, `pass/retry.rs`'s `run_pass`; nothing
-//!   wraps a pass in another retry loop and the HTTP client is built with
-//!   `retry::never()`: `grep -rn 'run_pass(' src` finds one caller.
+//!   wraps a pass in another retry loop and the HTTP clients are built with
+//!   `retry::never()`: `grep -rn 'run_pass(' src` finds two callers, the
+//!   recap's (`pass/pipeline.rs`) and the embedding's (`pass/embed.rs`).
 //! - What follows a failed pass is decided in one place:
 //!   `grep -rn 'Disposition::' src` finds it built only in `pass/`.
 //! - An acknowledged append is committed before its answer is sent (the

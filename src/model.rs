@@ -413,6 +413,38 @@ pub struct Backlog {
     /// Erasures committed whose text a checkpoint has yet to scrub from
     /// the SQLite files (always 0 on PostgreSQL).
     pub erasures_pending: u64,
+    /// What is owed an embedding (all zero with embeddings off).
+    pub embeddings: EmbeddingBacklog,
+}
+
+/// Entries and summaries owed a vector of the active generation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EmbeddingBacklog {
+    /// Owed and not parked (due now or later).
+    pub pending: u64,
+    pub parked: u64,
+    pub parked_by_class: Vec<(String, u64)>,
+    /// Items with a vector of the active generation.
+    pub embedded: u64,
+    /// The failure of the most recent embedding pass that failed, while
+    /// any item it was for is still owed.
+    pub last_failure: Option<crate::failure::Failure>,
+}
+
+/// Which vectors compare with which: the model and the dimensions asked
+/// for (0: the model's own). A change of either starts a new generation;
+/// vectors of one generation are never compared with another's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Generation(String);
+
+impl Generation {
+    pub fn new(model: &str, dimensions: u32) -> Generation {
+        Generation(format!("{model}@{dimensions}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// A rough token count: about four bytes of text a token, plus a few for the

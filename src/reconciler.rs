@@ -18,12 +18,15 @@ use crate::events::{EventKind, Hub};
 use crate::failure::cause_chain;
 use crate::metrics::Metrics;
 use crate::model::{Millis, SegmentId};
+use crate::pass::embed::{BatchOutcome, Embedding};
 use crate::pass::{PassOutcome, Reports, Summariser};
 use crate::store::{SessionRef, Store};
 
 pub struct Reconciler {
     store: Store,
     summariser: Arc<Summariser>,
+    /// The embedder's passes, when `[embedding]` is on.
+    embedding: Option<Arc<Embedding>>,
     breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
     events: Arc<Hub>,
@@ -40,6 +43,14 @@ pub struct Reconciler {
     ready: Option<oneshot::Sender<()>>,
 }
 
+/// Sleeps until the embedder's breaker's next probe, or forever.
+async fn embedding_probe(embedding: Option<&Embedding>) {
+    match embedding {
+        Some(e) => probe_time(e.breaker()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Sleeps until the breaker's next probe, or forever when it is closed.
 async fn probe_time(breaker: &Breaker) {
     match breaker.next_probe() {
@@ -53,12 +64,14 @@ impl Reconciler {
     pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
+        embedding: Option<Arc<Embedding>>,
         reports: Reports,
         config: &Config,
     ) -> Reconciler {
         Reconciler {
             store,
             summariser,
+            embedding,
             breaker: reports.breaker,
             metrics: reports.metrics,
             events: reports.events,
@@ -87,6 +100,10 @@ impl Reconciler {
         // An interval's first tick is at once: this first round is it.
         tick.tick().await;
         let mut running: JoinSet<PassOutcome> = JoinSet::new();
+        let mut embedding: JoinSet<BatchOutcome> = JoinSet::new();
+        // Whether owed embeddings may be due: cleared when a step finds
+        // none, set again by a tick, a wake-up or a step that did work.
+        let mut owed = self.unpark_embeddings().await;
         let mut ticked = true;
         let mut ready = self.ready.take();
         loop {
@@ -95,20 +112,64 @@ impl Reconciler {
                 self.expire().await;
             }
             self.fill(&mut running).await;
+            if owed {
+                self.fill_embedding(&mut embedding);
+            }
             if let Some(ready) = ready.take() {
                 let _ = ready.send(());
             }
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = tick.tick() => ticked = true,
-                _ = self.wake.notified() => {}
+                _ = tick.tick() => { ticked = true; owed = true; }
+                _ = self.wake.notified() => owed = true,
                 _ = probe_time(&self.breaker) => {}
+                _ = embedding_probe(self.embedding.as_deref()) => owed = true,
                 Some(_) = running.join_next(), if !running.is_empty() => {}
+                Some(done) = embedding.join_next(), if !embedding.is_empty() => {
+                    owed = !matches!(done, Ok(BatchOutcome::Idle | BatchOutcome::StoreFailed));
+                }
             }
         }
         // The passes themselves run in the summariser's tasks; shutdown
         // waits for them there, bounded by its ceiling.
         running.detach_all();
+        // Embedding steps stop at once when cancelled, letting their
+        // batches go; waited for so that no write follows the shutdown.
+        if let Some(e) = &self.embedding {
+            e.cancel_all();
+        }
+        while embedding.join_next().await.is_some() {}
+    }
+
+    /// Makes owed embeddings parked under another embedder configuration
+    /// due again (as recaps are at start-up); true when embeddings are on.
+    async fn unpark_embeddings(&self) -> bool {
+        let Some(e) = &self.embedding else {
+            return false;
+        };
+        match self.store.unpark_owed(&e.fingerprint()).await {
+            Ok(0) => {}
+            Ok(n) => info!(
+                unparked = n,
+                "the embedder's configuration changed: parked embeddings are due again"
+            ),
+            Err(err) => {
+                warn!(error = %cause_chain(&err).join(": "), "unparking embeddings failed");
+            }
+        }
+        true
+    }
+
+    /// Starts embedding steps up to `concurrency`, one at a time while the
+    /// embedder's breaker is open.
+    fn fill_embedding(&self, running: &mut JoinSet<BatchOutcome>) {
+        let Some(e) = &self.embedding else {
+            return;
+        };
+        while running.len() < self.config.concurrency as usize && e.admit() {
+            let e = e.clone();
+            running.spawn(async move { e.step().await });
+        }
     }
 
     /// Closes the OPEN segments nobody has appended to for `max_idle`, so

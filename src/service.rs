@@ -17,8 +17,10 @@ use crate::model::{
     AppendOutcome, Backlog, Context, Entry, Millis, NewEntry, Segment, SegmentId, SegmentPolicy,
     SegmentState, SessionInfo, SessionName, Subject, Tenant,
 };
+use crate::pass::embed::Embedding;
 use crate::pass::{PassOutcome, Summariser};
-use crate::store::{Budget, Erased, SegmentFilter, Store, StoreError};
+use crate::provider::ProviderError;
+use crate::store::{Budget, Erased, Leg, SegmentFilter, Store, StoreError, fuse};
 
 /// How long before a flush answers the passes it started are cancelled, so
 /// their claims are released by the time it does.
@@ -33,7 +35,35 @@ pub(crate) enum ServiceError {
     WatchRefused(#[from] WatchRefused),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A semantic search of a server with no `[embedding]`.
+    #[error("semantic search needs `[embedding]` configured on the server")]
+    EmbeddingsOff,
+    /// The query's embedding failed (a semantic search only).
+    #[error("the query could not be embedded")]
+    QueryEmbedding(#[source] Arc<ProviderError>),
 }
+
+/// Which legs a search runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SearchMode {
+    Auto,
+    Lexical,
+    Semantic,
+}
+
+/// What a search found, and how.
+pub(crate) struct Searched {
+    pub(crate) hits: Vec<crate::store::SearchHit>,
+    pub(crate) legs: Vec<Leg>,
+    /// The share of the scope's texts with a vector of the active
+    /// generation, when the semantic leg ran (else 0).
+    pub(crate) embedded_share: f64,
+}
+
+/// How many times `limit` each leg of a search fetches, and the most any
+/// leg fetches.
+const OVERFETCH: u32 = 3;
+const MAX_LEG: u32 = 300;
 
 /// Why waiting on a pass ended without the pass's own end; the segment
 /// stays PENDING either way.
@@ -52,6 +82,8 @@ enum WaitError {
 pub(crate) struct Service {
     store: Store,
     summariser: Arc<Summariser>,
+    /// The embedder, when `[embedding]` is on: the query's vector.
+    embedding: Option<Arc<Embedding>>,
     wake: Arc<Notify>,
     events: Arc<Hub>,
     /// Cancelled when the server stops: watch streams end with UNAVAILABLE.
@@ -95,6 +127,7 @@ impl Service {
     pub(crate) fn new(
         store: Store,
         summariser: Arc<Summariser>,
+        embedding: Option<Arc<Embedding>>,
         wake: Arc<Notify>,
         events: Arc<Hub>,
         config: &Config,
@@ -102,6 +135,7 @@ impl Service {
         Service {
             store,
             summariser,
+            embedding,
             wake,
             events,
             stopping: CancellationToken::new(),
@@ -153,15 +187,65 @@ impl Service {
         Ok(erased)
     }
 
-    /// The tenant's best `limit` texts for `query` within `scope`.
+    /// The tenant's best `limit` texts for `query` within `scope`, by the
+    /// legs `mode` asks for: LEXICAL the words; SEMANTIC the meaning (the
+    /// query embedded by one attempt; its failure is the answer); AUTO
+    /// both, fused by reciprocal rank, or the words alone when embeddings
+    /// are off or the query's embedding failed (the legs say which ran).
     pub(crate) async fn search(
         &self,
         tenant: &Tenant,
         scope: &crate::store::SearchScope,
         query: &crate::search::query::Query,
         limit: u32,
-    ) -> Result<Vec<crate::store::SearchHit>, ServiceError> {
-        Ok(self.store.search(tenant, scope, query, limit).await?)
+        mode: SearchMode,
+    ) -> Result<Searched, ServiceError> {
+        let semantic = match (&self.embedding, mode) {
+            (_, SearchMode::Lexical) | (None, SearchMode::Auto) => None,
+            (None, SearchMode::Semantic) => return Err(ServiceError::EmbeddingsOff),
+            (Some(embedding), SearchMode::Semantic) => Some(
+                embedding
+                    .embed_query(&query.text())
+                    .await
+                    .map_err(|e| ServiceError::QueryEmbedding(Arc::new(e)))
+                    .map(|v| (embedding, v))?,
+            ),
+            (Some(embedding), SearchMode::Auto) => match embedding.embed_query(&query.text()).await
+            {
+                Ok(v) => Some((embedding, v)),
+                Err(e) => {
+                    tracing::warn!(class = e.class.as_str(), error = %e.detail, "the query could not be embedded; searching by words only");
+                    None
+                }
+            },
+        };
+        // With two legs each over-fetches, so that fusion ranks from more
+        // than it keeps.
+        let fetch = match (&semantic, mode) {
+            (Some(_), SearchMode::Auto) => limit.saturating_mul(OVERFETCH).min(MAX_LEG),
+            _ => limit,
+        };
+        let mut legs = Vec::new();
+        let mut ran = Vec::new();
+        if mode != SearchMode::Semantic {
+            legs.push(self.store.search(tenant, scope, query, fetch).await?);
+            ran.push(Leg::Lexical);
+        }
+        let mut embedded_share = 0.0;
+        if let Some((embedding, vector)) = semantic {
+            let leg = self
+                .store
+                .semantic_leg(tenant, scope, &embedding.generation(), vector, fetch)
+                .await?;
+            embedded_share = leg.embedded_share;
+            legs.push(leg.hits);
+            ran.push(Leg::Semantic);
+        }
+        Ok(Searched {
+            hits: fuse(legs, limit as usize),
+            legs: ran,
+            embedded_share,
+        })
     }
 
     /// Erases every session of the subject (see `Store::delete_subject`)
@@ -457,7 +541,14 @@ impl Service {
     }
 
     pub(crate) async fn backlog(&self, tenant: &Tenant) -> Result<Backlog, ServiceError> {
-        Ok(self.store.backlog(Some(tenant)).await?)
+        let mut backlog = self.store.backlog(Some(tenant)).await?;
+        if let Some(embedding) = &self.embedding {
+            backlog.embeddings = self
+                .store
+                .embedding_backlog(Some(tenant), &embedding.generation())
+                .await?;
+        }
+        Ok(backlog)
     }
 }
 

@@ -234,6 +234,13 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
         oldest_pending_age: b.oldest_pending_age.map(duration),
         parked_by_class: b.parked_by_class.into_iter().collect(),
         erasures_pending: b.erasures_pending,
+        embeddings: Some(pb::EmbeddingBacklog {
+            pending: b.embeddings.pending,
+            parked: b.embeddings.parked,
+            parked_by_class: b.embeddings.parked_by_class.into_iter().collect(),
+            embedded: b.embeddings.embedded,
+            last_failure: b.embeddings.last_failure.as_ref().map(failure_to_pb),
+        }),
     }
 }
 

@@ -12,7 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{App, BuildError};
-use crate::backfill::{self, Options, Progress, Report};
+use crate::backfill::{self, EmbeddingReport, Options, Progress, Report};
 use crate::config::BackendKind;
 use crate::failure::cause_chain;
 use crate::model::SessionName;
@@ -56,6 +56,10 @@ pub struct BackfillArgs {
     /// one the database was last served with.
     #[arg(long)]
     pub allow_provider_change: bool,
+    /// Drain what is owed an embedding (entries and summaries without a
+    /// vector) instead of recaps; needs `[embedding]` configured.
+    #[arg(long, conflicts_with_all = ["session", "closed_before", "closed_after", "include_parked", "dry_run", "allow_provider_change"])]
+    pub embeddings: bool,
 }
 
 /// Why a run did not get to its report.
@@ -69,16 +73,123 @@ enum Failed {
 /// Runs the command: 0 when nothing is left unsummarised, 2 when something
 /// is, 1 on an error, 64 on a usage error.
 pub async fn run(args: BackfillArgs) -> ExitCode {
+    if args.embeddings {
+        return match drain_embeddings(args).await {
+            Ok(report) if report.left() == 0 => ExitCode::SUCCESS,
+            Ok(_) => ExitCode::from(EXIT_LEFT),
+            Err(failed) => failed.exit(),
+        };
+    }
     match drain(args).await {
         Ok(report) if report.left() == 0 => ExitCode::SUCCESS,
         Ok(_) => ExitCode::from(EXIT_LEFT),
-        Err(Failed::Usage(e)) => {
-            eprintln!("error: {e}\n\nFor more information, try 'archivist backfill --help'.");
-            ExitCode::from(super::EXIT_USAGE)
+        Err(failed) => failed.exit(),
+    }
+}
+
+impl Failed {
+    /// Says why and gives the exit code.
+    fn exit(self) -> ExitCode {
+        match self {
+            Failed::Usage(e) => {
+                eprintln!("error: {e}\n\nFor more information, try 'archivist backfill --help'.");
+                ExitCode::from(super::EXIT_USAGE)
+            }
+            Failed::Error(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
         }
-        Err(Failed::Error(e)) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    }
+}
+
+/// `--embeddings`: drains what is owed an embedding, with progress, and
+/// prints the report.
+async fn drain_embeddings(args: BackfillArgs) -> Result<EmbeddingReport, Failed> {
+    let config = super::load_offline_config(args.config.clone(), args.data_dir.clone())
+        .map_err(Failed::Error)?;
+    if !config.embedding.enabled() {
+        return Err(Failed::Usage(
+            "--embeddings needs `[embedding]` configured (embedding.kind = \"openai\")".to_owned(),
+        ));
+    }
+    let concurrency = args
+        .concurrency
+        .unwrap_or(config.reconciler.concurrency as usize);
+    if concurrency == 0 {
+        return Err(Failed::Usage("--concurrency must be at least 1".to_owned()));
+    }
+    let api_key = std::env::var(&config.provider.api_key_env).ok();
+    let app = App::open(&config, api_key, "backfill", OpenMode::Existing)
+        .await
+        .map_err(|e| Failed::Error(cause_chain(&e).join(": ")))?;
+    let Some(embedding) = app.embedding.clone() else {
+        return Err(Failed::Error("the embedder was not built".to_owned()));
+    };
+    let cancel = CancellationToken::new();
+    let on_signal = {
+        let cancel = cancel.clone();
+        tokio::spawn(super::on_signals(move || {
+            eprintln!("stopping: running batches are cancelled and released");
+            cancel.cancel();
+        }))
+    };
+    let mut display = Display::new(false).of(Unit::Texts);
+    let report =
+        backfill::run_embeddings(&app, &embedding, concurrency, &cancel, |p| display.show(p)).await;
+    display.finish();
+    on_signal.abort();
+    let report = report.map_err(|e| Failed::Error(cause_chain(&e).join(": ")))?;
+    if args.json {
+        let text =
+            serde_json::to_string_pretty(&report).map_err(|e| Failed::Error(e.to_string()))?;
+        println!("{text}");
+    } else {
+        print!("{}", render_embeddings(&report));
+    }
+    Ok(report)
+}
+
+/// The embedding report for a person.
+fn render_embeddings(report: &EmbeddingReport) -> String {
+    let mut out = format!(
+        "generation: {}\nowed at the start: {}\nembedded: {}\nstill pending: {}\nparked: {}\n",
+        report.generation, report.owed, report.embedded, report.pending, report.parked
+    );
+    for (class, n) in &report.parked_by_class {
+        out.push_str(&format!("  {class}: {n}\n"));
+    }
+    if let Some(failure) = &report.last_failure {
+        out.push_str(&format!("last failure: {failure}\n"));
+    }
+    if report.interrupted {
+        out.push_str("interrupted: running batches were cancelled; they stay owed\n");
+    }
+    if let Some(why) = &report.stopped_early {
+        out.push_str(&format!("stopped early: {why}\n"));
+    }
+    if report.parked > 0 {
+        out.push_str(
+            "parked texts wait for another embedder configuration (key, model, URL or dimensions): fix it, then rerun or restart the server\n",
+        );
+    }
+    out
+}
+
+/// What a progress display counts.
+#[derive(Clone, Copy)]
+enum Unit {
+    /// Segments, summarised.
+    Segments,
+    /// Texts, embedded.
+    Texts,
+}
+
+impl Unit {
+    fn words(self) -> (&'static str, &'static str) {
+        match self {
+            Unit::Segments => ("segments", "summarised"),
+            Unit::Texts => ("texts", "embedded"),
         }
     }
 }
@@ -179,6 +290,7 @@ async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
 /// A progress bar when standard error is a terminal, a line every few
 /// seconds otherwise.
 struct Display {
+    unit: Unit,
     bar: Option<ProgressBar>,
     started: Instant,
     last_line: Instant,
@@ -189,6 +301,7 @@ struct Display {
 impl Display {
     fn new(dry_run: bool) -> Display {
         Display {
+            unit: Unit::Segments,
             bar: None,
             started: Instant::now(),
             last_line: Instant::now(),
@@ -197,7 +310,13 @@ impl Display {
         }
     }
 
+    fn of(mut self, unit: Unit) -> Display {
+        self.unit = unit;
+        self
+    }
+
     fn show(&mut self, p: Progress) {
+        let (things, done) = self.unit.words();
         self.last = p;
         if self.quiet {
             return;
@@ -206,7 +325,7 @@ impl Display {
             let bar = self.bar.get_or_insert_with(|| {
                 let bar = ProgressBar::new(p.total);
                 if let Ok(style) = ProgressStyle::with_template(
-                    "{bar:40} {pos}/{len} segments, {msg} [{elapsed_precise}, eta {eta}]",
+                    &format!("{{bar:40}} {{pos}}/{{len}} {things}, {{msg}} [{{elapsed_precise}}, eta {{eta}}]"),
                 ) {
                     bar.set_style(style);
                 }
@@ -215,7 +334,7 @@ impl Display {
             bar.set_length(p.total);
             bar.set_position(p.done);
             bar.set_message(format!(
-                "{} summarised, {}",
+                "{} {done}, {}",
                 p.summarised,
                 rate(p.done, self.started.elapsed())
             ));
@@ -226,8 +345,9 @@ impl Display {
     }
 
     fn line(&self, p: Progress) -> String {
+        let (things, done) = self.unit.words();
         format!(
-            "backfill: {}/{} segments, {} summarised, {}",
+            "backfill: {}/{} {things}, {} {done}, {}",
             p.done,
             p.total,
             p.summarised,

@@ -290,6 +290,38 @@ ceiling = "15s"
     }
 
     #[test]
+    fn the_embedding_section_parses_and_is_checked_by_key() {
+        let (_f, o) = file(
+            "[embedding]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\ndimensions = 256\nbatch = 8\n",
+        );
+        let c = load(&o, env(&[])).expect("embedding section loads");
+        assert!(c.embedding.enabled());
+        assert_eq!((c.embedding.dimensions, c.embedding.batch), (256, 8));
+        assert!(!Config::default().embedding.enabled());
+        assert_eq!(Config::default().embedding.batch, 32);
+        for (text, key) in [
+            ("[embedding]\nbatch = 0\n", "embedding.batch"),
+            ("[embedding]\ndimensions = 100000\n", "embedding.dimensions"),
+            (
+                "[embedding]\nkind = \"openai\"\nbase_url = \"ftp://x\"\n",
+                "embedding.base_url",
+            ),
+            (
+                "[embedding]\napi_key_env = \"sk-123 456\"\n",
+                "embedding.api_key_env",
+            ),
+            (
+                "[embedding]\nkind = \"openai\"\n[storage]\nbackend = \"postgres\"\nurl = \"postgres://u@h/d\"\n",
+                "embedding.kind",
+            ),
+        ] {
+            let (_f, o) = file(text);
+            let e = load(&o, env(&[])).expect_err(text);
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_refused_by_name() {
         let (_f, o) = file("[retry]\nmax_atempts = 4\n");
         let e = load(&o, env(&[])).expect_err("typo refused");

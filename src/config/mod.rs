@@ -48,6 +48,7 @@ pub struct Config {
     pub search: SearchConfig,
     pub limits: LimitsConfig,
     pub provider: ProviderConfig,
+    pub embedding: EmbeddingConfig,
     pub retry: RetryConfig,
     pub reconciler: ReconcilerConfig,
     pub flush: FlushConfig,
@@ -361,6 +362,52 @@ pub struct ProviderConfig {
     pub max_response_bytes: u64,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddingKind {
+    /// No embeddings: search is lexical only.
+    None,
+    /// Any OpenAI-compatible `/embeddings` endpoint.
+    Openai,
+}
+
+/// The embedder: what entries and summaries are embedded with, off the
+/// request path, for the semantic leg of Search.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddingConfig {
+    pub kind: EmbeddingKind,
+    /// `/embeddings` is appended.
+    pub base_url: String,
+    pub model: String,
+    /// The NAME of the environment variable that holds the key.
+    pub api_key_env: String,
+    /// The vectors' length, sent as `dimensions`; 0: the model's own (not
+    /// sent, and learnt from the first answer).
+    pub dimensions: u32,
+    /// Inputs per request.
+    pub batch: u32,
+}
+
+impl EmbeddingConfig {
+    pub fn enabled(&self) -> bool {
+        self.kind != EmbeddingKind::None
+    }
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        EmbeddingConfig {
+            kind: EmbeddingKind::None,
+            base_url: "https://api.openai.com/v1".to_owned(),
+            model: "text-embedding-3-small".to_owned(),
+            api_key_env: "OPENAI_API_KEY".to_owned(),
+            dimensions: 0,
+            batch: 32,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -419,6 +466,7 @@ impl Default for Config {
             search: SearchConfig::default(),
             limits: LimitsConfig::default(),
             provider: ProviderConfig::default(),
+            embedding: EmbeddingConfig::default(),
             retry: RetryConfig::default(),
             reconciler: ReconcilerConfig::default(),
             flush: FlushConfig::default(),

@@ -3,6 +3,12 @@
 
 use super::{BackendKind, Config, ConfigError, ENV_PREFIX, ProviderKind, is_variable_name};
 
+/// The longest vector an embedder may be asked for (the largest common
+/// models make 3072; a vector is read whole into memory per search).
+const MAX_DIMENSIONS: u32 = 16_384;
+/// The most inputs one embeddings request may carry (OpenAI's own cap).
+const MAX_BATCH: u32 = 2048;
+
 impl Config {
     /// Checks what types alone cannot; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -188,6 +194,39 @@ impl Config {
         }
         if self.provider.max_response_bytes < 1024 {
             return invalid("provider.max_response_bytes", "must be at least 1024");
+        }
+        let e = &self.embedding;
+        if e.enabled() {
+            if !(e.base_url.starts_with("http://") || e.base_url.starts_with("https://")) {
+                return invalid("embedding.base_url", "must be an http:// or https:// URL");
+            }
+            if e.model.trim().is_empty() {
+                return invalid("embedding.model", "must not be empty");
+            }
+        }
+        if !is_variable_name(&e.api_key_env) {
+            return invalid(
+                "embedding.api_key_env",
+                "must be the NAME of an environment variable (letters, digits and _, such as OPENAI_API_KEY), not the key itself (the value given is not shown, in case it is a key)",
+            );
+        }
+        if e.enabled() && self.storage.backend == BackendKind::Postgres {
+            return invalid(
+                "embedding.kind",
+                "embeddings are stored on SQLite only so far; PostgreSQL (pgvector) is not supported yet: set embedding.kind = \"none\" or storage.backend = \"sqlite\"",
+            );
+        }
+        if e.dimensions > MAX_DIMENSIONS {
+            return invalid(
+                "embedding.dimensions",
+                &format!("must be at most {MAX_DIMENSIONS} (0: the model's own)"),
+            );
+        }
+        if !(1..=MAX_BATCH).contains(&e.batch) {
+            return invalid(
+                "embedding.batch",
+                &format!("must be between 1 and {MAX_BATCH}"),
+            );
         }
         let r = &self.retry;
         if r.max_attempts == 0 {

@@ -32,7 +32,8 @@ use crate::config::LimitsConfig;
 use crate::events::{EventKind, Watch};
 use crate::model::Tenant;
 use crate::pb;
-use crate::service::Service;
+use crate::service::{SearchMode, Service};
+use crate::store::Leg;
 use crate::wire::{
     append_to_pb, backlog_to_pb, entry_to_pb, event_to_pb, gap_to_pb, role_to_pb, segment_to_pb,
     session_info_to_pb, timestamp,
@@ -42,7 +43,7 @@ use fit::{fit_context, fit_entry, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls};
 use gate::{Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
-use status::{invalid, no_embeddings, service_status};
+use status::{invalid, service_status};
 use validate::{
     call_deadline, page_token, parse_append, parse_list, parse_list_entries, parse_list_sessions,
     parse_requeue, parse_search, parse_session, parse_subject, session_page_token,
@@ -338,17 +339,23 @@ impl pb::archivist_server::Archivist for GrpcService {
     ) -> Result<Response<pb::SearchResponse>, Status> {
         let tenant = tenant(&request)?;
         let (query, scope, limit) = parse_search(request.get_ref())?;
-        if request.get_ref().mode == pb::SearchMode::Semantic as i32 {
-            return Err(no_embeddings());
-        }
-        let hits = self
+        let mode = match pb::SearchMode::try_from(request.get_ref().mode) {
+            Ok(pb::SearchMode::Lexical) => SearchMode::Lexical,
+            Ok(pb::SearchMode::Semantic) => SearchMode::Semantic,
+            Ok(pb::SearchMode::Auto) | Err(_) => SearchMode::Auto,
+        };
+        let searched = self
             .service
-            .search(&tenant, &scope, &query, limit)
+            .search(&tenant, &scope, &query, limit, mode)
             .await
             .map_err(service_status)?;
-        let lexical = pb::SearchLeg::Lexical as i32;
+        let leg = |l: &Leg| match l {
+            Leg::Lexical => pb::SearchLeg::Lexical as i32,
+            Leg::Semantic => pb::SearchLeg::Semantic as i32,
+        };
         Ok(Response::new(pb::SearchResponse {
-            hits: hits
+            hits: searched
+                .hits
                 .into_iter()
                 .map(|h| pb::SearchHit {
                     session_id: h.session,
@@ -360,11 +367,11 @@ impl pb::archivist_server::Archivist for GrpcService {
                     created_at: Some(timestamp(h.created_at)),
                     score: h.score,
                     text: h.text,
-                    legs: vec![lexical],
+                    legs: h.legs.iter().map(leg).collect(),
                 })
                 .collect(),
-            legs: vec![lexical],
-            embedded_share: 0.0,
+            legs: searched.legs.iter().map(leg).collect(),
+            embedded_share: searched.embedded_share,
         }))
     }
 

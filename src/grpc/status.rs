@@ -12,7 +12,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::events::WatchRefused;
-use crate::failure::cause_chain;
+use crate::failure::{FailureClass, cause_chain};
+use crate::provider::ProviderError;
 use crate::service::ServiceError;
 use crate::store::StoreError;
 use crate::throttle::{LOG_INTERVAL, Throttle};
@@ -79,9 +80,54 @@ pub(super) fn no_embeddings() -> Status {
     )
 }
 
+/// The code a failure class answers with (DESIGN.md's table).
+fn class_code(class: FailureClass) -> Code {
+    match class {
+        FailureClass::Transport | FailureClass::Unavailable | FailureClass::MalformedResponse => {
+            Code::Unavailable
+        }
+        FailureClass::Timeout | FailureClass::BudgetExhausted => Code::DeadlineExceeded,
+        FailureClass::RateLimited | FailureClass::QuotaExhausted => Code::ResourceExhausted,
+        FailureClass::Unauthorized | FailureClass::UnknownModel | FailureClass::InvalidRequest => {
+            Code::FailedPrecondition
+        }
+        FailureClass::Store => Code::Unavailable,
+    }
+}
+
+/// A semantic search whose query could not be embedded: the class's code,
+/// the class, status and provider in the ErrorInfo, the wait asked for.
+fn query_embedding_status(e: &ProviderError) -> Status {
+    let mut details = ErrorDetails::new();
+    let mut metadata = HashMap::from([
+        ("class".to_owned(), e.class.as_str().to_owned()),
+        ("provider".to_owned(), e.provider.to_owned()),
+        ("retryable".to_owned(), e.class.retryable().to_string()),
+    ]);
+    if let Some(status) = e.http_status {
+        metadata.insert("http_status".to_owned(), status.to_string());
+    }
+    details.set_error_info("QUERY_EMBEDDING_FAILED", ERROR_DOMAIN, metadata);
+    if let Some(wait) = e.retry_after {
+        details.set_retry_info(Some(wait));
+    }
+    details.set_debug_info(clip_causes(vec![e.detail.clone()]), "");
+    Status::with_error_details(
+        class_code(e.class),
+        format!(
+            "the query could not be embedded ({}): {}",
+            e.class.as_str(),
+            e.detail
+        ),
+        details,
+    )
+}
+
 pub(super) fn service_status(err: ServiceError) -> Status {
     match err {
         ServiceError::Store(e) => store_status(&e),
+        ServiceError::EmbeddingsOff => no_embeddings(),
+        ServiceError::QueryEmbedding(e) => query_embedding_status(&e),
         ServiceError::WatchRefused(refused) => {
             let (scope, limit) = match refused {
                 WatchRefused::Server { limit } => ("server", limit),
@@ -123,6 +169,11 @@ fn store_status(err: &StoreError) -> Status {
         }
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::SearchTooCostly => (Code::ResourceExhausted, "SEARCH_TOO_COSTLY", Vec::new()),
+        StoreError::EmbeddingsUnsupported => (
+            Code::FailedPrecondition,
+            "EMBEDDINGS_UNSUPPORTED",
+            Vec::new(),
+        ),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,
             "TENANT_STORAGE_FULL",

@@ -6,6 +6,7 @@
 //! passes running in this process, so that a second caller for a segment
 //! joins the pass under way instead of starting another.
 
+pub(crate) mod embed;
 mod pipeline;
 mod recap;
 mod record;

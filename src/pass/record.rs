@@ -19,6 +19,8 @@ pub(crate) enum Subject {
     Segment(SegmentId),
     /// A probe of the provider (`archivist check`, the start-up check).
     Probe,
+    /// The embedding of a batch of this many entries and summaries.
+    Embedding(usize),
 }
 
 impl std::fmt::Display for Subject {
@@ -26,6 +28,9 @@ impl std::fmt::Display for Subject {
         match self {
             Subject::Segment(id) => write!(f, "recap of segment {id}"),
             Subject::Probe => f.write_str("the provider check"),
+            Subject::Embedding(n) => {
+                write!(f, "embedding of {}", count(*n as u64, "text", "texts"))
+            }
         }
     }
 }
@@ -59,10 +64,46 @@ enum PassCause {
     Store(#[source] StoreError),
 }
 
+/// What a Failure says of the other side of a pass: the summariser or the
+/// embedder.
+pub(crate) trait Source {
+    fn name(&self) -> &'static str;
+    fn model(&self) -> &str;
+    /// `text` without the source's secrets.
+    fn redact(&self, text: &str) -> String;
+    /// What most likely fixes a failure of `class`, for a person.
+    fn hint(
+        &self,
+        class: FailureClass,
+        last: Option<&ProviderError>,
+        retry: &RetryConfig,
+    ) -> String;
+}
+
+impl Source for Provider {
+    fn name(&self) -> &'static str {
+        Provider::name(self)
+    }
+    fn model(&self) -> &str {
+        Provider::model(self)
+    }
+    fn redact(&self, text: &str) -> String {
+        Provider::redact(self, text)
+    }
+    fn hint(
+        &self,
+        class: FailureClass,
+        last: Option<&ProviderError>,
+        retry: &RetryConfig,
+    ) -> String {
+        hint(self, class, last, retry)
+    }
+}
+
 /// The record of a pass for `subject` that gave up after `attempts` sends
 /// in `elapsed`, under the pass rules `retry`.
 pub(crate) fn failure(
-    provider: &Provider,
+    provider: &impl Source,
     subject: Subject,
     end: GaveUp<ProviderError>,
     attempts: u32,
@@ -73,7 +114,7 @@ pub(crate) fn failure(
     let last = end.last_error();
     let http_status = last.and_then(|e| e.http_status);
     let retry_after = last.and_then(|e| e.retry_after);
-    let hint = hint(provider, class, last, retry);
+    let hint = provider.hint(class, last, retry);
     let cause = match end {
         GaveUp::Error(e) => PassCause::Provider(e),
         GaveUp::TimedOut { timeout } => PassCause::TimedOut(timeout),
@@ -91,7 +132,7 @@ pub(crate) fn failure(
 /// The record of a pass for `subject` whose recap came back after
 /// `attempts` sends in `elapsed` but could not be stored (`error`).
 pub(crate) fn store_failure(
-    provider: &Provider,
+    provider: &impl Source,
     subject: Subject,
     error: StoreError,
     attempts: u32,
@@ -99,7 +140,7 @@ pub(crate) fn store_failure(
     retry: &RetryConfig,
 ) -> Failure {
     let class = FailureClass::Store;
-    let hint = hint(provider, class, None, retry);
+    let hint = provider.hint(class, None, retry);
     let error = PassFailed {
         subject,
         class,
@@ -112,7 +153,7 @@ pub(crate) fn store_failure(
 /// A pass's failure as it is kept and told: every cause and the hint
 /// redacted.
 fn recorded(
-    provider: &Provider,
+    provider: &impl Source,
     error: PassFailed,
     retry_after: Option<Duration>,
     http_status: Option<u16>,

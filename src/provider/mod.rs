@@ -2,7 +2,9 @@
 //! fold) in, a recap (text and usage) out, or one typed error. The retry
 //! policy lives in `retry.rs`, never here.
 
+pub mod embed;
 pub mod extractive;
+mod http;
 pub mod openai;
 mod prompts;
 
@@ -55,7 +57,7 @@ pub enum Symptom {
 
 /// One failed attempt, classified where the typed cause was still in hand.
 #[derive(Debug, thiserror::Error)]
-#[error("{provider} recap attempt failed ({})", class.as_str())]
+#[error("{provider} attempt failed ({})", class.as_str())]
 pub struct ProviderError {
     pub provider: &'static str,
     pub class: FailureClass,

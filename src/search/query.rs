@@ -157,6 +157,16 @@ impl Query {
         Ok(Query { all, none })
     }
 
+    /// What the semantic leg embeds: the positive words in their order,
+    /// the excluded ones left out.
+    pub(crate) fn text(&self) -> String {
+        let words: Vec<&str> = self
+            .positive()
+            .flat_map(|t| t.0.iter().map(String::as_str))
+            .collect();
+        words.join(" ")
+    }
+
     /// The relaxed form: any one of the positive terms, outside `common`,
     /// with the exclusions kept; `None` when nothing is left.
     pub(crate) fn relaxed(&self, common: &dyn Fn(&Term) -> bool) -> Option<Query> {

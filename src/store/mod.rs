@@ -150,6 +150,9 @@ pub enum StoreError {
         "the search took more work than one query may; narrow it (fewer words, a scope, levels)"
     )]
     SearchTooCostly,
+    /// Vectors are stored on SQLite only so far.
+    #[error("embeddings are not supported on PostgreSQL yet (pgvector is a later step)")]
+    EmbeddingsUnsupported,
     #[error("a database worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
 }
@@ -456,10 +459,12 @@ macro_rules! on_backend {
 }
 
 // After `on_backend`, which they use.
+mod embeddings;
 mod index;
 mod search;
+pub(crate) use embeddings::{Batch, EndedBatch};
 pub(crate) use index::Indexed;
-pub(crate) use search::{SearchHit, SearchScope};
+pub(crate) use search::{Leg, SearchHit, SearchScope, fuse};
 
 impl Store {
     /// Opens (creating as needed) the SQLite database in `data_dir` and

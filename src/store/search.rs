@@ -53,6 +53,50 @@ pub(crate) struct SearchHit {
     /// 1 / (60 + rank), rank counted from 1: a reciprocal-rank score, so
     /// that legs fuse by adding them.
     pub(crate) score: f64,
+    /// The legs that found it.
+    pub(crate) legs: Vec<Leg>,
+}
+
+/// A leg of Search.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leg {
+    /// The words (FTS5, or a tsvector).
+    Lexical,
+    /// The meaning (embeddings).
+    Semantic,
+}
+
+/// The constant of reciprocal rank fusion: a hit's score in a leg is
+/// 1 / (K + rank).
+const RRF_K: f64 = 60.0;
+
+/// Scores hits, best first, by their reciprocal rank, and marks them as
+/// found by `leg`.
+pub(crate) fn rank(hits: &mut [SearchHit], leg: Leg) {
+    for (i, h) in hits.iter_mut().enumerate() {
+        h.score = 1.0 / (RRF_K + (i + 1) as f64);
+        h.legs = vec![leg];
+    }
+}
+
+/// Reciprocal rank fusion of legs ranked by `rank`: a hit's score is the
+/// sum of its scores in the legs that found it, and the best `limit` come
+/// back, best first (ties in the first leg's order).
+pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize) -> Vec<SearchHit> {
+    let mut fused: Vec<SearchHit> = Vec::new();
+    for hit in legs.into_iter().flatten() {
+        match fused.iter_mut().find(|f| key(f) == key(&hit)) {
+            Some(f) => {
+                f.score += hit.score;
+                f.legs.extend(hit.legs);
+            }
+            None => fused.push(hit),
+        }
+    }
+    // A stable sort: equal scores keep the order they came in.
+    fused.sort_by(|a, b| b.score.total_cmp(&a.score));
+    fused.truncate(limit);
+    fused
 }
 
 /// A hit's identity, for dropping the relaxed leg's repeats.
@@ -89,9 +133,7 @@ impl Store {
                 }
             }
         }
-        for (i, h) in hits.iter_mut().enumerate() {
-            h.score = 1.0 / (60.0 + (i + 1) as f64);
-        }
+        rank(&mut hits, Leg::Lexical);
         Ok(hits)
     }
 
@@ -107,5 +149,43 @@ impl Store {
 
     async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
         on_backend!(self, b => b.is_common(tenant, term).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(session: &str, seq: u64) -> SearchHit {
+        SearchHit {
+            session: session.to_owned(),
+            level: 0,
+            first_seq: seq,
+            last_seq: seq,
+            segment_id: None,
+            role: None,
+            created_at: Millis(0),
+            text: String::new(),
+            score: 0.0,
+            legs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn fusion_adds_reciprocal_ranks_and_names_both_legs() {
+        let mut lexical = vec![hit("a", 1), hit("a", 2), hit("a", 3)];
+        let mut semantic = vec![hit("a", 3), hit("a", 4)];
+        rank(&mut lexical, Leg::Lexical);
+        rank(&mut semantic, Leg::Semantic);
+        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4);
+        let seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
+        // 3: 1/63 + 1/61 beats 1: 1/61; 2 and 4 tie at 1/62, in the order
+        // the legs came.
+        assert_eq!(seqs, vec![3, 1, 2, 4]);
+        assert!((fused[0].score - (1.0 / 63.0 + 1.0 / 61.0)).abs() < 1e-12);
+        assert_eq!(fused[0].legs, vec![Leg::Lexical, Leg::Semantic]);
+        assert_eq!(fused[3].legs, vec![Leg::Semantic]);
+        // The limit cuts after fusing.
+        assert_eq!(fuse(vec![lexical, semantic], 1).len(), 1);
     }
 }

@@ -4,6 +4,7 @@
 mod backfill;
 mod binary;
 mod context;
+mod embeddings;
 mod entries;
 mod erasure;
 mod errors;

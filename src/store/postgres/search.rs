@@ -92,6 +92,7 @@ impl Postgres {
                     created_at: Millis(r.try_get(6)?),
                     text: r.try_get(7)?,
                     score: 0.0,
+                    legs: Vec::new(),
                 })
             })
             .collect()

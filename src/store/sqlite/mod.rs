@@ -22,6 +22,7 @@
 
 mod checkpoint;
 mod claims;
+mod embeddings;
 mod entries;
 mod index;
 mod kept;

@@ -406,6 +406,71 @@ CREATE TRIGGER summaries_reindexed AFTER UPDATE OF text ON summaries BEGIN
     FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
 END;
 "#,
+    r#"
+-- Embeddings (embeddings.rs). `doc` names an entry or a summary as in
+-- search_index. What is owed a vector has a row in embeddings_owed, made
+-- by the trigger that stores its text, in the same transaction, whether
+-- embeddings are on or not (turning them on later owes the history);
+-- state 0 is owed, 1 parked (a class retrying cannot fix, until the
+-- embedder's configuration changes: `fingerprint`); a batch is claimed by
+-- owner and fencing token, and written only while they still match.
+-- Vectors are unit-length little-endian f32 keyed by doc and generation
+-- (model and dimensions), so the vectors of two generations can stand side
+-- by side while one replaces the other; session_id lets a search read only
+-- its scope's. Erasing the text (the delete triggers, in the erasure's own
+-- transaction) takes its vector and its debt with it.
+CREATE TABLE embeddings_owed (
+    doc INTEGER PRIMARY KEY,
+    session_id INTEGER NOT NULL,
+    state INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL DEFAULT 0,
+    passes INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    failure_class TEXT,
+    last_failure TEXT,
+    failed_at INTEGER,
+    fingerprint TEXT,
+    claim_owner TEXT,
+    claim_token INTEGER,
+    claim_expires_at INTEGER
+);
+CREATE INDEX embeddings_owed_due ON embeddings_owed (state, next_attempt_at);
+CREATE INDEX embeddings_owed_by_session ON embeddings_owed (session_id);
+CREATE TABLE embeddings (
+    doc INTEGER NOT NULL,
+    generation TEXT NOT NULL,
+    session_id INTEGER NOT NULL,
+    vector BLOB NOT NULL,
+    PRIMARY KEY (doc, generation)
+) WITHOUT ROWID;
+CREATE INDEX embeddings_in_scope ON embeddings (generation, session_id);
+CREATE TRIGGER entries_owed AFTER INSERT ON entries BEGIN
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    VALUES ((new.session_id << 32) | new.seq, new.session_id);
+END;
+CREATE TRIGGER entries_unembedded AFTER DELETE ON entries BEGIN
+    DELETE FROM embeddings_owed WHERE doc = (old.session_id << 32) | old.seq;
+    DELETE FROM embeddings WHERE doc = (old.session_id << 32) | old.seq;
+END;
+CREATE TRIGGER summaries_owed AFTER INSERT ON summaries BEGIN
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    SELECT -new.segment_id, g.session_id FROM segments g WHERE g.id = new.segment_id;
+END;
+CREATE TRIGGER summaries_unembedded AFTER DELETE ON summaries BEGIN
+    DELETE FROM embeddings_owed WHERE doc = -old.segment_id;
+    DELETE FROM embeddings WHERE doc = -old.segment_id;
+END;
+CREATE TRIGGER summaries_reembedded AFTER UPDATE OF text ON summaries BEGIN
+    DELETE FROM embeddings WHERE doc = -old.segment_id;
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    SELECT -new.segment_id, g.session_id FROM segments g WHERE g.id = new.segment_id;
+END;
+-- What was stored before this migration is owed too.
+INSERT INTO embeddings_owed (doc, session_id)
+    SELECT (session_id << 32) | seq, session_id FROM entries;
+INSERT INTO embeddings_owed (doc, session_id)
+    SELECT -m.segment_id, g.session_id FROM summaries m JOIN segments g ON g.id = m.segment_id;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -4,6 +4,7 @@
 //! session being erased (its entries still going, in batches) is gone to
 //! search as to every other read.
 
+use rusqlite::types::ToSql;
 use rusqlite::{Connection, params};
 
 use super::Sqlite;
@@ -25,7 +26,7 @@ fn tenant_token(tenant: &Tenant) -> String {
 }
 
 /// Runs `f` with the work bound set, and clears it after.
-fn bounded<T>(
+pub(super) fn bounded<T>(
     conn: &mut Connection,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
@@ -53,26 +54,99 @@ fn bounded<T>(
     })
 }
 
-const LEG: &str = "\
-WITH m AS (SELECT rowid AS doc, bm25(search_index, 1.0, 0.0) AS r \
-           FROM search_index WHERE search_index MATCH ?1) \
-SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
-FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
-JOIN sessions x ON x.id = e.session_id \
-WHERE m.doc > 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
-AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
-AND (?5 IS NULL OR e.created_at > ?5) AND (?6 IS NULL OR e.created_at < ?6) \
-AND (?7 IS NULL OR e.role IN (SELECT value FROM json_each(?7))) \
-AND 0 IN (SELECT value FROM json_each(?8)) \
-UNION ALL \
-SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, m.r \
-FROM m JOIN summaries s ON s.segment_id = -m.doc JOIN segments g ON g.id = s.segment_id \
-JOIN sessions x ON x.id = g.session_id \
-WHERE m.doc < 0 AND x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
-AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
-AND (?5 IS NULL OR s.created_at > ?5) AND (?6 IS NULL OR s.created_at < ?6) \
-AND ?7 IS NULL AND g.level IN (SELECT value FROM json_each(?8)) \
-ORDER BY 9 LIMIT ?9";
+/// The filters of a search over entries (`e`, of session `x`), every one
+/// inside the leg, before its limit: ?2 tenant, ?3 subject, ?4 session
+/// names, ?5 after, ?6 before, ?7 roles, ?8 levels. Shared by both legs.
+macro_rules! entry_filters {
+    () => {
+        "x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
+         AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
+         AND (?5 IS NULL OR e.created_at > ?5) AND (?6 IS NULL OR e.created_at < ?6) \
+         AND (?7 IS NULL OR e.role IN (SELECT value FROM json_each(?7))) \
+         AND 0 IN (SELECT value FROM json_each(?8))"
+    };
+}
+
+/// As `entry_filters`, over summaries (`s`) of nodes (`g`): a role filter
+/// leaves every summary out.
+macro_rules! summary_filters {
+    () => {
+        "x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
+         AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
+         AND (?5 IS NULL OR s.created_at > ?5) AND (?6 IS NULL OR s.created_at < ?6) \
+         AND ?7 IS NULL AND g.level IN (SELECT value FROM json_each(?8))"
+    };
+}
+pub(super) use {entry_filters, summary_filters};
+
+const LEG: &str = concat!(
+    "WITH m AS (SELECT rowid AS doc, bm25(search_index, 1.0, 0.0) AS r \
+     FROM search_index WHERE search_index MATCH ?1) \
+     SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
+     FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
+     JOIN sessions x ON x.id = e.session_id WHERE m.doc > 0 AND ",
+    entry_filters!(),
+    " UNION ALL \
+     SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, m.r \
+     FROM m JOIN summaries s ON s.segment_id = -m.doc JOIN segments g ON g.id = s.segment_id \
+     JOIN sessions x ON x.id = g.session_id WHERE m.doc < 0 AND ",
+    summary_filters!(),
+    " ORDER BY 9 LIMIT ?9"
+);
+
+/// The scope's filters as the statements' values ?2 to ?8.
+pub(super) struct ScopeValues {
+    tenant: String,
+    subject: Option<String>,
+    sessions: Option<String>,
+    after: Option<i64>,
+    before: Option<i64>,
+    roles: Option<String>,
+    levels: String,
+}
+
+impl ScopeValues {
+    pub(super) fn new(tenant: &Tenant, scope: &SearchScope) -> Result<ScopeValues, StoreError> {
+        // Names are JSON-quoted by serde_json, not by hand.
+        let sessions = (!scope.sessions.is_empty())
+            .then(|| {
+                let names: Vec<&str> = scope.sessions.iter().map(|s| s.as_str()).collect();
+                serde_json::to_string(&names)
+            })
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("session names: {e}")))?;
+        Ok(ScopeValues {
+            tenant: tenant.0.clone(),
+            subject: scope.subject.as_ref().map(|s| s.as_str().to_owned()),
+            sessions,
+            after: scope.after.map(|m| m.0),
+            before: scope.before.map(|m| m.0),
+            roles: (!scope.roles.is_empty())
+                .then(|| json_list(scope.roles.iter().map(|r| r.code()))),
+            levels: json_list(scope.levels().into_iter()),
+        })
+    }
+
+    /// ?1, the scope's ?2 to ?8, and any after them.
+    pub(super) fn params<'a>(
+        &'a self,
+        first: &'a dyn ToSql,
+        rest: &[&'a dyn ToSql],
+    ) -> Vec<&'a dyn ToSql> {
+        let mut all: Vec<&dyn ToSql> = vec![
+            first,
+            &self.tenant,
+            &self.subject,
+            &self.sessions,
+            &self.after,
+            &self.before,
+            &self.roles,
+            &self.levels,
+        ];
+        all.extend_from_slice(rest);
+        all
+    }
+}
 
 fn json_list<T: ToString>(items: impl Iterator<Item = T>) -> String {
     let items: Vec<String> = items.map(|i| i.to_string()).collect();
@@ -88,42 +162,25 @@ impl Sqlite {
         limit: u32,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let matching = format!("{} AND ({})", tenant_token(tenant), query.fts5());
-        let tenant = tenant.0.clone();
-        let subject = scope.subject.as_ref().map(|s| s.as_str().to_owned());
-        // Names are JSON-quoted by serde_json, not by hand.
-        let sessions = (!scope.sessions.is_empty())
-            .then(|| {
-                let names: Vec<&str> = scope.sessions.iter().map(|s| s.as_str()).collect();
-                serde_json::to_string(&names)
-            })
-            .transpose()
-            .map_err(|e| StoreError::Corrupt(format!("session names: {e}")))?;
-        let roles =
-            (!scope.roles.is_empty()).then(|| json_list(scope.roles.iter().map(|r| r.code())));
-        let levels = json_list(scope.levels().into_iter());
-        let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
+        let values = ScopeValues::new(tenant, scope)?;
         self.read_mut(move |conn| {
             bounded(conn, |conn| {
                 let mut stmt = conn.prepare_cached(LEG)?;
-                let rows = stmt.query_map(
-                    params![
-                        matching, tenant, subject, sessions, after, before, roles, levels, limit
-                    ],
-                    |r| {
-                        let role: Option<i64> = r.get(5)?;
-                        Ok(SearchHit {
-                            session: r.get(0)?,
-                            level: r.get(1)?,
-                            first_seq: r.get(2)?,
-                            last_seq: r.get(3)?,
-                            segment_id: r.get(4)?,
-                            role: role.and_then(Role::from_code),
-                            created_at: Millis(r.get(6)?),
-                            text: r.get(7)?,
-                            score: 0.0,
-                        })
-                    },
-                )?;
+                let rows = stmt.query_map(values.params(&matching, &[&limit]).as_slice(), |r| {
+                    let role: Option<i64> = r.get(5)?;
+                    Ok(SearchHit {
+                        session: r.get(0)?,
+                        level: r.get(1)?,
+                        first_seq: r.get(2)?,
+                        last_seq: r.get(3)?,
+                        segment_id: r.get(4)?,
+                        role: role.and_then(Role::from_code),
+                        created_at: Millis(r.get(6)?),
+                        text: r.get(7)?,
+                        score: 0.0,
+                        legs: Vec::new(),
+                    })
+                })?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
         })

@@ -417,7 +417,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class Backlog(_message.Message):
-    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending")
+    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending", "embeddings")
     class ParkedByClassEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +432,7 @@ class Backlog(_message.Message):
     OLDEST_PENDING_AGE_FIELD_NUMBER: _ClassVar[int]
     PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERASURES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     open: int
     pending: int
     summarised: int
@@ -439,7 +440,29 @@ class Backlog(_message.Message):
     oldest_pending_age: _duration_pb2.Duration
     parked_by_class: _containers.ScalarMap[str, int]
     erasures_pending: int
-    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ...) -> None: ...
+    embeddings: EmbeddingBacklog
+    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ..., embeddings: _Optional[_Union[EmbeddingBacklog, _Mapping]] = ...) -> None: ...
+
+class EmbeddingBacklog(_message.Message):
+    __slots__ = ("pending", "parked", "parked_by_class", "embedded", "last_failure")
+    class ParkedByClassEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDED_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    pending: int
+    parked: int
+    parked_by_class: _containers.ScalarMap[str, int]
+    embedded: int
+    last_failure: Failure
+    def __init__(self, pending: _Optional[int] = ..., parked: _Optional[int] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., embedded: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -1,0 +1,328 @@
+//! Embedding passes: a batch of owed entries and summaries claimed, sent
+//! to the embedder through the one retry loop (`retry.rs`'s `run_pass`),
+//! and their vectors written under the claim; or the failure recorded on
+//! every item of the batch with what follows it (`schedule.rs`: spacing,
+//! Retry-After as a floor, parking for the classes retrying cannot fix,
+//! sent once). Also the query's embedding for Search: one attempt, within
+//! `retry.attempt_timeout`, on the caller's time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::record::{self, Source, Subject};
+use super::retry::{Logged, PassEnd, run_pass};
+use super::schedule::{after_failure, lease};
+use crate::breaker::{Breaker, Signal};
+use crate::config::{Config, ReconcilerConfig, RetryConfig};
+use crate::failure::{Failure, FailureClass, cause_chain, redact};
+use crate::model::{Disposition, Generation, Millis};
+use crate::provider::ProviderError;
+use crate::provider::embed::Embedder;
+use crate::store::{Batch, EndedBatch, Store, StoreError};
+use crate::text::prefix;
+
+/// The most bytes of one text sent to the embedder: about 2,000 tokens,
+/// within what common embedding models read (a longer text is embedded by
+/// its beginning).
+const MAX_INPUT_BYTES: usize = 8192;
+
+/// The breaker's key for embedding batches: one probe at a time, whichever
+/// batch it is.
+const BREAKER_KEY: u64 = 0;
+
+/// How one embedding step ended.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchOutcome {
+    /// Vectors stored for the batch (those of its items not erased).
+    Embedded,
+    /// The pass gave up; every item of the batch records the failure.
+    Failed(Failure),
+    /// Cancelled (shutdown): the batch is let go, nothing counted.
+    Cancelled,
+    /// Nothing was due.
+    Idle,
+    /// The store failed; nothing was written.
+    StoreFailed,
+}
+
+impl BatchOutcome {
+    fn signal(&self) -> Signal {
+        match self {
+            BatchOutcome::Embedded => Signal::Success,
+            BatchOutcome::Failed(f) => Signal::of_failure(f.class),
+            BatchOutcome::Cancelled | BatchOutcome::Idle | BatchOutcome::StoreFailed => {
+                Signal::Neutral
+            }
+        }
+    }
+}
+
+/// The embedder's passes, with its own breaker.
+pub(crate) struct Embedding {
+    store: Store,
+    embedder: Embedder,
+    breaker: Breaker,
+    retry: RetryConfig,
+    reconciler: ReconcilerConfig,
+    owner: String,
+    cancel: CancellationToken,
+}
+
+impl Embedding {
+    pub(crate) fn new(
+        store: Store,
+        embedder: Embedder,
+        config: &Config,
+        owner: String,
+    ) -> Arc<Embedding> {
+        Arc::new(Embedding {
+            store,
+            embedder,
+            breaker: Breaker::new(
+                config.reconciler.interval,
+                config
+                    .reconciler
+                    .max_spacing
+                    .min(crate::breaker::MAX_PROBE_SPACING),
+                lease(&config.retry),
+            ),
+            retry: config.retry.clone(),
+            reconciler: config.reconciler.clone(),
+            owner,
+            cancel: CancellationToken::new(),
+        })
+    }
+
+    /// The generation this embedder makes.
+    pub(crate) fn generation(&self) -> Generation {
+        self.embedder.generation()
+    }
+
+    pub(crate) fn fingerprint(&self) -> String {
+        self.embedder.fingerprint()
+    }
+
+    pub(crate) fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// May a step start now (the breaker closed, or this is its probe)?
+    pub(crate) fn admit(&self) -> bool {
+        self.breaker.admit(BREAKER_KEY)
+    }
+
+    /// Cancels every running step: its batch is let go, due again.
+    pub(crate) fn cancel_all(&self) {
+        self.cancel.cancel();
+    }
+
+    /// The query's vector for Search: one attempt within
+    /// `retry.attempt_timeout`, on the caller's time (a search does not
+    /// wait through a retry schedule; AUTO falls back to the lexical leg).
+    pub(crate) async fn embed_query(&self, query: &str) -> Result<Vec<f32>, ProviderError> {
+        let expected = self
+            .store
+            .generation_dimensions(&self.generation())
+            .await
+            .ok()
+            .flatten();
+        let text = prefix(query, MAX_INPUT_BYTES);
+        match tokio::time::timeout(
+            self.retry.attempt_timeout,
+            self.embedder.embed(&[text], expected),
+        )
+        .await
+        {
+            Ok(Ok(mut vectors)) => vectors
+                .pop()
+                .ok_or_else(|| no_answer(self.retry.attempt_timeout)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(no_answer(self.retry.attempt_timeout)),
+        }
+    }
+
+    /// One step: claims a batch of owed items, runs its pass, and writes
+    /// its vectors or its failure under the claim. Tells the breaker.
+    pub(crate) async fn step(&self) -> BatchOutcome {
+        let outcome = match self.try_step().await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                warn!(error = %cause_chain(&e).join(": "), "embedding pass could not use the store");
+                BatchOutcome::StoreFailed
+            }
+        };
+        self.breaker.record(BREAKER_KEY, outcome.signal());
+        outcome
+    }
+
+    async fn try_step(&self) -> Result<BatchOutcome, StoreError> {
+        let generation = self.generation();
+        let Some(batch) = self
+            .store
+            .claim_owed(&self.owner, lease(&self.retry), self.embedder.batch())
+            .await?
+        else {
+            return Ok(BatchOutcome::Idle);
+        };
+        let expected = self.store.generation_dimensions(&generation).await?;
+        let texts: Vec<&str> = batch
+            .items
+            .iter()
+            .map(|i| prefix(&i.text, MAX_INPUT_BYTES))
+            .collect();
+        let started = Instant::now();
+        let report = run_pass(&self.retry, &self.cancel, Logged::Yes, |_, _| {
+            self.embedder.embed(&texts, expected)
+        })
+        .await;
+        let subject = Subject::Embedding(batch.items.len());
+        let failure = match report.result {
+            Ok(vectors) => {
+                let docs = batch.items.iter().map(|i| i.doc);
+                match self
+                    .store
+                    .store_vectors(&batch.claim, &generation, docs.zip(vectors).collect())
+                    .await
+                {
+                    Ok(stored) => {
+                        tracing::debug!(stored, attempts = report.attempts, "embedded a batch");
+                        return Ok(BatchOutcome::Embedded);
+                    }
+                    Err(e @ StoreError::Closed) => return Err(e),
+                    Err(e) => record::store_failure(
+                        &self.embedder,
+                        subject,
+                        e,
+                        report.attempts,
+                        started.elapsed(),
+                        &self.retry,
+                    ),
+                }
+            }
+            Err(PassEnd::Cancelled) => {
+                self.end(&batch, Disposition::Release, report.attempts, None)
+                    .await?;
+                return Ok(BatchOutcome::Cancelled);
+            }
+            Err(PassEnd::GaveUp(end)) => record::failure(
+                &self.embedder,
+                subject,
+                end,
+                report.attempts,
+                started.elapsed(),
+                &self.retry,
+            ),
+        };
+        let disposition = after_failure(
+            &failure,
+            batch.passes + 1,
+            &self.reconciler,
+            Millis::now(),
+            &mut rand::thread_rng(),
+        );
+        self.end(&batch, disposition, report.attempts, Some(failure.clone()))
+            .await?;
+        Ok(BatchOutcome::Failed(failure))
+    }
+
+    async fn end(
+        &self,
+        batch: &Batch,
+        disposition: Disposition,
+        attempts: u32,
+        failure: Option<Failure>,
+    ) -> Result<u64, StoreError> {
+        self.store
+            .end_batch(
+                &batch.claim,
+                EndedBatch {
+                    disposition,
+                    attempts,
+                    failure,
+                    fingerprint: self.fingerprint(),
+                },
+            )
+            .await
+    }
+}
+
+/// A query's embedding that did not come back in time.
+fn no_answer(timeout: Duration) -> ProviderError {
+    ProviderError {
+        provider: crate::provider::embed::NAME,
+        class: FailureClass::Timeout,
+        http_status: None,
+        retry_after: None,
+        symptom: None,
+        detail: format!("no embedding of the query within {timeout:?} (retry.attempt_timeout)"),
+        source: format!("no embedding of the query within {timeout:?}").into(),
+    }
+}
+
+impl Source for Embedder {
+    fn name(&self) -> &'static str {
+        crate::provider::embed::NAME
+    }
+
+    fn model(&self) -> &str {
+        Embedder::model(self)
+    }
+
+    fn redact(&self, text: &str) -> String {
+        redact(text, &self.secrets())
+    }
+
+    /// Decided on the class alone: the embedder's answers carry no
+    /// symptom the hint would change for.
+    fn hint(
+        &self,
+        class: FailureClass,
+        _last: Option<&ProviderError>,
+        _retry: &RetryConfig,
+    ) -> String {
+        let base_url = self.base_url();
+        let later = "the server tries again by itself, with growing spacing";
+        match class {
+            FailureClass::Unauthorized => format!(
+                "the embedder refused the key (or none was sent): check that {} (named by \
+                 embedding.api_key_env) holds a valid key for {base_url}; parked items are \
+                 embedded once the server runs with another key",
+                self.key_env()
+            ),
+            FailureClass::UnknownModel => format!(
+                "{} does not serve the model {:?} (or is not an embeddings endpoint): check \
+                 embedding.model and embedding.base_url (archivist appends /embeddings); parked \
+                 items are embedded once the configuration changes",
+                self.endpoint(),
+                self.model()
+            ),
+            FailureClass::InvalidRequest => "the embedder refused the request as invalid: the \
+                 cause says why (embedding.dimensions is not taken by every model); parked items \
+                 are embedded once the configuration changes"
+                .to_owned(),
+            FailureClass::MalformedResponse => format!(
+                "the answer was not a usable list of embeddings (the cause says why: a count, an \
+                 index, a length or a number); check that {base_url} is an OpenAI-compatible \
+                 embeddings API and embedding.dimensions; {later}"
+            ),
+            FailureClass::QuotaExhausted => "the account behind the embedder's key is out of \
+                 quota; the batch is tried again after reconciler.quota_delay"
+                .to_owned(),
+            FailureClass::Store => {
+                format!("the vectors came back but the database refused to store them; {later}")
+            }
+            FailureClass::RateLimited
+            | FailureClass::Transport
+            | FailureClass::Timeout
+            | FailureClass::Unavailable
+            | FailureClass::BudgetExhausted => format!(
+                "the embedder at {base_url} did not answer usably ({}); {later}",
+                class.as_str()
+            ),
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! Embeddings through the real server and a fake embedder (a real local
+//! HTTP server, wiremock) whose vectors come from a small dictionary of
+//! concepts, so that a paraphrase lands near what it paraphrases: every
+//! item embedded once, failures parked or retried as their class says,
+//! refused answers never stored, SEMANTIC finding what LEXICAL cannot, and
+//! erasure taking the vectors out of every file.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use archivist::config::{Config, EmbeddingKind};
+use archivist::pb;
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+use crate::harness::{TestServer, eventually};
+
+/// Words and the concept each stands for; a text's vector counts its
+/// concepts, plus a small constant so that no vector is zero.
+const CONCEPTS: &[(&str, usize)] = &[
+    ("sister", 0),
+    ("sibling", 0),
+    ("female", 0),
+    ("name", 1),
+    ("called", 1),
+    ("named", 1),
+    ("car", 2),
+    ("vehicle", 2),
+    ("drive", 2),
+    ("weather", 3),
+    ("rain", 3),
+];
+const DIMS: usize = 6;
+
+fn concept_vector(text: &str) -> Vec<f64> {
+    let mut v = vec![0.0; DIMS];
+    v[DIMS - 1] = 0.1;
+    for word in text
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let word = word.trim_end_matches('s');
+        for (w, c) in CONCEPTS {
+            if w.trim_end_matches('s') == word {
+                v[*c] += 1.0;
+            }
+        }
+    }
+    v
+}
+
+/// The unit f32 vector archivist stores for `text`, as its bytes.
+fn stored_bytes(text: &str) -> Vec<u8> {
+    let v = concept_vector(text);
+    let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    v.iter()
+        .flat_map(|x| ((x / norm) as f32).to_le_bytes())
+        .collect()
+}
+
+/// A fake embedder: answers with `status` (200: the concept vectors, of
+/// `dims` numbers each) and counts requests and inputs.
+#[derive(Clone)]
+struct Embedder {
+    answers: Arc<Mutex<Vec<ResponseTemplate>>>,
+    dims: usize,
+    requests: Arc<AtomicUsize>,
+    /// When each request came.
+    times: Arc<Mutex<Vec<Instant>>>,
+    inputs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Embedder {
+    fn new(dims: usize) -> Embedder {
+        Embedder {
+            answers: Arc::default(),
+            dims,
+            requests: Arc::default(),
+            times: Arc::default(),
+            inputs: Arc::default(),
+        }
+    }
+
+    /// Answers these first, in order, then vectors.
+    fn first(self, answers: Vec<ResponseTemplate>) -> Embedder {
+        *self.answers.lock().expect("lock") = answers;
+        self
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    fn inputs(&self) -> Vec<String> {
+        self.inputs.lock().expect("lock").clone()
+    }
+
+    async fn mount(&self) -> MockServer {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/embeddings"))
+            .respond_with(self.clone())
+            .mount(&server)
+            .await;
+        server
+    }
+}
+
+impl Respond for Embedder {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        self.times.lock().expect("lock").push(Instant::now());
+        let scripted = {
+            let mut answers = self.answers.lock().expect("lock");
+            (!answers.is_empty()).then(|| answers.remove(0))
+        };
+        if let Some(answer) = scripted {
+            return answer;
+        }
+        let body: Value = serde_json::from_slice(&request.body).expect("json body");
+        let inputs: Vec<String> = body["input"]
+            .as_array()
+            .expect("input list")
+            .iter()
+            .map(|i| i.as_str().expect("text").to_owned())
+            .collect();
+        let data: Vec<Value> = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, text)| {
+                let mut v = concept_vector(text);
+                v.resize(self.dims, 0.0);
+                json!({"object": "embedding", "index": index, "embedding": v})
+            })
+            .collect();
+        self.inputs.lock().expect("lock").extend(inputs);
+        ResponseTemplate::new(200).set_body_json(json!({"object": "list", "data": data}))
+    }
+}
+
+fn embedding(config: &mut Config, server: &MockServer, batch: u32) {
+    config.embedding.kind = EmbeddingKind::Openai;
+    config.embedding.base_url = format!("{}/v1", server.uri());
+    config.embedding.model = "concepts".into();
+    config.embedding.batch = batch;
+    config.retry.initial_backoff = Duration::from_millis(10);
+    config.retry.max_backoff = Duration::from_millis(50);
+    config.reconciler.interval = Duration::from_millis(100);
+}
+
+async fn backlog(server: &TestServer) -> pb::EmbeddingBacklog {
+    server
+        .client
+        .clone()
+        .get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect("backlog")
+        .into_inner()
+        .embeddings
+        .expect("embedding backlog")
+}
+
+async fn drained(server: &TestServer, embedded: u64) -> bool {
+    eventually(Duration::from_secs(20), || async {
+        let b = backlog(server).await;
+        b.pending == 0 && b.embedded == embedded
+    })
+    .await
+}
+
+fn search(query: &str, mode: pb::SearchMode) -> pb::SearchRequest {
+    pb::SearchRequest {
+        query: query.to_owned(),
+        mode: mode as i32,
+        ..Default::default()
+    }
+}
+
+async fn found(server: &TestServer, req: pb::SearchRequest) -> pb::SearchResponse {
+    server
+        .client
+        .clone()
+        .search(req)
+        .await
+        .expect("search")
+        .into_inner()
+}
+
+fn bytes_in_any_file(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        if bytes.windows(needle.len()).any(|w| w == needle) {
+            found.push(path.display().to_string());
+        }
+    }
+    found
+}
+
+const SISTER: &str = "My sister's name is Ingrid";
+const CAR: &str = "I drive a red car to work";
+const RAIN: &str = "It looks like rain today";
+
+#[tokio::test]
+async fn every_item_is_embedded_once_and_a_paraphrase_is_found_by_meaning_until_erased() {
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| embedding(c, &mock, 2)).await;
+    server
+        .append("s", &[SISTER, CAR, RAIN, "ok", "thanks"])
+        .await;
+    assert!(drained(&server, 5).await, "{:?}", backlog(&server).await);
+    // Each text once, in batches of at most two.
+    let mut inputs = fake.inputs();
+    inputs.sort();
+    let mut expected = vec![SISTER, CAR, RAIN, "ok", "thanks"];
+    expected.sort();
+    assert_eq!(inputs, expected);
+    assert_eq!(fake.requests(), 3);
+
+    let question = "female sibling called";
+    let lexical = found(&server, search(question, pb::SearchMode::Lexical)).await;
+    assert!(
+        lexical.hits.iter().all(|h| h.text != SISTER),
+        "{:?}",
+        lexical.hits
+    );
+    let semantic = found(&server, search(question, pb::SearchMode::Semantic)).await;
+    assert_eq!(semantic.legs, vec![pb::SearchLeg::Semantic as i32]);
+    assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    assert_eq!(semantic.embedded_share, 1.0);
+    let auto = found(&server, search(question, pb::SearchMode::Auto)).await;
+    assert_eq!(
+        auto.legs,
+        vec![
+            pb::SearchLeg::Lexical as i32,
+            pb::SearchLeg::Semantic as i32
+        ]
+    );
+    assert_eq!(auto.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    // A filter applies inside the leg: another session's scope finds nothing.
+    let mut elsewhere = search(question, pb::SearchMode::Semantic);
+    elsewhere.session_ids = vec!["other".into()];
+    assert!(found(&server, elsewhere).await.hits.is_empty());
+    // The query was embedded through the same endpoint, once per search.
+    assert_eq!(fake.requests(), 3 + 3);
+
+    server
+        .client
+        .clone()
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("delete");
+    let after = found(&server, search(question, pb::SearchMode::Semantic)).await;
+    assert!(after.hits.is_empty(), "{:?}", after.hits);
+    assert_eq!(backlog(&server).await.embedded, 0);
+    let needle = stored_bytes(SISTER);
+    assert!(
+        bytes_in_any_file(server.data_dir(), &needle).is_empty(),
+        "the erased vector is still in a file"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_key_is_sent_once_parks_and_a_new_configuration_unparks_it() {
+    let fake = Embedder::new(DIMS)
+        .first(vec![ResponseTemplate::new(401).set_body_json(
+            json!({"error": {"message": "bad key", "code": "invalid_api_key"}}),
+        )]);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| embedding(c, &mock, 8)).await;
+    server.append("s", &[SISTER, CAR]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            backlog(&server).await.parked == 2
+        })
+        .await
+    );
+    let b = backlog(&server).await;
+    assert_eq!(b.parked_by_class.get("unauthorized"), Some(&2));
+    let failure = b.last_failure.expect("the last failure");
+    assert_eq!(failure.http_status, Some(401));
+    // Parked: no second request, however many ticks go by.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(fake.requests(), 1);
+    let dir = server.stop().await;
+
+    // The same embedder under another name is another configuration.
+    let mut config = Config::default();
+    embedding(&mut config, &mock, 8);
+    config.embedding.base_url = config.embedding.base_url.replace("127.0.0.1", "localhost");
+    let server = TestServer::start_in(dir, config, None).await;
+    assert!(drained(&server, 2).await, "{:?}", backlog(&server).await);
+    assert_eq!(backlog(&server).await.parked, 0);
+    assert_eq!(fake.requests(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_outage_is_drained_after_recovery_and_a_retry_after_is_honoured() {
+    let fake = Embedder::new(DIMS).first(vec![
+        ResponseTemplate::new(503),
+        ResponseTemplate::new(503),
+        ResponseTemplate::new(429).insert_header("retry-after", "1"),
+    ]);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| {
+        embedding(c, &mock, 8);
+        c.retry.max_attempts = 2;
+    })
+    .await;
+    server.append("s", &[SISTER, CAR, RAIN]).await;
+    assert!(drained(&server, 3).await, "{:?}", backlog(&server).await);
+    // Two 503s (one pass), the 429, and the success: nothing more.
+    assert_eq!(fake.requests(), 4);
+    assert_eq!(fake.inputs().len(), 3);
+    // Never sooner than the Retry-After asked.
+    let times = fake.times.lock().expect("lock").clone();
+    assert!(
+        times[3] - times[2] >= Duration::from_secs(1),
+        "{:?}",
+        times[3] - times[2]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_answer_of_the_wrong_dimension_is_refused_and_nothing_is_stored() {
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| {
+        embedding(c, &mock, 8);
+        c.embedding.dimensions = 16;
+        c.retry.max_attempts = 1;
+    })
+    .await;
+    server.append("s", &[SISTER]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            backlog(&server).await.last_failure.is_some()
+        })
+        .await
+    );
+    let b = backlog(&server).await;
+    assert_eq!((b.embedded, b.pending, b.parked), (0, 1, 0));
+    let failure = b.last_failure.expect("failure");
+    assert!(
+        failure.causes.iter().any(|c| c.contains("16 are due")),
+        "{:?}",
+        failure.causes
+    );
+    assert!(matches!(
+        failure.kind,
+        Some(pb::failure::Kind::MalformedResponse(_))
+    ));
+    // The query's embedding is refused the same way: SEMANTIC fails with
+    // the class's code, AUTO answers by words and says so.
+    let status = server
+        .client
+        .clone()
+        .search(search("sister", pb::SearchMode::Semantic))
+        .await
+        .expect_err("the query's vector is of the wrong dimension");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert_eq!(crate::harness::reason(&status), "QUERY_EMBEDDING_FAILED");
+    let auto = found(&server, search("sister", pb::SearchMode::Auto)).await;
+    assert_eq!(auto.legs, vec![pb::SearchLeg::Lexical as i32]);
+    assert_eq!(auto.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    server.stop().await;
+}
+
+/// Runs `archivist backfill --embeddings --json` on `data_dir` against the
+/// embedder at `base`; returns the exit code and the report.
+async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
+    command
+        .args(["backfill", "--embeddings", "--json", "--data-dir"])
+        .arg(data_dir)
+        .env("ARCHIVIST_EMBEDDING_KIND", "openai")
+        .env("ARCHIVIST_EMBEDDING_BASE_URL", format!("{base}/v1"))
+        .env("ARCHIVIST_EMBEDDING_MODEL", "concepts")
+        .env("ARCHIVIST_EMBEDDING_BATCH", "2")
+        .env("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms");
+    let out = tokio::task::spawn_blocking(move || command.output().expect("run backfill"))
+        .await
+        .expect("joined");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().expect("exit code"), report)
+}
+
+#[tokio::test]
+async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
+    let server = TestServer::start().await;
+    server.append("s", &[SISTER, CAR, RAIN]).await;
+    let dir = server.stop().await;
+
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["owed"], 3, "{report}");
+    assert_eq!(report["embedded"], 3, "{report}");
+    assert_eq!(report["pending"], 0, "{report}");
+    assert_eq!(fake.inputs().len(), 3);
+    assert_eq!(fake.requests(), 2);
+
+    // Nothing is owed now: a second run sends nothing.
+    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    assert_eq!((code, report["owed"].clone()), (0, json!(0)));
+    assert_eq!(fake.requests(), 2);
+
+    // The server, embeddings on, finds by meaning what the backfill embedded.
+    let mut config = Config::default();
+    embedding(&mut config, &mock, 2);
+    let server = TestServer::start_in(dir, config, None).await;
+    let semantic = found(
+        &server,
+        search("female sibling called", pb::SearchMode::Semantic),
+    )
+    .await;
+    assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    server.stop().await;
+}
