@@ -9,9 +9,9 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Sqlite;
-use super::search::{ScopeValues, bounded, entry_filters, summary_filters};
+use super::search::{ScopeValues, bounded, entry_filters, row, summary_filters};
 use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Role, Tenant};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
 use crate::store::embeddings::{
     Batch, BatchClaim, EndedBatch, Owed, SemanticLeg, cosine, from_bytes, to_bytes,
 };
@@ -69,22 +69,6 @@ fn hit(conn: &Connection, doc: i64) -> Result<Option<SearchHit>, StoreError> {
         .optional()?
     };
     Ok(found)
-}
-
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
-    let role: Option<i64> = r.get(5)?;
-    Ok(SearchHit {
-        session: r.get(0)?,
-        level: r.get(1)?,
-        first_seq: r.get(2)?,
-        last_seq: r.get(3)?,
-        segment_id: r.get(4)?,
-        role: role.and_then(Role::from_code),
-        created_at: Millis(r.get(6)?),
-        text: r.get(7)?,
-        score: 0.0,
-        legs: Vec::new(),
-    })
 }
 
 impl Sqlite {

@@ -153,6 +153,24 @@ fn json_list<T: ToString>(items: impl Iterator<Item = T>) -> String {
     format!("[{}]", items.join(","))
 }
 
+/// A hit as the legs' statements select it (session name, level, seq
+/// range, segment, role, time, text).
+pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
+    let role: Option<i64> = r.get(5)?;
+    Ok(SearchHit {
+        session: r.get(0)?,
+        level: r.get(1)?,
+        first_seq: r.get(2)?,
+        last_seq: r.get(3)?,
+        segment_id: r.get(4)?,
+        role: role.and_then(Role::from_code),
+        created_at: Millis(r.get(6)?),
+        text: r.get(7)?,
+        score: 0.0,
+        legs: Vec::new(),
+    })
+}
+
 impl Sqlite {
     pub(crate) async fn search(
         &self,
@@ -166,21 +184,7 @@ impl Sqlite {
         self.read_mut(move |conn| {
             bounded(conn, |conn| {
                 let mut stmt = conn.prepare_cached(LEG)?;
-                let rows = stmt.query_map(values.params(&matching, &[&limit]).as_slice(), |r| {
-                    let role: Option<i64> = r.get(5)?;
-                    Ok(SearchHit {
-                        session: r.get(0)?,
-                        level: r.get(1)?,
-                        first_seq: r.get(2)?,
-                        last_seq: r.get(3)?,
-                        segment_id: r.get(4)?,
-                        role: role.and_then(Role::from_code),
-                        created_at: Millis(r.get(6)?),
-                        text: r.get(7)?,
-                        score: 0.0,
-                        legs: Vec::new(),
-                    })
-                })?;
+                let rows = stmt.query_map(values.params(&matching, &[&limit]).as_slice(), row)?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
         })
