@@ -17,14 +17,14 @@ struct Backlog {
 }
 
 async fn backlog(client: &super::Conn, lock: bool) -> Result<Backlog, StoreError> {
-    let sql = if lock {
-        "SELECT language::TEXT, entries_after_session, entries_after_seq, entries_until_session, \
-         entries_until_seq, summaries_after, summaries_until FROM search_state WHERE id = 1 FOR UPDATE"
-    } else {
-        "SELECT language::TEXT, entries_after_session, entries_after_seq, entries_until_session, \
-         entries_until_seq, summaries_after, summaries_until FROM search_state WHERE id = 1"
+    const READ: &str = "SELECT language::TEXT, entries_after_session, entries_after_seq, \
+        entries_until_session, entries_until_seq, summaries_after, summaries_until \
+        FROM search_state WHERE id = 1";
+    let sql = match lock {
+        true => format!("{READ} FOR UPDATE"),
+        false => READ.to_owned(),
     };
-    let row = client.query_one(sql, &[]).await?;
+    let row = client.query_one(&sql, &[]).await?;
     let get = |i: usize| row.try_get::<_, Option<i64>>(i);
     let entries = match (get(1)?, get(2)?, get(3)?, get(4)?) {
         (Some(s0), Some(q0), Some(s1), Some(q1)) => Some(((s0, q0), (s1, q1))),

@@ -120,10 +120,10 @@ impl Sqlite {
     pub(crate) async fn index_some(&self, batch: u32) -> Result<Indexed, StoreError> {
         self.write(move |conn| {
             let owed = backlog(conn)?;
-            let last_part = owed.summaries.is_none();
-            let (part, (after, until)) = match (owed.entries, owed.summaries) {
-                (Some(range), _) => (&ENTRIES, range),
-                (None, Some(range)) => (&SUMMARIES, range),
+            // Entries first; summaries once no entry is owed.
+            let (part, (after, until), then_owed) = match (owed.entries, owed.summaries) {
+                (Some(range), summaries) => (&ENTRIES, range, summaries.is_some()),
+                (None, Some(range)) => (&SUMMARIES, range, false),
                 (None, None) => {
                     return Ok(Indexed {
                         texts: 0,
@@ -164,7 +164,7 @@ impl Sqlite {
             };
             Ok(Indexed {
                 texts,
-                done: !more && (part.is_last || last_part),
+                done: !more && !then_owed,
             })
         })
         .await
@@ -180,8 +180,6 @@ struct Part {
     advance: &'static str,
     /// Nothing of this kind is owed.
     clear: &'static str,
-    /// The kind walked last.
-    is_last: bool,
 }
 
 /// Entries by document (their primary key's order: seq < 2^32).
@@ -193,7 +191,6 @@ const ENTRIES: Part = Part {
            ORDER BY e.session_id, e.seq LIMIT ?3",
     advance: "UPDATE search_state SET entries_after = ?1 WHERE id = 1",
     clear: "UPDATE search_state SET entries_after = NULL, entries_until = NULL WHERE id = 1",
-    is_last: false,
 };
 
 /// Summaries by segment id (their document is minus it).
@@ -203,5 +200,4 @@ const SUMMARIES: Part = Part {
            WHERE m.segment_id > ?1 AND m.segment_id <= ?2 ORDER BY m.segment_id LIMIT ?3",
     advance: "UPDATE search_state SET summaries_after = ?1 WHERE id = 1",
     clear: "UPDATE search_state SET summaries_after = NULL, summaries_until = NULL WHERE id = 1",
-    is_last: true,
 };
