@@ -450,11 +450,6 @@ async fn hear(
         if hub.relay.as_ref().is_some_and(|r| r.origin == note.origin) {
             continue;
         }
-        // Another replica closed a segment: this one's reconciler scans
-        // now rather than at its next tick, so every replica drains.
-        if kind == EventKind::Closed {
-            wake.notify_one();
-        }
         hub.tell_here(
             &store,
             &Tenant(note.tenant),
@@ -464,6 +459,13 @@ async fn hear(
             Millis(note.at),
         )
         .await;
+        // Another replica closed a segment: this one's reconciler scans
+        // now rather than at its next tick, so every replica drains. Only
+        // once the watchers here are told: woken first, this replica's pass
+        // could tell SUMMARISED before they hear of the CLOSED.
+        if kind == EventKind::Closed {
+            wake.notify_one();
+        }
     }
 }
 
