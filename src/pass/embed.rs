@@ -175,7 +175,7 @@ impl Embedding {
             .map(|i| prefix(&i.text, MAX_INPUT_BYTES))
             .collect();
         let started = Instant::now();
-        let report = run_pass(&self.retry, &self.cancel, Logged::Yes, |_, _| {
+        let report = run_pass(&self.retry, &self.cancel, Logged::Embedding, |_, _| {
             self.embedder.embed(&texts, expected)
         })
         .await;

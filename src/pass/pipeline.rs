@@ -417,7 +417,7 @@ impl Summariser {
     ) -> Result<Recap, PassEnd<ProviderError>> {
         let retry = &self.config.retry;
         let max_output = self.config.max_output_tokens;
-        self.send_pass(input, tally, cancel, retry, max_output, Logged::Yes)
+        self.send_pass(input, tally, cancel, retry, max_output, Logged::Recap)
             .await
     }
 

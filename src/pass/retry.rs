@@ -120,13 +120,26 @@ impl Schedule {
     }
 }
 
-/// Whether a pass logs its retries and its giving up: a recap's does; a
-/// probe of the provider, which reports its own result in one line, does
-/// not.
+/// Whether a pass logs its retries and its giving up, and as what: a
+/// recap's and an embedding batch's do, each named so an operator reading
+/// the log knows which provider call is failing; a probe of the provider,
+/// which reports its own result in one line, does not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Logged {
-    Yes,
+    Recap,
+    Embedding,
     No,
+}
+
+impl Logged {
+    /// The pass's name in its log lines; None when it writes none.
+    fn name(self) -> Option<&'static str> {
+        match self {
+            Logged::Recap => Some("recap"),
+            Logged::Embedding => Some("embedding"),
+            Logged::No => None,
+        }
+    }
 }
 
 /// Runs `attempt` under the pass rules of `config`. `attempt` gets the
@@ -168,28 +181,23 @@ where
             Err(_) => {
                 let end = GaveUp::TimedOut { timeout };
                 if attempts >= config.max_attempts || Instant::now() >= deadline {
-                    if logged == Logged::Yes {
-                        warn_exhausted(&end, attempts, start.elapsed());
-                    }
+                    warn_exhausted(logged, &end, attempts, start.elapsed());
                     return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
                 let wait = schedule.next_wait();
                 if !fits(wait, deadline) {
                     let end = GaveUp::Ceiling { last: None };
-                    if logged == Logged::Yes {
-                        warn_exhausted(&end, attempts, start.elapsed());
-                    }
+                    warn_exhausted(logged, &end, attempts, start.elapsed());
                     return report(Err(PassEnd::GaveUp(end)), attempts);
                 }
-                if logged == Logged::Yes {
-                    warn_retry::<E>(
-                        attempts,
-                        config.max_attempts,
-                        FailureClass::Timeout,
-                        wait,
-                        None,
-                    );
-                }
+                warn_retry::<E>(
+                    logged,
+                    attempts,
+                    config.max_attempts,
+                    FailureClass::Timeout,
+                    wait,
+                    None,
+                );
                 if sleep_or_cancel(wait, cancel).await.is_err() {
                     return report(Err(PassEnd::Cancelled), attempts);
                 }
@@ -199,9 +207,7 @@ where
         let class = error.class();
         if !class.retry_within_pass() || attempts >= config.max_attempts {
             let end = GaveUp::Error(error);
-            if logged == Logged::Yes {
-                warn_exhausted(&end, attempts, start.elapsed());
-            }
+            warn_exhausted(logged, &end, attempts, start.elapsed());
             return report(Err(PassEnd::GaveUp(end)), attempts);
         }
         let backoff = schedule.next_wait();
@@ -210,9 +216,7 @@ where
             // reconciler schedules the segment no sooner than it asks.
             Some(asked) if asked > config.max_blind_wait => {
                 let end = GaveUp::Error(error);
-                if logged == Logged::Yes {
-                    warn_exhausted(&end, attempts, start.elapsed());
-                }
+                warn_exhausted(logged, &end, attempts, start.elapsed());
                 return report(Err(PassEnd::GaveUp(end)), attempts);
             }
             Some(asked) => asked.max(backoff),
@@ -226,14 +230,17 @@ where
             } else {
                 GaveUp::Ceiling { last: Some(error) }
             };
-            if logged == Logged::Yes {
-                warn_exhausted(&end, attempts, start.elapsed());
-            }
+            warn_exhausted(logged, &end, attempts, start.elapsed());
             return report(Err(PassEnd::GaveUp(end)), attempts);
         }
-        if logged == Logged::Yes {
-            warn_retry(attempts, config.max_attempts, class, wait, Some(&error));
-        }
+        warn_retry(
+            logged,
+            attempts,
+            config.max_attempts,
+            class,
+            wait,
+            Some(&error),
+        );
         if sleep_or_cancel(wait, cancel).await.is_err() {
             return report(Err(PassEnd::Cancelled), attempts);
         }
@@ -258,13 +265,18 @@ async fn sleep_or_cancel(wait: Duration, cancel: &CancellationToken) -> Result<(
 }
 
 fn warn_retry<E: Classified>(
+    logged: Logged,
     attempt: u32,
     max: u32,
     class: FailureClass,
     delay: Duration,
     error: Option<&E>,
 ) {
+    let Some(pass) = logged.name() else {
+        return;
+    };
     warn!(
+        pass,
         attempt,
         max_attempts = max,
         class = class.as_str(),
@@ -272,17 +284,26 @@ fn warn_retry<E: Classified>(
         error = error
             .map(Classified::detail)
             .unwrap_or_else(|| "no answer in time".to_owned()),
-        "recap attempt failed; retrying"
+        "{pass} attempt failed; retrying"
     );
 }
 
-fn warn_exhausted<E: Classified>(end: &GaveUp<E>, attempts: u32, elapsed: Duration) {
+fn warn_exhausted<E: Classified>(
+    logged: Logged,
+    end: &GaveUp<E>,
+    attempts: u32,
+    elapsed: Duration,
+) {
+    let Some(pass) = logged.name() else {
+        return;
+    };
     warn!(
+        pass,
         attempts,
         class = end.class().as_str(),
         elapsed_ms = elapsed.as_millis() as u64,
         error = end.last_error().map(Classified::detail).unwrap_or_default(),
-        "recap pass gave up"
+        "{pass} pass gave up"
     );
 }
 
@@ -364,7 +385,7 @@ mod tests {
     async fn retryable_failures_get_exactly_max_attempts() {
         let calls = Arc::new(AtomicU32::new(0));
         let c = config();
-        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Recap, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -382,17 +403,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn success_after_failures_stops_retrying() {
         let calls = Arc::new(AtomicU32::new(0));
-        let report = run_pass(&config(), &CancellationToken::new(), Logged::Yes, |n, _| {
-            let calls = calls.clone();
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                if n < 3 {
-                    Err(fail(FailureClass::Transport))
-                } else {
-                    Ok(n)
+        let report = run_pass(
+            &config(),
+            &CancellationToken::new(),
+            Logged::Recap,
+            |n, _| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if n < 3 {
+                        Err(fail(FailureClass::Transport))
+                    } else {
+                        Ok(n)
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
         assert_eq!(report.result.ok(), Some(3));
         assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -407,13 +433,18 @@ mod tests {
             FailureClass::QuotaExhausted,
         ] {
             let calls = Arc::new(AtomicU32::new(0));
-            let report = run_pass(&config(), &CancellationToken::new(), Logged::Yes, |_, _| {
-                let calls = calls.clone();
-                async move {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    Err::<(), _>(fail(class))
-                }
-            })
+            let report = run_pass(
+                &config(),
+                &CancellationToken::new(),
+                Logged::Recap,
+                |_, _| {
+                    let calls = calls.clone();
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        Err::<(), _>(fail(class))
+                    }
+                },
+            )
             .await;
             assert_eq!(calls.load(Ordering::SeqCst), 1, "{class:?}");
             assert_eq!(class_of(report.result), class);
@@ -424,7 +455,7 @@ mod tests {
     async fn retry_after_is_honoured_and_a_long_one_ends_the_pass() {
         let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let c = config();
-        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |n, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Recap, |n, _| {
             let times = times.clone();
             async move {
                 times.lock().expect("lock").push(Instant::now());
@@ -445,7 +476,7 @@ mod tests {
 
         let calls = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
-        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Recap, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -469,7 +500,7 @@ mod tests {
         };
         let calls = Arc::new(AtomicU32::new(0));
         let start = Instant::now();
-        let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| {
+        let report = run_pass(&c, &CancellationToken::new(), Logged::Recap, |_, _| {
             let calls = calls.clone();
             async move {
                 calls.fetch_add(1, Ordering::SeqCst);
@@ -498,7 +529,7 @@ mod tests {
                 ..config()
             };
             let start = Instant::now();
-            let report = run_pass(&c, &CancellationToken::new(), Logged::Yes, |_, _| async {
+            let report = run_pass(&c, &CancellationToken::new(), Logged::Recap, |_, _| async {
                 std::future::pending::<Result<(), Fake>>().await
             })
             .await;
@@ -519,7 +550,7 @@ mod tests {
         let trigger = cancel.clone();
         let start = Instant::now();
         let handle = tokio::spawn(async move {
-            run_pass(&c, &cancel, Logged::Yes, |_, _| async {
+            run_pass(&c, &cancel, Logged::Recap, |_, _| async {
                 std::future::pending::<Result<(), Fake>>().await
             })
             .await
@@ -652,6 +683,23 @@ mod tests {
             .with_ansi(false)
             .finish();
         let _guard = tracing::subscriber::set_default(subscriber);
+        // tracing caches each callsite's interest process-wide, computed by
+        // whichever thread first reaches it: a sibling test without a
+        // subscriber can cache "never" and blind this capture. Reached here
+        // first, then rebuilt against the dispatchers alive now (this one
+        // among them), the two warnings stay enabled for this test.
+        let warm = GaveUp::<Fake>::Ceiling { last: None };
+        warn_exhausted(Logged::Recap, &warm, 0, Duration::ZERO);
+        warn_retry::<Fake>(
+            Logged::Recap,
+            0,
+            0,
+            FailureClass::Timeout,
+            Duration::ZERO,
+            None,
+        );
+        tracing::callsite::rebuild_interest_cache();
+        capture.0.lock().expect("lock").clear();
         run_pass(c, &CancellationToken::new(), logged, |n, _| {
             let error = answer(n);
             async move {
@@ -684,13 +732,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_logged_pass_warns_of_each_retry_and_of_giving_up_and_a_quiet_one_does_not() {
         for timeout_first in [false, true] {
-            let loud = log_of(Logged::Yes, timeout_first).await;
+            let loud = log_of(Logged::Recap, timeout_first).await;
             assert_eq!(
                 loud.matches("retrying").count(),
                 2,
                 "{timeout_first}: {loud}"
             );
             assert_eq!(loud.matches("gave up").count(), 1, "{loud}");
+            assert!(loud.contains("recap attempt failed"), "{loud}");
+            let embedding = log_of(Logged::Embedding, timeout_first).await;
+            assert_eq!(
+                embedding
+                    .matches("embedding attempt failed; retrying")
+                    .count(),
+                2,
+                "{embedding}"
+            );
+            assert!(embedding.contains("embedding pass gave up"), "{embedding}");
+            assert!(!embedding.contains("recap"), "{embedding}");
             let quiet = log_of(Logged::No, timeout_first).await;
             assert!(quiet.is_empty(), "{quiet}");
         }
@@ -777,7 +836,7 @@ mod tests {
             ),
         ];
         for (name, c, answer, class, error) in cases {
-            let loud = log_of_pass(&c, Logged::Yes, &answer).await;
+            let loud = log_of_pass(&c, Logged::Recap, &answer).await;
             let gave_up: Vec<&str> = loud.lines().filter(|l| l.contains("gave up")).collect();
             assert_eq!(gave_up.len(), 1, "{name}: {loud}");
             let line = gave_up[0];
