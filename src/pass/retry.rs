@@ -124,7 +124,7 @@ impl Schedule {
 /// recap's and an embedding batch's do, each named so an operator reading
 /// the log knows which provider call is failing; a probe of the provider,
 /// which reports its own result in one line, does not.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) enum Logged {
     Recap,
     Embedding,
