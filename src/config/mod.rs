@@ -287,6 +287,13 @@ impl SearchLanguage {
             SearchLanguage::English => "english",
         }
     }
+
+    /// The language of that name, as `name` gives it.
+    pub(crate) fn from_name(name: &str) -> Option<SearchLanguage> {
+        [SearchLanguage::Simple, SearchLanguage::English]
+            .into_iter()
+            .find(|l| l.name() == name)
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

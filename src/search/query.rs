@@ -186,6 +186,25 @@ impl Query {
         })
     }
 
+    /// The query without the groups that hold a term in `common` (an
+    /// alternative that is common makes its whole group match almost
+    /// anything), the exclusions kept; `None` when no group is left.
+    pub(crate) fn without(&self, common: &dyn Fn(&Term) -> bool) -> Option<Query> {
+        let all: Vec<Vec<Term>> = self
+            .all
+            .iter()
+            .filter(|g| !g.iter().any(common))
+            .cloned()
+            .collect();
+        if all.is_empty() {
+            return None;
+        }
+        Some(Query {
+            all,
+            none: self.none.clone(),
+        })
+    }
+
     /// Every positive term.
     pub(crate) fn positive(&self) -> impl Iterator<Item = &Term> {
         self.all.iter().flatten()
@@ -307,6 +326,16 @@ mod tests {
         let text: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
         let q = Query::parse(&text.join(" ")).unwrap();
         assert_eq!(q.all.len(), MAX_TERMS);
+    }
+
+    #[test]
+    fn without_drops_groups_with_a_common_term() {
+        let q = Query::parse("what is my sister OR brother name -dog").unwrap();
+        let common = |t: &Term| ["what", "is", "my", "brother"].contains(&t.0[0].as_str());
+        let w = q.without(&common).unwrap();
+        assert_eq!(w.all, vec![vec![t("name")]]);
+        assert_eq!(w.none, vec![t("dog")]);
+        assert!(q.without(&|_| true).is_none());
     }
 
     #[test]

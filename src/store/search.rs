@@ -1,6 +1,7 @@
-//! Search's ranking, shared by the backends: a strict leg (every term) and,
+//! Search's ranking, shared by the backends: a strict leg (every term that
+//! is not common in the tenant's index, or every term if all are) and,
 //! when it finds fewer than asked, a relaxed leg (any of the terms that are
-//! not common in the tenant's index, the exclusions kept) after it. Each
+//! not common, the exclusions kept) after it. Each
 //! backend runs one leg (`search_leg`) with every filter inside it, before
 //! its limit, and says whether a term is common (`is_common`).
 
@@ -113,23 +114,34 @@ impl Store {
         query: &Query,
         limit: u32,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let mut hits = self.search_leg(tenant, scope, query, limit).await?;
-        if hits.len() < limit as usize && query.positive().count() > 1 {
-            let mut common = Vec::new();
+        // Which terms are common is asked only where it can matter: a
+        // query of one term is run as it is.
+        let mut common = Vec::new();
+        if query.positive().count() > 1 {
             for term in query.positive() {
                 if self.is_common(tenant, term).await? {
                     common.push(term.clone());
                 }
             }
-            if let Some(relaxed) = query.relaxed(&|t| common.contains(t)) {
-                let more = self.search_leg(tenant, scope, &relaxed, limit).await?;
-                for h in more {
-                    if hits.len() == limit as usize {
-                        break;
-                    }
-                    if !hits.iter().any(|k| key(k) == key(&h)) {
-                        hits.push(h);
-                    }
+        }
+        let is_common = |t: &Term| common.contains(t);
+        // The strict leg leaves the common terms out, unless nothing else
+        // is left: they add next to nothing to the ranking, and weighing
+        // one reads its whole posting list (what made a query's cost grow
+        // with the tenant's size).
+        let strict = query.without(&is_common).unwrap_or_else(|| query.clone());
+        let mut hits = self.search_leg(tenant, scope, &strict, limit).await?;
+        if hits.len() < limit as usize
+            && let Some(relaxed) = query.relaxed(&is_common)
+            && relaxed != strict
+        {
+            let more = self.search_leg(tenant, scope, &relaxed, limit).await?;
+            for h in more {
+                if hits.len() == limit as usize {
+                    break;
+                }
+                if !hits.iter().any(|k| key(k) == key(&h)) {
+                    hits.push(h);
                 }
             }
         }

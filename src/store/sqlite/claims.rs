@@ -8,9 +8,9 @@ use std::time::Duration;
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::Sqlite;
 use super::rows::{self, SEGMENT_COLUMNS, SEGMENT_FROM, after_segment};
 use super::segments::{Order, entries_between};
+use super::{Sqlite, fts};
 use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary, Tenant};
 use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
@@ -124,6 +124,14 @@ impl Sqlite {
                 summary.output_tokens,
                 summary.created_at.0
             ])?;
+            let tenant: String = conn
+                .prepare_cached(
+                    "SELECT x.tenant FROM segments g JOIN sessions x ON x.id = g.session_id \
+                     WHERE g.id = ?1",
+                )?
+                .query_row([claim.segment_id], |r| r.get(0))?;
+            let k = fts::table_for(conn, &tenant)?;
+            fts::index(conn, k, -(claim.segment_id as i64), &summary.text)?;
             Ok(Completed {
                 held: true,
                 rollups: roll_up(conn, claim.segment_id, fanout)?,

@@ -1,22 +1,15 @@
 //! The FTS5 index's language and backlog on SQLite (the `search_state`
-//! row, schema.rs): a language change drops the index and recreates it
-//! with the language's tokenizer, owing every stored text again; each batch
-//! indexes the next owed texts in document order and moves the backlog's
-//! lower bound past them, in one writer transaction between appends.
+//! row, schema.rs): a language change drops the tenants' tables (fts.rs;
+//! each is made again with the language's tokenizer), owing every stored
+//! text again; each batch indexes the next owed texts in document order
+//! and moves the backlog's lower bound past them, in one writer
+//! transaction between appends.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::Sqlite;
+use super::{Sqlite, fts};
 use crate::config::SearchLanguage;
 use crate::store::{Indexed, StoreError};
-
-/// The tokenizer of each language (FTS5 has stemming for English only).
-fn tokenizer(language: SearchLanguage) -> &'static str {
-    match language {
-        SearchLanguage::Simple => "unicode61 remove_diacritics 2",
-        SearchLanguage::English => "porter unicode61 remove_diacritics 2",
-    }
-}
 
 /// The backlog: owed entry documents in (after, until], owed summaries'
 /// segment ids in (after, until].
@@ -66,17 +59,7 @@ impl Sqlite {
             if current == language.name() {
                 return Ok(false);
             }
-            // The tokenizer is fixed when the table is made: a new table,
-            // its name the triggers' and the search's.
-            conn.execute_batch(&format!(
-                "DROP TABLE search_index;
-                 CREATE VIRTUAL TABLE search_index USING fts5(
-                     body, scope, content = 'search_docs', content_rowid = 'doc',
-                     tokenize = '{}'
-                 );
-                 INSERT INTO search_index (search_index, rank) VALUES ('secure-delete', 1);",
-                tokenizer(language)
-            ))?;
+            fts::drop_all(conn)?;
             conn.execute(
                 "UPDATE search_state SET language = ?1, \
                  entries_after = 0, entries_until = (SELECT max((session_id << 32) | seq) FROM entries), \
@@ -93,24 +76,27 @@ impl Sqlite {
         self.read(|conn| {
             let owed = backlog(conn)?;
             let mut n = 0u64;
-            if let Some((after, until)) = owed.entries {
-                n += conn.query_row(
-                    "SELECT count(*) FROM entries \
-                     WHERE (session_id, seq) > (?1 >> 32, ?1 & 4294967295) \
-                     AND (session_id, seq) <= (?2 >> 32, ?2 & 4294967295) \
-                     AND NOT EXISTS (SELECT 1 FROM search_index_docsize \
-                                     WHERE id = (session_id << 32) | seq)",
-                    params![after, until],
-                    |r| r.get::<_, u64>(0),
-                )?;
-            }
-            if let Some((after, until)) = owed.summaries {
-                n += conn.query_row(
-                    "SELECT count(*) FROM summaries WHERE segment_id > ?1 AND segment_id <= ?2 \
-                     AND NOT EXISTS (SELECT 1 FROM search_index_docsize WHERE id = -segment_id)",
-                    params![after, until],
-                    |r| r.get::<_, u64>(0),
-                )?;
+            for (part, range) in [(&ENTRIES, owed.entries), (&SUMMARIES, owed.summaries)] {
+                let Some((after, until)) = range else {
+                    continue;
+                };
+                // Per tenant, what its table lacks; a tenant with no table
+                // yet owes all of its texts in the range.
+                let mut stmt = conn.prepare_cached(part.per_tenant)?;
+                let counts = stmt.query_map(params![after, until], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+                })?;
+                for row in counts {
+                    let (tenant, all) = row?;
+                    n += match fts::table_of(conn, &tenant)? {
+                        None => all,
+                        Some(k) => conn.query_row(
+                            &part.unindexed(&fts::name(k)),
+                            params![after, until, tenant],
+                            |r| r.get::<_, u64>(0),
+                        )?,
+                    };
+                }
             }
             Ok(n)
         })
@@ -148,13 +134,10 @@ impl Sqlite {
             }
             // Texts stored since the backlog began were indexed as they came
             // (their document size row says so).
-            let mut insert = conn.prepare_cached(
-                "INSERT INTO search_index (rowid, body, scope) SELECT ?1, ?2, ?3 \
-                 WHERE NOT EXISTS (SELECT 1 FROM search_index_docsize WHERE id = ?1)",
-            )?;
             let mut texts = 0u64;
-            for (_, rowid, body, scope) in &docs {
-                texts += insert.execute(params![rowid, body, scope])? as u64;
+            for (_, doc, body, tenant) in &docs {
+                let k = fts::table_for(conn, tenant)?;
+                texts += u64::from(fts::index(conn, k, *doc, body)?);
             }
             let last = docs.last().map(|d| d.0);
             let more = docs.len() == batch as usize && last.is_some_and(|l| l < until);
@@ -173,31 +156,60 @@ impl Sqlite {
 
 /// One kind of text the backlog owes, walked in the order of its key.
 struct Part {
-    /// (key, rowid, body, scope) of the owed texts with ?1 < key <= ?2,
+    /// (key, rowid, body, tenant) of the owed texts with ?1 < key <= ?2,
     /// the first ?3 in key order.
     owed: &'static str,
+    /// (tenant, count) of the texts with ?1 < key <= ?2.
+    per_tenant: &'static str,
+    /// Counts, of the texts with ?1 < key <= ?2 of tenant ?3, those the
+    /// table `{table}` lacks.
+    unindexed_sql: &'static str,
     /// Moves the lower bound to ?1.
     advance: &'static str,
     /// Nothing of this kind is owed.
     clear: &'static str,
 }
 
-/// Entries by document (their primary key's order: seq < 2^32).
+/// Entries by document (their primary key's order: seq < 2^32). Those of
+/// a session being erased are left out (its erasure is taking them).
 const ENTRIES: Part = Part {
     owed: "SELECT (e.session_id << 32) | e.seq, (e.session_id << 32) | e.seq, e.content, \
-           't' || hex(x.tenant) FROM entries e JOIN sessions x ON x.id = e.session_id \
+           x.tenant FROM entries e JOIN sessions x ON x.id = e.session_id \
            WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
-           AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
+           AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) AND x.erasing IS NULL \
            ORDER BY e.session_id, e.seq LIMIT ?3",
+    per_tenant: "SELECT x.tenant, count(*) FROM entries e JOIN sessions x ON x.id = e.session_id \
+                 WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
+                 AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
+                 AND x.erasing IS NULL GROUP BY x.tenant",
+    unindexed_sql: "SELECT count(*) FROM entries e JOIN sessions x ON x.id = e.session_id \
+                    WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
+                    AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
+                    AND x.erasing IS NULL AND x.tenant = ?3 \
+                    AND NOT EXISTS (SELECT 1 FROM {table}_docsize \
+                                    WHERE id = (e.session_id << 32) | e.seq)",
     advance: "UPDATE search_state SET entries_after = ?1 WHERE id = 1",
     clear: "UPDATE search_state SET entries_after = NULL, entries_until = NULL WHERE id = 1",
 };
 
 /// Summaries by segment id (their document is minus it).
 const SUMMARIES: Part = Part {
-    owed: "SELECT m.segment_id, -m.segment_id, m.text, 't' || hex(x.tenant) FROM summaries m \
+    owed: "SELECT m.segment_id, -m.segment_id, m.text, x.tenant FROM summaries m \
            JOIN segments g ON g.id = m.segment_id JOIN sessions x ON x.id = g.session_id \
            WHERE m.segment_id > ?1 AND m.segment_id <= ?2 ORDER BY m.segment_id LIMIT ?3",
+    per_tenant: "SELECT x.tenant, count(*) FROM summaries m \
+                 JOIN segments g ON g.id = m.segment_id JOIN sessions x ON x.id = g.session_id \
+                 WHERE m.segment_id > ?1 AND m.segment_id <= ?2 GROUP BY x.tenant",
+    unindexed_sql: "SELECT count(*) FROM summaries m \
+                    JOIN segments g ON g.id = m.segment_id JOIN sessions x ON x.id = g.session_id \
+                    WHERE m.segment_id > ?1 AND m.segment_id <= ?2 AND x.tenant = ?3 \
+                    AND NOT EXISTS (SELECT 1 FROM {table}_docsize WHERE id = -m.segment_id)",
     advance: "UPDATE search_state SET summaries_after = ?1 WHERE id = 1",
     clear: "UPDATE search_state SET summaries_after = NULL, summaries_until = NULL WHERE id = 1",
 };
+
+impl Part {
+    fn unindexed(&self, table: &str) -> String {
+        self.unindexed_sql.replace("{table}", table)
+    }
+}

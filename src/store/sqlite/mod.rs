@@ -24,6 +24,7 @@ mod checkpoint;
 mod claims;
 mod embeddings;
 mod entries;
+mod fts;
 mod index;
 mod kept;
 mod rows;
@@ -197,6 +198,7 @@ impl Sqlite {
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
         schema::migrate(&mut writer)?;
+        fts::prepare_writer(&writer).map_err(open_err)?;
         let checkpoints = checkpoint::start(&path, durability, &mut writer)?;
         let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
         std::thread::Builder::new()

@@ -471,6 +471,28 @@ INSERT INTO embeddings_owed (doc, session_id)
 INSERT INTO embeddings_owed (doc, session_id)
     SELECT -m.segment_id, g.session_id FROM summaries m JOIN segments g ON g.id = m.segment_id;
 "#,
+    r#"
+-- The lexical index becomes one contentless FTS5 table per tenant (fts.rs
+-- says why), `search_<id>` after its row here, made when the tenant first
+-- has a text to index; the texts are indexed by the writer, not by
+-- triggers. The shared table goes, and everything stored is owed to the
+-- backlog again (indexed in batches beside appends, index.rs).
+CREATE TABLE search_tables (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL UNIQUE
+);
+DROP TRIGGER entries_indexed;
+DROP TRIGGER entries_unindexed;
+DROP TRIGGER summaries_indexed;
+DROP TRIGGER summaries_unindexed;
+DROP TRIGGER summaries_reindexed;
+DROP TABLE search_index;
+DROP VIEW search_docs;
+UPDATE search_state SET
+    entries_after = 0, entries_until = (SELECT max((session_id << 32) | seq) FROM entries),
+    summaries_after = 0, summaries_until = (SELECT max(segment_id) FROM summaries)
+WHERE id = 1;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -1,13 +1,12 @@
-//! One leg of Search on SQLite: the FTS5 index (schema.rs), matched within
-//! the tenant's scope token, ranked by bm25 on the body, with the filters
-//! applied before the limit; and the probe that finds common terms. A
-//! session being erased (its entries still going, in batches) is gone to
-//! search as to every other read.
+//! One leg of Search on SQLite: the tenant's FTS5 table (fts.rs), ranked by
+//! bm25, with the filters applied before the limit; and the probe that
+//! finds common terms. A session being erased (its entries still going, in
+//! batches) is gone to search as to every other read.
 
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, params};
 
-use super::Sqlite;
+use super::{Sqlite, fts};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term, fts5_term};
 use crate::store::StoreError;
@@ -18,12 +17,6 @@ use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
 /// `SearchTooCostly`: the bound on the work of one query.
 const STEPS_PER_CALL: i32 = 10_000;
 const MAX_CALLS: u32 = 20_000;
-
-/// The tenant's scope token, as the triggers write it (`'t' || hex(tenant)`).
-fn tenant_token(tenant: &Tenant) -> String {
-    let hex: String = tenant.0.bytes().map(|b| format!("{b:02X}")).collect();
-    format!("scope : \"t{hex}\"")
-}
 
 /// Runs `f` with the work bound set, and clears it after.
 pub(super) fn bounded<T>(
@@ -79,9 +72,12 @@ macro_rules! summary_filters {
 }
 pub(super) use {entry_filters, summary_filters};
 
+/// The leg's statement over the tenant table `{table}`: ?1 the MATCH
+/// expression, ?9 the limit. Entries have positive document ids,
+/// summaries negative ones (fts.rs).
 const LEG: &str = concat!(
-    "WITH m AS (SELECT rowid AS doc, bm25(search_index, 1.0, 0.0) AS r \
-     FROM search_index WHERE search_index MATCH ?1) \
+    "WITH m AS (SELECT rowid AS doc, bm25({table}) AS r \
+     FROM {table} WHERE {table} MATCH ?1) \
      SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
      FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
      JOIN sessions x ON x.id = e.session_id WHERE m.doc > 0 AND ",
@@ -179,11 +175,17 @@ impl Sqlite {
         query: &Query,
         limit: u32,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let matching = format!("{} AND ({})", tenant_token(tenant), query.fts5());
+        let matching = query.fts5();
         let values = ScopeValues::new(tenant, scope)?;
+        let tenant = tenant.0.clone();
         self.read_mut(move |conn| {
+            // A tenant with nothing indexed yet has no table.
+            let Some(k) = fts::table_of(conn, &tenant)? else {
+                return Ok(Vec::new());
+            };
+            let sql = LEG.replace("{table}", &fts::name(k));
             bounded(conn, |conn| {
-                let mut stmt = conn.prepare_cached(LEG)?;
+                let mut stmt = conn.prepare_cached(&sql)?;
                 let rows = stmt.query_map(values.params(&matching, &[&limit]).as_slice(), row)?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
@@ -192,16 +194,21 @@ impl Sqlite {
     }
 
     /// Whether `term` is in at least `COMMON_DOCS` of the tenant's
-    /// documents (counting stops there).
+    /// documents (counting stops there, and reads no weights).
     pub(crate) async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
-        let matching = format!("{} AND body : {}", tenant_token(tenant), fts5_term(term));
+        let matching = format!("body : {}", fts5_term(term));
+        let tenant = tenant.0.clone();
         self.read_mut(move |conn| {
+            let Some(k) = fts::table_of(conn, &tenant)? else {
+                return Ok(false);
+            };
+            let table = fts::name(k);
             bounded(conn, |conn| {
                 let n: u32 = conn
-                    .prepare_cached(
-                        "SELECT count(*) FROM (SELECT 1 FROM search_index \
-                         WHERE search_index MATCH ?1 LIMIT ?2)",
-                    )?
+                    .prepare_cached(&format!(
+                        "SELECT count(*) FROM (SELECT 1 FROM {table} \
+                         WHERE {table} MATCH ?1 LIMIT ?2)"
+                    ))?
                     .query_row(params![matching, COMMON_DOCS], |r| r.get(0))?;
                 Ok(n >= COMMON_DOCS)
             })

@@ -5,8 +5,8 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::Sqlite;
 use super::kept::{Kept, KeptSession, OpenSegment};
+use super::{Sqlite, fts};
 use crate::model::{
     AppendOutcome, Appended, Millis, NewEntry, Role, SegmentId, SegmentPolicy, SegmentState,
     SessionInfo, SessionName, Subject, Tenant, estimate_tokens,
@@ -49,6 +49,18 @@ fn tombstone_tx(
     let entries: u64 = conn
         .prepare_cached("SELECT count(*) FROM entries WHERE session_id = ?1")?
         .query_row([id], |r| r.get(0))?;
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT m.segment_id, m.text FROM summaries m JOIN segments g ON g.id = m.segment_id \
+             WHERE g.session_id = ?1",
+        )?;
+        let mut rows = stmt.query([id])?;
+        while let Some(row) = rows.next()? {
+            let segment: i64 = row.get(0)?;
+            let text: String = row.get(1)?;
+            fts::unindex(conn, tenant, -segment, &text)?;
+        }
+    }
     conn.prepare_cached(
         "DELETE FROM summaries WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
     )?
@@ -86,13 +98,16 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
     {
         let mut stmt = conn.prepare_cached(
             "SELECT seq, length(CAST(content AS BLOB)) \
-             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2 \
+             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2, content \
              FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
         )?;
         let mut rows = stmt.query(params![id, ROW_OVERHEAD_BYTES, ERASE_BATCH_ROWS])?;
         while let Some(row) = rows.next()? {
             let seq: i64 = row.get(0)?;
             let len: u64 = row.get(1)?;
+            let content: String = row.get(2)?;
+            // Out of the index in the transaction that deletes the row.
+            fts::unindex(conn, &tenant, (id << 32) | seq, &content)?;
             upto = Some(seq);
             bytes += len;
             if bytes >= ERASE_BATCH_BYTES {
@@ -622,6 +637,12 @@ fn append_tx(
             tokens,
             now.0
         ])?;
+        fts::queue(
+            conn,
+            tenant,
+            (session_id << 32) | seq as i64,
+            &entry.content,
+        )?;
         let seg = match &mut open {
             Some(seg) => seg,
             None => {

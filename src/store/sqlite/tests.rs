@@ -296,10 +296,20 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         !schema.contains("_v3") && !schema.contains("_v4"),
         "{schema}"
     );
-    // The index agrees with its content, and erasing the old session
-    // (the delete triggers give the exact indexed values) leaves it so.
-    let check = "INSERT INTO search_index (search_index, rank) VALUES ('integrity-check', 1)";
-    conn.execute_batch(check).expect("index in step");
+    // The tenant's index is whole, and erasing the old session (which
+    // unindexes the exact indexed values) leaves it so.
+    let check = |conn: &Connection| {
+        let k: i64 = conn
+            .query_row("SELECT id FROM search_tables WHERE tenant = ''", [], |r| {
+                r.get(0)
+            })
+            .expect("the tenant's table");
+        conn.execute_batch(&format!(
+            "INSERT INTO search_{k} (search_{k}, rank) VALUES ('integrity-check', 1)"
+        ))
+        .expect("index in step");
+    };
+    check(&conn);
     drop(conn);
     store
         .delete_session(&Tenant::default(), &session("old"))
@@ -307,7 +317,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         .expect("erase");
     assert!(search("second or recap or third").await.is_empty());
     let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
-    conn.execute_batch(check).expect("index in step");
+    check(&conn);
 }
 
 #[tokio::test]

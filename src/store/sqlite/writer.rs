@@ -8,13 +8,16 @@
 //! Appends keep their sessions' rows in memory between batches (`Kept`):
 //! the writer writes what they changed once, just before each COMMIT, and
 //! forgets it all before any other kind of job runs, when a batch fails,
-//! and when another connection has committed since its last batch.
+//! and when another connection has committed since its last batch. The
+//! texts they queue for the search index are indexed at the same two
+//! moments (fts.rs).
 
 use std::sync::Arc;
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::fts;
 use super::kept::Kept;
 use crate::store::StoreError;
 
@@ -178,6 +181,9 @@ pub(super) fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Job>) {
         if intact && let Err(e) = kept.write(&conn) {
             (intact, full) = (false, super::is_full(&e));
         }
+        if intact && let Err(e) = fts::flush_pending(&conn) {
+            (intact, full) = (false, matches!(e, StoreError::Full(_)));
+        }
         let outcome = if intact {
             statement(&conn, "COMMIT").map_err(|e| BatchFailure::Commit(Arc::new(e)))
         } else {
@@ -209,10 +215,13 @@ fn run_job(
     done: &mut Vec<Completion>,
 ) -> (bool, bool) {
     if !job.keeps {
-        let written = kept.write(conn);
+        let written = kept.write(conn).map_err(StoreError::from);
         kept.forget();
+        // Queued texts are indexed before a job that might read or erase
+        // them.
+        let written = written.and_then(|()| fts::flush_pending(conn));
         if let Err(e) = written {
-            let full = super::is_full(&e);
+            let full = matches!(e, StoreError::Full(_));
             let failure = BatchFailure::Aborted { full };
             done.push((job.run)(Err(failure)).completion);
             return (false, full);
