@@ -517,7 +517,8 @@ fn sqlite_index(server: &common::Server) -> Option<Index> {
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
         )?;
         let bytes: i64 = db.query_row(
-            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name LIKE 'search_index%'",
+            // The tenants' FTS5 tables (search_<k>) and their shadow tables.
+            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name GLOB 'search_[0-9]*'",
             [],
             |r| r.get(0),
         )?;

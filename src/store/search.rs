@@ -3,15 +3,22 @@
 //! when it finds fewer than asked, a relaxed leg (any of the terms that are
 //! not common, the exclusions kept) after it. Each
 //! backend runs one leg (`search_leg`) with every filter inside it, before
-//! its limit, and says whether a term is common (`is_common`).
+//! its limit, and says which terms are common (`common_terms`).
 
 use super::{Backend, Store, StoreError};
 use crate::model::{Millis, Role, SegmentId, SessionName, Subject, Tenant};
 use crate::search::query::{Query, Term};
 
 /// A term found in at least this many of the tenant's documents is left
-/// out of the relaxed leg (it would rank almost everything).
+/// out of the legs (it would rank almost everything, and weighing it reads
+/// its whole posting list), unless every term is.
 pub(crate) const COMMON_DOCS: u32 = 2000;
+
+/// The most matching texts of each kind (entries, summaries) a leg ranks,
+/// the newest that pass its filters: what bounds a leg's work whatever
+/// its words hold. A leg over words in fewer texts than this (every rare
+/// word is) ranks them all.
+pub(crate) const CANDIDATES: u32 = 1000;
 
 /// What a search may return: all given filters hold for every hit.
 #[derive(Debug, Clone, Default)]
@@ -118,24 +125,36 @@ impl Store {
         // query of one term is run as it is.
         let mut common = Vec::new();
         if query.positive().count() > 1 {
-            for term in query.positive() {
-                if self.is_common(tenant, term).await? {
-                    common.push(term.clone());
-                }
-            }
+            let terms: Vec<Term> = query.positive().cloned().collect();
+            let flags = self.common_terms(tenant, &terms).await?;
+            common = terms
+                .into_iter()
+                .zip(flags)
+                .filter_map(|(t, c)| c.then_some(t))
+                .collect();
         }
         let is_common = |t: &Term| common.contains(t);
         // The strict leg leaves the common terms out, unless nothing else
         // is left: they add next to nothing to the ranking, and weighing
         // one reads its whole posting list (what made a query's cost grow
         // with the tenant's size).
-        let strict = query.without(&is_common).unwrap_or_else(|| query.clone());
-        let mut hits = self.search_leg(tenant, scope, &strict, limit).await?;
+        // Only common words: no weight tells the texts apart, and weighing
+        // them is the costly part; the newest texts that hold them all come
+        // first.
+        let (strict, weighed) = match query.without(&is_common) {
+            Some(strict) => (strict, true),
+            None => (query.clone(), false),
+        };
+        let mut hits = self
+            .search_leg(tenant, scope, &strict, limit, weighed)
+            .await?;
         if hits.len() < limit as usize
             && let Some(relaxed) = query.relaxed(&is_common)
             && relaxed != strict
         {
-            let more = self.search_leg(tenant, scope, &relaxed, limit).await?;
+            let more = self
+                .search_leg(tenant, scope, &relaxed, limit, true)
+                .await?;
             for h in more {
                 if hits.len() == limit as usize {
                     break;
@@ -155,12 +174,13 @@ impl Store {
         scope: &SearchScope,
         query: &Query,
         limit: u32,
+        weighed: bool,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        on_backend!(self, b => b.search(tenant, scope, query, limit).await)
+        on_backend!(self, b => b.search(tenant, scope, query, limit, weighed).await)
     }
 
-    async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
-        on_backend!(self, b => b.is_common(tenant, term).await)
+    async fn common_terms(&self, tenant: &Tenant, terms: &[Term]) -> Result<Vec<bool>, StoreError> {
+        on_backend!(self, b => b.common_terms(tenant, terms).await)
     }
 }
 

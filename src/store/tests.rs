@@ -1154,6 +1154,34 @@ pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &st
 }
 
 #[tokio::test]
+async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() {
+    use crate::store::search::COMMON_DOCS;
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        let filler: Vec<String> = (0..COMMON_DOCS + 50)
+            .map(|i| format!("I told you my plan for the day, number {i}"))
+            .collect();
+        let fact = "My plan: the trip to Kyoto in April";
+        let mut texts: Vec<&str> = vec![fact];
+        texts.extend(filler.iter().map(String::as_str));
+        store
+            .append(&t, &session("f"), entries(&texts), POLICY, 0)
+            .await
+            .expect("append");
+        // "plan" is in every text: the rare word decides, and the fact
+        // comes first although thousands of texts share the rest.
+        assert_eq!(found(&store, &t, &all, "plan Kyoto").await, vec![fact]);
+        let hits = found(&store, &t, &all, "what is my plan in Kyoto").await;
+        assert_eq!(hits.first().map(String::as_str), Some(fact), "{hits:?}");
+        // Only common words: the newest texts holding them all.
+        let hits = found(&store, &t, &all, "my plan for the day").await;
+        let newest: Vec<String> = filler.iter().rev().take(10).cloned().collect();
+        assert_eq!(hits, newest);
+    }
+}
+
+#[tokio::test]
 async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() {
     for (_db, store) in stores().await {
         let t = Tenant::default();

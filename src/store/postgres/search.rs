@@ -15,11 +15,14 @@ use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
 /// past it the statement is cancelled and the answer is `SearchTooCostly`.
 const STATEMENT_TIMEOUT_MS: u32 = 2000;
 
+/// $10: rank by weight (`ts_rank`), or (only common words to go by) newest
+/// first.
 const LEG: &str = "\
 WITH q AS (SELECT websearch_to_tsquery(language, $1) AS q FROM search_state WHERE id = 1) \
 SELECT * FROM ( \
 SELECT x.name, 0::BIGINT AS level, e.seq AS first_seq, e.seq AS last_seq, NULL::BIGINT AS segment_id, \
-       e.role, e.created_at, e.content AS text, ts_rank(e.tsv, q.q) AS r \
+       e.role, e.created_at, e.content AS text, \
+       CASE WHEN $10 THEN ts_rank(e.tsv, q.q)::FLOAT8 ELSE e.created_at::FLOAT8 END AS r \
 FROM q, entries e JOIN sessions x ON x.id = e.session_id \
 WHERE e.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
 AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
@@ -27,13 +30,13 @@ AND ($5::BIGINT IS NULL OR e.created_at > $5) AND ($6::BIGINT IS NULL OR e.creat
 AND ($7::BIGINT[] IS NULL OR e.role = ANY($7)) AND 0 = ANY($8::BIGINT[]) \
 UNION ALL \
 SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL::BIGINT, s.created_at, s.text, \
-       ts_rank(s.tsv, q.q) \
+       CASE WHEN $10 THEN ts_rank(s.tsv, q.q)::FLOAT8 ELSE s.created_at::FLOAT8 END \
 FROM q, summaries s JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
 WHERE s.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
 AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
 AND ($5::BIGINT IS NULL OR s.created_at > $5) AND ($6::BIGINT IS NULL OR s.created_at < $6) \
 AND $7::BIGINT[] IS NULL AND g.level = ANY($8::BIGINT[]) \
-) hits ORDER BY r DESC, created_at, name, first_seq LIMIT $9";
+) hits ORDER BY r DESC, created_at DESC, name, first_seq DESC LIMIT $9";
 
 impl Postgres {
     pub(crate) async fn search(
@@ -42,6 +45,7 @@ impl Postgres {
         scope: &SearchScope,
         query: &Query,
         limit: u32,
+        weighed: bool,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(LEG).await?;
@@ -61,8 +65,9 @@ impl Postgres {
         let limit = i64::from(limit);
         let setting = format!("SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}");
         // Pipelined: BEGIN, the bound and the search go out together.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
             &text, &tenant.0, &subject, &sessions, &after, &before, &roles, &levels, &limit,
+            &weighed,
         ];
         let body = async {
             let (set, rows) =
@@ -98,9 +103,13 @@ impl Postgres {
             .collect()
     }
 
-    /// Whether `term` is in at least `COMMON_DOCS` of the tenant's entries
-    /// (counting stops there).
-    pub(crate) async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
+    /// Whether each term is in at least `COMMON_DOCS` of the tenant's
+    /// entries (counting stops there), on one connection.
+    pub(crate) async fn common_terms(
+        &self,
+        tenant: &Tenant,
+        terms: &[Term],
+    ) -> Result<Vec<bool>, StoreError> {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(
@@ -109,16 +118,21 @@ impl Postgres {
                  AND x.tenant = $2 LIMIT $3) c",
             )
             .await?;
-        let single = Query {
-            all: vec![vec![term.clone()]],
-            none: Vec::new(),
-        };
-        let row = client
-            .query_one(
-                &stmt,
-                &[&single.websearch(), &tenant.0, &i64::from(COMMON_DOCS)],
-            )
-            .await?;
-        Ok(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS))
+        let mut common = Vec::with_capacity(terms.len());
+        for term in terms {
+            let single = Query {
+                all: vec![vec![term.clone()]],
+                none: Vec::new(),
+                typed: String::new(),
+            };
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[&single.websearch(), &tenant.0, &i64::from(COMMON_DOCS)],
+                )
+                .await?;
+            common.push(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS));
+        }
+        Ok(common)
     }
 }

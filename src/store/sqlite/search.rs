@@ -10,7 +10,7 @@ use super::{Sqlite, fts};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term, fts5_term};
 use crate::store::StoreError;
-use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
+use crate::store::search::{CANDIDATES, COMMON_DOCS, SearchHit, SearchScope};
 
 /// The most progress-handler calls (each after this many virtual machine
 /// instructions) one search statement may take before it is stopped with
@@ -73,21 +73,30 @@ macro_rules! summary_filters {
 pub(super) use {entry_filters, summary_filters};
 
 /// The leg's statement over the tenant table `{table}`: ?1 the MATCH
-/// expression, ?9 the limit. Entries have positive document ids,
-/// summaries negative ones (fts.rs).
+/// expression, ?9 the limit, ?10 the candidates (`CANDIDATES`), ?11
+/// whether to rank by weight (bm25) or, with only common words to go by,
+/// newest first. Entries have positive document ids, summaries negative
+/// ones (fts.rs). Each part walks its matches newest first (FTS5 reads a
+/// rowid order from the index itself), filters them and ranks the first
+/// ?10 that pass: the cost of a leg follows the candidates, not the number
+/// of texts that hold the words (ties go to the newer), and the CASE keeps bm25 (which reads the
+/// whole posting list of every term to weigh it) out of an unweighted leg.
 const LEG: &str = concat!(
-    "WITH m AS (SELECT rowid AS doc, bm25({table}) AS r \
-     FROM {table} WHERE {table} MATCH ?1) \
-     SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, m.r \
-     FROM m JOIN entries e ON e.session_id = (m.doc >> 32) AND e.seq = (m.doc & 4294967295) \
-     JOIN sessions x ON x.id = e.session_id WHERE m.doc > 0 AND ",
+    "SELECT * FROM (SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, \
+     CASE WHEN ?11 THEN bm25({table}) ELSE -e.created_at END \
+     FROM {table} JOIN entries e ON e.session_id = ({table}.rowid >> 32) \
+     AND e.seq = ({table}.rowid & 4294967295) JOIN sessions x ON x.id = e.session_id \
+     WHERE {table} MATCH ?1 AND {table}.rowid > 0 AND ",
     entry_filters!(),
-    " UNION ALL \
-     SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, m.r \
-     FROM m JOIN summaries s ON s.segment_id = -m.doc JOIN segments g ON g.id = s.segment_id \
-     JOIN sessions x ON x.id = g.session_id WHERE m.doc < 0 AND ",
+    " ORDER BY {table}.rowid DESC LIMIT ?10) \
+     UNION ALL \
+     SELECT * FROM (SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, \
+     s.text, CASE WHEN ?11 THEN bm25({table}) ELSE -s.created_at END \
+     FROM {table} JOIN summaries s ON s.segment_id = -{table}.rowid \
+     JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
+     WHERE {table} MATCH ?1 AND {table}.rowid < 0 AND ",
     summary_filters!(),
-    " ORDER BY 9 LIMIT ?9"
+    " ORDER BY {table}.rowid LIMIT ?10) ORDER BY 9, 7 DESC, 3 DESC LIMIT ?9"
 );
 
 /// The scope's filters as the statements' values ?2 to ?8.
@@ -174,6 +183,7 @@ impl Sqlite {
         scope: &SearchScope,
         query: &Query,
         limit: u32,
+        weighed: bool,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let matching = query.fts5();
         let values = ScopeValues::new(tenant, scope)?;
@@ -186,31 +196,41 @@ impl Sqlite {
             let sql = LEG.replace("{table}", &fts::name(k));
             bounded(conn, |conn| {
                 let mut stmt = conn.prepare_cached(&sql)?;
-                let rows = stmt.query_map(values.params(&matching, &[&limit]).as_slice(), row)?;
+                let params = values.params(&matching, &[&limit, &CANDIDATES, &weighed]);
+                let rows = stmt.query_map(params.as_slice(), row)?;
                 Ok(rows.collect::<Result<_, _>>()?)
             })
         })
         .await
     }
 
-    /// Whether `term` is in at least `COMMON_DOCS` of the tenant's
-    /// documents (counting stops there, and reads no weights).
-    pub(crate) async fn is_common(&self, tenant: &Tenant, term: &Term) -> Result<bool, StoreError> {
-        let matching = format!("body : {}", fts5_term(term));
+    /// Whether each term is in at least `COMMON_DOCS` of the tenant's
+    /// documents (counting stops there, and reads no weights), in one read.
+    pub(crate) async fn common_terms(
+        &self,
+        tenant: &Tenant,
+        terms: &[Term],
+    ) -> Result<Vec<bool>, StoreError> {
+        let matching: Vec<String> = terms
+            .iter()
+            .map(|t| format!("body : {}", fts5_term(t)))
+            .collect();
         let tenant = tenant.0.clone();
         self.read_mut(move |conn| {
             let Some(k) = fts::table_of(conn, &tenant)? else {
-                return Ok(false);
+                return Ok(vec![false; matching.len()]);
             };
             let table = fts::name(k);
             bounded(conn, |conn| {
-                let n: u32 = conn
-                    .prepare_cached(&format!(
-                        "SELECT count(*) FROM (SELECT 1 FROM {table} \
-                         WHERE {table} MATCH ?1 LIMIT ?2)"
-                    ))?
-                    .query_row(params![matching, COMMON_DOCS], |r| r.get(0))?;
-                Ok(n >= COMMON_DOCS)
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ?1 LIMIT ?2)"
+                ))?;
+                let mut common = Vec::with_capacity(matching.len());
+                for m in &matching {
+                    let n: u32 = stmt.query_row(params![m, COMMON_DOCS], |r| r.get(0))?;
+                    common.push(n >= COMMON_DOCS);
+                }
+                Ok(common)
             })
         })
         .await

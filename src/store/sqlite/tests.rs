@@ -224,7 +224,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         let store = &store;
         async move {
             store
-                .search(&Tenant::default(), &scope, &query, 10)
+                .search(&Tenant::default(), &scope, &query, 10, true)
                 .await
                 .expect("search")
                 .into_iter()
