@@ -14,9 +14,12 @@
 //! the lexical bench scores (`rank`, `quality`), and two references
 //! computed here from the endpoint's vectors: every text of the subject in
 //! the default levels (its entries and its segment recaps) ranked by cosine
-//! to the question, top 10, the question embedded with the server's model
-//! name (what archivist's semantic leg should match: *exact*) and with
-//! `--embedder-query-model` (e5's query input type: *exact, query*).
+//! to the question as written, top 10, the question embedded with the
+//! server's model name (*exact*) and with `--embedder-query-model` (e5's
+//! query input type: *exact, query*). archivist embeds the query's words
+//! as its lexical leg reads them (lowercased, joined by spaces), not the
+//! string as written, so its SEMANTIC ranking differs from *exact* by
+//! that text (checked by hand: against the lowercased words it matched).
 //! *agree@10*: the share of SEMANTIC's first 10 texts that are among the
 //! exact reference's first 10.
 //!
@@ -369,7 +372,7 @@ fn print_row(r: &Row) {
 fn print_tables(o: &Options, url: &str, rows: &[Row]) {
     println!();
     println!(
-        "Search with embeddings (SQLite): {} subject(s) of {SESSIONS} sessions per tenant (seed {}); embedder {url}, model {:?} for stored texts and queries; 'exact': the bench's own cosine ranking of every text of the subject (entries and segment recaps) from the same endpoint's vectors, the question embedded as the server embeds it; 'exact, query': the question embedded as {:?}.",
+        "Search with embeddings (SQLite): {} subject(s) of {SESSIONS} sessions per tenant (seed {}); embedder {url}, model {:?} for stored texts and queries; 'exact': the bench's own cosine ranking of every text of the subject (entries and segment recaps) from the same endpoint's vectors, the question as written embedded with the server's model name (archivist embeds the query's words lowercased, as its lexical leg reads them); 'exact, query': the question as written embedded as {:?}.",
         o.subjects, o.seed, o.embedder_model, o.embedder_query_model
     );
     println!(
