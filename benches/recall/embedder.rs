@@ -43,8 +43,6 @@ pub type Vector = Arc<[f32]>;
 pub struct Sent {
     pub requests: u64,
     pub inputs: u64,
-    /// Requests answered from memory.
-    pub cached: u64,
     /// Requests the endpoint refused or failed.
     pub failed: u64,
     /// The time at least one forwarded request was outstanding.
@@ -264,7 +262,6 @@ async fn relay(State(proxy): State<Arc<Proxy>>, body: Bytes) -> Response {
             .map(|t| proxy.cached(model, t))
             .collect::<Option<Vec<_>>>()
     {
-        proxy.sent.lock().unwrap().cached += 1;
         let data: Vec<Value> = vectors
             .iter()
             .enumerate()

@@ -211,7 +211,7 @@ async fn measure(
             direct.iter().map(|r| quality(r)).collect(),
             para.iter().map(|r| quality(r)).collect(),
         ],
-        agree: agree.map(|a| super::score::mean(a)),
+        agree: agree.map(super::score::mean),
         share,
         took_us,
         failed,
