@@ -56,6 +56,22 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A word without an English clitic ending (`sister's`, `don't`, `I'm`,
+/// `we'll`): the index splits at the apostrophe, and a lone `s` or `t`
+/// in a question only ranks texts that hold some other `'s` above the
+/// ones that answer it. Phrases keep them (their words must line up).
+fn without_clitic(chunk: &str) -> &str {
+    let word = chunk.trim_end_matches(|c: char| !c.is_alphanumeric());
+    let Some(at) = word.rfind(['\'', '\u{2019}']) else {
+        return chunk;
+    };
+    let ending = word[at..].trim_start_matches(['\'', '\u{2019}']);
+    match ending.to_lowercase().as_str() {
+        "s" | "t" | "d" | "m" | "ll" | "re" | "ve" => &word[..at],
+        _ => chunk,
+    }
+}
+
 fn tokens(text: &str) -> Vec<Token> {
     let mut out = Vec::new();
     let mut rest = text;
@@ -92,7 +108,11 @@ fn tokens(text: &str) -> Vec<Token> {
             out.push(Token::Or);
             continue;
         }
-        let found = words(chunk);
+        let found = if phrase {
+            words(chunk)
+        } else {
+            words(without_clitic(chunk))
+        };
         if found.is_empty() {
             continue;
         }
@@ -340,6 +360,21 @@ mod tests {
         let text: Vec<String> = (0..100).map(|i| format!("w{i}")).collect();
         let q = Query::parse(&text.join(" ")).unwrap();
         assert_eq!(q.all.len(), MAX_TERMS);
+    }
+
+    #[test]
+    fn clitic_endings_are_not_terms_outside_phrases() {
+        let q = Query::parse("What is my sister\u{2019}s name? Don't I'm rock'n'roll").unwrap();
+        let all: Vec<Term> = q.all.into_iter().flatten().collect();
+        let expected: Vec<Term> = [
+            "what", "is", "my", "sister", "name", "don", "i", "rock", "n", "roll",
+        ]
+        .into_iter()
+        .map(t)
+        .collect();
+        assert_eq!(all, expected);
+        let q = Query::parse("\"my sister's name\"").unwrap();
+        assert_eq!(q.all, vec![vec![t("my sister s name")]]);
     }
 
     #[test]
