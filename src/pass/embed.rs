@@ -16,7 +16,7 @@ use tracing::warn;
 use super::record::{self, Source, Subject};
 use super::retry::{Logged, PassEnd, run_pass};
 use super::schedule::{after_failure, lease};
-use crate::breaker::{Breaker, Signal};
+use crate::breaker::{Breaker, Guarded, Signal};
 use crate::config::{Config, ReconcilerConfig, RetryConfig};
 use crate::failure::{Failure, FailureClass, cause_chain, redact};
 use crate::model::{Disposition, Generation, Millis};
@@ -83,6 +83,7 @@ impl Embedding {
             store,
             embedder,
             breaker: Breaker::new(
+                Guarded::Embedding,
                 config.reconciler.interval,
                 config
                     .reconciler
