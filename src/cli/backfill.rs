@@ -169,9 +169,8 @@ fn render_embeddings(report: &EmbeddingReport) -> String {
         out.push_str(&format!("stopped early: {why}\n"));
     }
     if report.parked > 0 {
-        out.push_str(
-            "parked texts wait for another embedder configuration (key, model, URL or dimensions): fix it, then rerun or restart the server\n",
-        );
+        out.push_str(super::output::PARKED_EMBEDDINGS);
+        out.push('\n');
     }
     out
 }

@@ -290,6 +290,26 @@ async fn a_refused_key_is_sent_once_parks_and_a_new_configuration_unparks_it() {
     // Parked: no second request, however many ticks go by.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(fake.requests(), 1);
+    // `archivist backlog` says so, with the class, the failure and the fix.
+    let shown = backlog_text(&server).await;
+    for line in [
+        "embeddings:",
+        "  embedded: 0",
+        "  pending: 0",
+        "  parked: 2",
+        "    unauthorized: 2",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in {shown}");
+    }
+    assert!(
+        shown.contains("  last failure: unauthorized (HTTP 401) after 1 attempt"),
+        "{shown}"
+    );
+    assert!(shown.contains("  fix: "), "{shown}");
+    assert!(
+        shown.contains("parked texts wait for another embedder configuration"),
+        "{shown}"
+    );
     let dir = server.stop().await;
 
     // The same embedder under another name is another configuration.
@@ -300,7 +320,21 @@ async fn a_refused_key_is_sent_once_parks_and_a_new_configuration_unparks_it() {
     assert!(drained(&server, 2).await, "{:?}", backlog(&server).await);
     assert_eq!(backlog(&server).await.parked, 0);
     assert_eq!(fake.requests(), 2);
+    let shown = backlog_text(&server).await;
+    assert!(
+        shown.contains("embeddings:\n  embedded: 2\n  pending: 0\n  parked: 0\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains("last failure"), "{shown}");
     server.stop().await;
+}
+
+/// `archivist backlog`'s text for `server`.
+async fn backlog_text(server: &TestServer) -> String {
+    let address = format!("http://{}", server.addr);
+    let ran = crate::operator::archivist(&["backlog", "--server", &address], &[], None).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    ran.stdout
 }
 
 #[tokio::test]
