@@ -411,8 +411,9 @@ async fn an_answer_of_the_wrong_dimension_is_refused_and_nothing_is_stored() {
 }
 
 /// Runs `archivist backfill --embeddings --json` on `data_dir` against the
-/// embedder at `base`; returns the exit code and the report.
-async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value) {
+/// embedder at `base`; returns the exit code, the report and the progress
+/// lines on standard error (not a terminal).
+async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value, Vec<String>) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
     command
         .args(["backfill", "--embeddings", "--json", "--data-dir"])
@@ -432,7 +433,12 @@ async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Va
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    (out.status.code().expect("exit code"), report)
+    let progress = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("backfill: "))
+        .map(str::to_owned)
+        .collect();
+    (out.status.code().expect("exit code"), report, progress)
 }
 
 #[tokio::test]
@@ -443,17 +449,31 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     let fake = Embedder::new(DIMS);
     let mock = fake.mount().await;
-    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["owed"], 3, "{report}");
     assert_eq!(report["embedded"], 3, "{report}");
+    assert_eq!(report["embedded_total"], 3, "{report}");
     assert_eq!(report["pending"], 0, "{report}");
     assert_eq!(fake.inputs().len(), 3);
     assert_eq!(fake.requests(), 2);
+    // Off a terminal, plain progress lines, none said twice (idle
+    // batches end with nothing done), the last one the end.
+    assert!(progress.windows(2).all(|w| w[0] != w[1]), "{progress:#?}");
+    assert!(
+        progress
+            .last()
+            .is_some_and(|l| l.starts_with("backfill: 3/3 texts, 3 embedded")),
+        "{progress:#?}"
+    );
 
-    // Nothing is owed now: a second run sends nothing.
-    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    // Nothing is owed now: a second run sends nothing, embeds nothing and
+    // counts the vectors the first stored.
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
     assert_eq!((code, report["owed"].clone()), (0, json!(0)));
+    assert_eq!(report["embedded"], 0, "{report}");
+    assert_eq!(report["embedded_total"], 3, "{report}");
+    assert!(progress.is_empty(), "{progress:#?}");
     assert_eq!(fake.requests(), 2);
 
     // The server, embeddings on, finds by meaning what the backfill embedded.
