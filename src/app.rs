@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use crate::breaker::{Breaker, MAX_PROBE_SPACING};
+use crate::breaker::{Breaker, Guarded, MAX_PROBE_SPACING};
 use crate::config::{
     BackendKind, Config, ConfigError, DurabilityConfig, EmbeddingKind, ProviderKind,
 };
@@ -172,6 +172,7 @@ impl App {
         let provider_fingerprint = provider.fingerprint();
         let provider_identity = provider.identity();
         let breaker = Arc::new(Breaker::new(
+            Guarded::Recap,
             config.reconciler.interval,
             config.reconciler.max_spacing.min(MAX_PROBE_SPACING),
             lease(&config.retry),

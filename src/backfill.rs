@@ -30,7 +30,7 @@ pub(crate) struct Options {
 }
 
 /// How far a run has got, for a progress display.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Progress {
     pub(crate) total: u64,
     pub(crate) done: u64,
@@ -258,9 +258,11 @@ pub(crate) struct EmbeddingReport {
     pub(crate) generation: String,
     /// Owed when the run began.
     pub(crate) owed: u64,
-    /// Texts with a vector of the generation now (by this run or a server
-    /// beside it), in scope of every tenant.
+    /// Texts this run embedded (stored a vector for).
     pub(crate) embedded: u64,
+    /// Texts with a vector of the generation now, whoever embedded them
+    /// (this run, a server beside it, earlier runs), of every tenant.
+    pub(crate) embedded_total: u64,
     /// Still owed and not parked (their next try is later, or a server's
     /// claim holds them).
     pub(crate) pending: u64,
@@ -336,18 +338,20 @@ pub(crate) async fn run_embeddings(
                 embedding.cancel_all();
             }
             Some(outcome) = running.join_next() => {
-                if matches!(outcome, Ok(BatchOutcome::Idle | BatchOutcome::StoreFailed)) {
-                    due = false;
+                match outcome {
+                    Ok(BatchOutcome::Embedded(stored)) => report.embedded += stored,
+                    Ok(BatchOutcome::Idle | BatchOutcome::StoreFailed) => due = false,
+                    _ => {}
                 }
                 let now = store.embedding_backlog(None, &generation).await?;
                 state.done = before.pending.saturating_sub(now.pending);
-                state.summarised = now.embedded.saturating_sub(before.embedded);
+                state.summarised = report.embedded;
                 progress(state);
             }
         }
     }
     let after = store.embedding_backlog(None, &generation).await?;
-    report.embedded = after.embedded;
+    report.embedded_total = after.embedded;
     report.pending = after.pending;
     report.parked = after.parked;
     report.parked_by_class = after.parked_by_class.into_iter().collect();

@@ -1,7 +1,9 @@
 //! The provider-wide circuit breaker: when passes fail in a row for a
 //! reason that is the provider's (down, overloaded, rate limited, out of
 //! quota, refusing the key), the reconciler stops fanning out and probes with
-//! one segment at a time, ever more sparsely, until a pass succeeds.
+//! one segment at a time, ever more sparsely, until a pass succeeds. There is
+//! one per provider: the summariser's, for recap passes, and the embedder's,
+//! for embedding passes; each names its kind of pass in its log lines.
 //!
 //! Why a breaker and not a retry budget: a budget caps retries as a share of
 //! first tries, but every reconciler pass over a backlog *is* a first try, so
@@ -54,6 +56,42 @@ impl Signal {
     }
 }
 
+/// The kind of pass a breaker watches, named in its log lines so that an
+/// operator knows which provider is failing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Guarded {
+    /// Recap passes, sent to the summariser's provider.
+    Recap,
+    /// Embedding passes, sent to the embedder.
+    Embedding,
+}
+
+impl Guarded {
+    /// The pass's name, as the retry loop's log lines give it.
+    fn pass(self) -> &'static str {
+        match self {
+            Guarded::Recap => "recap",
+            Guarded::Embedding => "embedding",
+        }
+    }
+
+    /// What the pass calls.
+    fn provider(self) -> &'static str {
+        match self {
+            Guarded::Recap => "provider",
+            Guarded::Embedding => "embedder",
+        }
+    }
+
+    /// Where an operator sees why it fails.
+    fn diagnosis(self) -> &'static str {
+        match self {
+            Guarded::Recap => "`archivist check` shows what the provider answers",
+            Guarded::Embedding => "`archivist backlog` shows the embedder's last failure",
+        }
+    }
+}
+
 /// The breaker's state, as metrics and logs show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BreakerState {
@@ -80,6 +118,7 @@ enum Mode {
 
 #[derive(Debug)]
 pub(crate) struct Breaker {
+    guarded: Guarded,
     mode: Mutex<Mode>,
     first_spacing: Duration,
     max_spacing: Duration,
@@ -92,11 +131,13 @@ impl Breaker {
     /// `first_spacing` is the wait before the first probe; it doubles after
     /// each failed probe up to `max_spacing`.
     pub(crate) fn new(
+        guarded: Guarded,
         first_spacing: Duration,
         max_spacing: Duration,
         probe_timeout: Duration,
     ) -> Breaker {
         Breaker {
+            guarded,
             mode: Mutex::new(Mode::Closed { failures: 0 }),
             first_spacing: first_spacing.min(max_spacing),
             max_spacing,
@@ -121,7 +162,11 @@ impl Breaker {
         let spacing = match *mode {
             Mode::Closed { .. } => return true,
             Mode::Probing { since, spacing, .. } if now - since >= self.probe_timeout => {
-                warn!("a probe never reported back; probing again");
+                warn!(
+                    pass = self.guarded.pass(),
+                    "a {} probe never reported back; probing again",
+                    self.guarded.pass()
+                );
                 spacing
             }
             Mode::Probing { .. } => return false,
@@ -151,7 +196,12 @@ impl Breaker {
         let next = match (&*mode, signal) {
             (_, Signal::Success) => {
                 if !matches!(*mode, Mode::Closed { .. }) {
-                    info!("the provider answers again; the reconciler resumes full concurrency");
+                    info!(
+                        pass = self.guarded.pass(),
+                        "the {} answers again; the reconciler resumes full concurrency of {} passes",
+                        self.guarded.provider(),
+                        self.guarded.pass()
+                    );
                 }
                 Mode::Closed { failures: 0 }
             }
@@ -160,11 +210,14 @@ impl Breaker {
                 if failures >= TRIP_AFTER {
                     // Passes, not segments: three in a row may be one
                     // segment's, so the message claims no more than that.
+                    let (pass, provider) = (self.guarded.pass(), self.guarded.provider());
                     warn!(
+                        pass,
                         failures,
                         probe_in_ms = self.first_spacing.as_millis() as u64,
-                        "{failures} recap passes in a row failed for a reason on the provider's side; until one succeeds, the reconciler runs one pass at a time, the next in {} (`archivist check` shows what the provider answers)",
-                        crate::text::human_duration(self.first_spacing)
+                        "{failures} {pass} passes in a row failed for a reason on the {provider}'s side; until one succeeds, the reconciler runs one {pass} pass at a time, the next in {} ({})",
+                        crate::text::human_duration(self.first_spacing),
+                        self.guarded.diagnosis()
                     );
                     Mode::Open {
                         until: Instant::now() + self.first_spacing,
@@ -187,8 +240,11 @@ impl Breaker {
             ) if *probe == segment => {
                 let spacing = (*spacing * 2).min(self.max_spacing);
                 warn!(
+                    pass = self.guarded.pass(),
                     probe_in_ms = spacing.as_millis() as u64,
-                    "the probe pass failed too: the provider is still failing; the next probe in {}",
+                    "the {} probe pass failed too: the {} is still failing; the next probe in {}",
+                    self.guarded.pass(),
+                    self.guarded.provider(),
                     crate::text::human_duration(spacing)
                 );
                 Mode::Open {
@@ -242,6 +298,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn trips_after_consecutive_provider_failures_and_probes_one_at_a_time() {
         let b = Breaker::new(
+            Guarded::Recap,
             Duration::from_secs(5),
             Duration::from_secs(60),
             Duration::from_secs(3600),
@@ -277,6 +334,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn spacing_is_capped_and_a_success_anywhere_closes_it() {
         let b = Breaker::new(
+            Guarded::Recap,
             Duration::from_secs(5),
             Duration::from_secs(60),
             Duration::from_secs(3600),
@@ -300,6 +358,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lost_probe_does_not_stall_it() {
         let b = Breaker::new(
+            Guarded::Recap,
             Duration::from_secs(5),
             Duration::from_secs(60),
             Duration::from_secs(70),
@@ -319,6 +378,7 @@ mod tests {
     #[test]
     fn neutral_outcomes_do_not_trip_it() {
         let b = Breaker::new(
+            Guarded::Recap,
             Duration::from_secs(5),
             Duration::from_secs(60),
             Duration::from_secs(3600),
@@ -334,5 +394,65 @@ mod tests {
         b.record(3, Signal::Success);
         b.record(4, Signal::ProviderFailure);
         assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    /// Takes a breaker guarding `guarded` through every line it logs: it
+    /// trips, loses a probe, fails one and closes again.
+    async fn every_line(guarded: Guarded) {
+        let b = Breaker::new(
+            guarded,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            Duration::from_secs(70),
+        );
+        for id in 0..TRIP_AFTER as u64 {
+            b.record(id, Signal::ProviderFailure);
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(b.admit(1));
+        tokio::time::advance(Duration::from_secs(70)).await;
+        assert!(b.admit(2), "the lost probe is given up");
+        b.record(2, Signal::ProviderFailure);
+        b.record(3, Signal::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn its_log_lines_name_the_kind_of_pass_it_guards() {
+        let log = crate::test_log::LogCapture::start();
+        // Every line reached once, so that `rearm` keeps them enabled.
+        every_line(Guarded::Recap).await;
+        log.rearm();
+        every_line(Guarded::Recap).await;
+        let recap = log.text();
+        log.rearm();
+        every_line(Guarded::Embedding).await;
+        let embedding = log.text();
+        for (text, pass, other) in [
+            (&recap, "recap", "embedding"),
+            (&embedding, "embedding", "recap"),
+        ] {
+            assert_eq!(text.lines().count(), 4, "{text}");
+            assert!(
+                text.contains(&format!("{TRIP_AFTER} {pass} passes in a row failed")),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("a {pass} probe never reported back")),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("the {pass} probe pass failed too")),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("resumes full concurrency of {pass} passes")),
+                "{text}"
+            );
+            assert!(!text.contains(other), "{text}");
+        }
+        assert!(recap.contains("`archivist check`"), "{recap}");
+        assert!(embedding.contains("embedder's side"), "{embedding}");
+        assert!(embedding.contains("`archivist backlog`"), "{embedding}");
     }
 }

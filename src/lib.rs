@@ -79,7 +79,7 @@
 //! - `wire`: domain ⇄ `pb`, both ways, for server and client.
 //! - `auth`: tenants and their bearer tokens; `metrics`: Prometheus;
 //!   `text`: UTF-8-safe cutting and hex; `throttle`: log lines a flood
-//!   cannot multiply.
+//!   cannot multiply; `test_log` (tests only): log lines captured.
 //!
 //! # Invariants (and how to check each)
 //!
@@ -139,6 +139,8 @@ mod search;
 pub mod server;
 mod service;
 mod store;
+#[cfg(test)]
+mod test_log;
 mod text;
 mod throttle;
 mod wire;

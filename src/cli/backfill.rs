@@ -153,8 +153,13 @@ async fn drain_embeddings(args: BackfillArgs) -> Result<EmbeddingReport, Failed>
 /// The embedding report for a person.
 fn render_embeddings(report: &EmbeddingReport) -> String {
     let mut out = format!(
-        "generation: {}\nowed at the start: {}\nembedded: {}\nstill pending: {}\nparked: {}\n",
-        report.generation, report.owed, report.embedded, report.pending, report.parked
+        "generation: {}\nowed at the start: {}\nembedded by this run: {}\nwith a vector of this generation: {}\nstill pending: {}\nparked: {}\n",
+        report.generation,
+        report.owed,
+        report.embedded,
+        report.embedded_total,
+        report.pending,
+        report.parked
     );
     for (class, n) in &report.parked_by_class {
         out.push_str(&format!("  {class}: {n}\n"));
@@ -169,9 +174,8 @@ fn render_embeddings(report: &EmbeddingReport) -> String {
         out.push_str(&format!("stopped early: {why}\n"));
     }
     if report.parked > 0 {
-        out.push_str(
-            "parked texts wait for another embedder configuration (key, model, URL or dimensions): fix it, then rerun or restart the server\n",
-        );
+        out.push_str(super::output::PARKED_EMBEDDINGS);
+        out.push('\n');
     }
     out
 }
@@ -288,15 +292,20 @@ async fn drain(args: BackfillArgs) -> Result<Report, Failed> {
 }
 
 /// A progress bar when standard error is a terminal, a line every few
-/// seconds otherwise.
+/// seconds otherwise: the first progress, then at most one every
+/// `LINE_EVERY`, and the last at the end unless it said that already.
 struct Display {
     unit: Unit,
     bar: Option<ProgressBar>,
     started: Instant,
-    last_line: Instant,
+    /// When the last plain line was printed, and what it said.
+    last_line: Option<(Instant, Progress)>,
     last: Progress,
     quiet: bool,
 }
+
+/// The least time between two plain progress lines.
+const LINE_EVERY: Duration = Duration::from_secs(5);
 
 impl Display {
     fn new(dry_run: bool) -> Display {
@@ -304,7 +313,7 @@ impl Display {
             unit: Unit::Segments,
             bar: None,
             started: Instant::now(),
-            last_line: Instant::now(),
+            last_line: None,
             last: Progress::default(),
             quiet: dry_run,
         }
@@ -338,10 +347,25 @@ impl Display {
                 p.summarised,
                 rate(p.done, self.started.elapsed())
             ));
-        } else if p.done == 0 || self.last_line.elapsed() >= Duration::from_secs(5) {
-            self.last_line = Instant::now();
-            eprintln!("{}", self.line(p));
+        } else if let Some(line) = self.plain_line(p, Instant::now()) {
+            eprintln!("{line}");
         }
+    }
+
+    /// The plain line to print for `p` at `now`, if one is due: the first,
+    /// then one every `LINE_EVERY` at most. (An embedding drain reports
+    /// progress as each batch ends, and many end with nothing done.)
+    fn plain_line(&mut self, p: Progress, now: Instant) -> Option<String> {
+        // Nothing to do is for the report to say.
+        let due = p.total > 0
+            && self
+                .last_line
+                .is_none_or(|(at, _)| now.duration_since(at) >= LINE_EVERY);
+        if !due {
+            return None;
+        }
+        self.last_line = Some((now, p));
+        Some(self.line(p))
     }
 
     fn line(&self, p: Progress) -> String {
@@ -358,9 +382,15 @@ impl Display {
     fn finish(&mut self) {
         if let Some(bar) = self.bar.take() {
             bar.finish();
-        } else if !self.quiet && self.last.total > 0 {
-            eprintln!("{}", self.line(self.last));
+        } else if let Some(line) = self.last_plain_line() {
+            eprintln!("{line}");
         }
+    }
+
+    /// The plain line that ends a run, unless the last one said it.
+    fn last_plain_line(&self) -> Option<String> {
+        let said = self.last_line.is_some_and(|(_, p)| p == self.last);
+        (!self.quiet && self.last.total > 0 && !said).then(|| self.line(self.last))
     }
 }
 
@@ -468,4 +498,78 @@ pub(crate) fn render(report: &Report) -> String {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(total: u64, done: u64, summarised: u64) -> Progress {
+        Progress {
+            total,
+            done,
+            summarised,
+        }
+    }
+
+    /// Off a terminal: the first progress, then one line every
+    /// `LINE_EVERY` at most, and the end unless the last line said it;
+    /// repeats of nothing done (an embedding drain's idle batches) print
+    /// nothing more.
+    #[test]
+    fn plain_lines_are_the_first_one_a_while_and_the_end_once() {
+        let mut display = Display::new(false).of(Unit::Texts);
+        let start = Instant::now();
+        assert_eq!(display.plain_line(at(0, 0, 0), start), None, "nothing owed");
+        let mut printed = Vec::new();
+        for (p, after) in [
+            (at(5, 0, 0), 0),
+            (at(5, 0, 0), 1),
+            (at(5, 0, 0), 2),
+            (at(5, 2, 2), 3),
+            (at(5, 3, 3), 6),
+            (at(5, 3, 3), 7),
+        ] {
+            display.last = p;
+            let now = start + Duration::from_secs(after);
+            printed.extend(display.plain_line(p, now));
+        }
+        assert_eq!(printed.len(), 2, "{printed:?}");
+        assert!(
+            printed[0].starts_with("backfill: 0/5 texts, 0 embedded"),
+            "{printed:?}"
+        );
+        assert!(
+            printed[1].starts_with("backfill: 3/5 texts, 3 embedded"),
+            "{printed:?}"
+        );
+        // The last line said 3 of 5: the end says nothing more.
+        assert_eq!(display.last_plain_line(), None);
+        display.last = at(5, 5, 5);
+        let end = display.last_plain_line().expect("the end");
+        assert!(end.starts_with("backfill: 5/5 texts, 5 embedded"), "{end}");
+        // A dry run prints no progress.
+        let mut dry = Display::new(true);
+        dry.last = at(1, 0, 0);
+        assert_eq!(dry.last_plain_line(), None);
+    }
+
+    /// The report says what this run embedded, and apart, how many have a
+    /// vector in all (a second run over a drained database embeds none).
+    #[test]
+    fn the_embedding_report_tells_this_run_from_the_total() {
+        let report = EmbeddingReport {
+            generation: "concepts/6".to_owned(),
+            owed: 0,
+            embedded: 0,
+            embedded_total: 3,
+            ..EmbeddingReport::default()
+        };
+        let text = render_embeddings(&report);
+        assert!(
+            text.contains("\nembedded by this run: 0\nwith a vector of this generation: 3\n"),
+            "{text}"
+        );
+        assert!(!text.contains("\nembedded: "), "{text}");
+    }
 }

@@ -51,6 +51,10 @@ pub(super) fn when(t: &prost_types::Timestamp, now: SystemTime) -> String {
     }
 }
 
+/// What a person should know of texts parked owing an embedding, said by
+/// `archivist backlog` and by `archivist backfill --embeddings`.
+pub(super) const PARKED_EMBEDDINGS: &str = "parked texts wait for another embedder configuration (key, model, URL or dimensions): fix it, then restart the server with it or run `archivist backfill --embeddings`";
+
 /// What a person should know to do about a segment in its state: nothing
 /// for a healthy one.
 pub(super) fn advice(seg: &pb::Segment) -> Option<String> {
@@ -106,26 +110,34 @@ pub(super) fn print_segment(seg: &pb::Segment) {
 /// a PENDING or PARKED node's recap, with its fix; for a node summarised
 /// since, a past failure in one line, with no fix to make.
 fn print_failure(f: &pb::Failure, state: Option<SegmentState>) {
-    let attempts = count(u64::from(f.attempts), "attempt", "attempts");
     if !matches!(state, Some(SegmentState::Pending | SegmentState::Parked)) {
         println!(
-            "    an earlier pass failed ({} after {attempts}); a later one succeeded",
-            failure_class_name(f)
+            "    an earlier pass failed ({} after {}); a later one succeeded",
+            failure_class_name(f),
+            count(u64::from(f.attempts), "attempt", "attempts")
         );
         return;
     }
+    println!("    last failure: {}", failure_line(f));
+    if !f.hint.is_empty() {
+        println!("    fix: {}", f.hint);
+    }
+}
+
+/// A failure in one line: its class, HTTP status, attempts and causes.
+pub(super) fn failure_line(f: &pb::Failure) -> String {
+    let attempts = count(u64::from(f.attempts), "attempt", "attempts");
     let status = f
         .http_status
         .map(|s| format!(" (HTTP {s})"))
         .unwrap_or_default();
     // The first cause restates the class and attempts.
     let causes = f.causes.get(1..).unwrap_or_default().join(": ");
-    println!(
-        "    last failure: {}{status} after {attempts}: {causes}",
-        failure_class_name(f),
-    );
-    if !f.hint.is_empty() {
-        println!("    fix: {}", f.hint);
+    let class = failure_class_name(f);
+    if causes.is_empty() {
+        format!("{class}{status} after {attempts}")
+    } else {
+        format!("{class}{status} after {attempts}: {causes}")
     }
 }
 

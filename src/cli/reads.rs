@@ -183,6 +183,9 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
     for (class, n) in by_class {
         println!("  {class}: {n}");
     }
+    if let Some(e) = b.embeddings.as_ref().filter(|e| owes_or_holds(e)) {
+        print_embedding_backlog(e);
+    }
     if b.erasures_pending > 0 {
         println!(
             "erasures pending: {} (erased, but their text is still in the write-ahead log: another program holds a read of the database; it leaves the files once that read ends)",
@@ -195,4 +198,33 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
         );
     }
     Ok(())
+}
+
+/// Whether the embedding part says anything: all 0 (and no failure) when
+/// the server has embeddings off, or on with nothing stored yet.
+fn owes_or_holds(e: &pb::EmbeddingBacklog) -> bool {
+    e.pending > 0 || e.parked > 0 || e.embedded > 0 || e.last_failure.is_some()
+}
+
+/// What is owed an embedding, as the recap backlog above it: counts, the
+/// parked by class, the last failure with its fix.
+fn print_embedding_backlog(e: &pb::EmbeddingBacklog) {
+    println!("embeddings:");
+    println!("  embedded: {}", e.embedded);
+    println!("  pending: {}", e.pending);
+    println!("  parked: {}", e.parked);
+    let mut by_class: Vec<(&String, &u64)> = e.parked_by_class.iter().collect();
+    by_class.sort();
+    for (class, n) in by_class {
+        println!("    {class}: {n}");
+    }
+    if let Some(f) = &e.last_failure {
+        println!("  last failure: {}", failure_line(f));
+        if !f.hint.is_empty() {
+            println!("  fix: {}", f.hint);
+        }
+    }
+    if e.parked > 0 {
+        println!("  {PARKED_EMBEDDINGS}");
+    }
 }

@@ -16,7 +16,7 @@ use tracing::warn;
 use super::record::{self, Source, Subject};
 use super::retry::{Logged, PassEnd, run_pass};
 use super::schedule::{after_failure, lease};
-use crate::breaker::{Breaker, Signal};
+use crate::breaker::{Breaker, Guarded, Signal};
 use crate::config::{Config, ReconcilerConfig, RetryConfig};
 use crate::failure::{Failure, FailureClass, cause_chain, redact};
 use crate::model::{Disposition, Generation, Millis};
@@ -37,8 +37,9 @@ const BREAKER_KEY: u64 = 0;
 /// How one embedding step ended.
 #[derive(Clone, Debug)]
 pub(crate) enum BatchOutcome {
-    /// Vectors stored for the batch (those of its items not erased).
-    Embedded,
+    /// Vectors stored for the batch: this many (its items not erased
+    /// meanwhile).
+    Embedded(u64),
     /// The pass gave up; every item of the batch records the failure.
     Failed(Failure),
     /// Cancelled (shutdown): the batch is let go, nothing counted.
@@ -52,7 +53,7 @@ pub(crate) enum BatchOutcome {
 impl BatchOutcome {
     fn signal(&self) -> Signal {
         match self {
-            BatchOutcome::Embedded => Signal::Success,
+            BatchOutcome::Embedded(_) => Signal::Success,
             BatchOutcome::Failed(f) => Signal::of_failure(f.class),
             BatchOutcome::Cancelled | BatchOutcome::Idle | BatchOutcome::StoreFailed => {
                 Signal::Neutral
@@ -83,6 +84,7 @@ impl Embedding {
             store,
             embedder,
             breaker: Breaker::new(
+                Guarded::Embedding,
                 config.reconciler.interval,
                 config
                     .reconciler
@@ -190,7 +192,7 @@ impl Embedding {
                 {
                     Ok(stored) => {
                         tracing::debug!(stored, attempts = report.attempts, "embedded a batch");
-                        return Ok(BatchOutcome::Embedded);
+                        return Ok(BatchOutcome::Embedded(stored));
                     }
                     Err(e @ StoreError::Closed) => return Err(e),
                     Err(e) => record::store_failure(

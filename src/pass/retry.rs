@@ -665,29 +665,8 @@ mod tests {
         logged: Logged,
         answer: impl Fn(u32) -> Option<Fake>,
     ) -> String {
-        #[derive(Clone, Default)]
-        struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Capture {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().expect("lock").extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let capture = Capture::default();
-        let writer = capture.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
-        // tracing caches each callsite's interest process-wide, computed by
-        // whichever thread first reaches it: a sibling test without a
-        // subscriber can cache "never" and blind this capture. Reached here
-        // first, then rebuilt against the dispatchers alive now (this one
-        // among them), the two warnings stay enabled for this test.
+        let log = crate::test_log::LogCapture::start();
+        // Both warnings reached once, so that `rearm` keeps them enabled.
         let warm = GaveUp::<Fake>::Ceiling { last: None };
         warn_exhausted(Logged::Recap, &warm, 0, Duration::ZERO);
         warn_retry::<Fake>(
@@ -698,8 +677,7 @@ mod tests {
             Duration::ZERO,
             None,
         );
-        tracing::callsite::rebuild_interest_cache();
-        capture.0.lock().expect("lock").clear();
+        log.rearm();
         run_pass(c, &CancellationToken::new(), logged, |n, _| {
             let error = answer(n);
             async move {
@@ -710,8 +688,7 @@ mod tests {
             }
         })
         .await;
-        let bytes = capture.0.lock().expect("lock").clone();
-        String::from_utf8_lossy(&bytes).into_owned()
+        log.text()
     }
 
     /// What a pass under `logged` writes to the log, failing with a

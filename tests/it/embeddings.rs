@@ -290,6 +290,26 @@ async fn a_refused_key_is_sent_once_parks_and_a_new_configuration_unparks_it() {
     // Parked: no second request, however many ticks go by.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(fake.requests(), 1);
+    // `archivist backlog` says so, with the class, the failure and the fix.
+    let shown = backlog_text(&server).await;
+    for line in [
+        "embeddings:",
+        "  embedded: 0",
+        "  pending: 0",
+        "  parked: 2",
+        "    unauthorized: 2",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in {shown}");
+    }
+    assert!(
+        shown.contains("  last failure: unauthorized (HTTP 401) after 1 attempt"),
+        "{shown}"
+    );
+    assert!(shown.contains("  fix: "), "{shown}");
+    assert!(
+        shown.contains("parked texts wait for another embedder configuration"),
+        "{shown}"
+    );
     let dir = server.stop().await;
 
     // The same embedder under another name is another configuration.
@@ -300,7 +320,21 @@ async fn a_refused_key_is_sent_once_parks_and_a_new_configuration_unparks_it() {
     assert!(drained(&server, 2).await, "{:?}", backlog(&server).await);
     assert_eq!(backlog(&server).await.parked, 0);
     assert_eq!(fake.requests(), 2);
+    let shown = backlog_text(&server).await;
+    assert!(
+        shown.contains("embeddings:\n  embedded: 2\n  pending: 0\n  parked: 0\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains("last failure"), "{shown}");
     server.stop().await;
+}
+
+/// `archivist backlog`'s text for `server`.
+async fn backlog_text(server: &TestServer) -> String {
+    let address = format!("http://{}", server.addr);
+    let ran = crate::operator::archivist(&["backlog", "--server", &address], &[], None).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    ran.stdout
 }
 
 #[tokio::test]
@@ -377,8 +411,9 @@ async fn an_answer_of_the_wrong_dimension_is_refused_and_nothing_is_stored() {
 }
 
 /// Runs `archivist backfill --embeddings --json` on `data_dir` against the
-/// embedder at `base`; returns the exit code and the report.
-async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value) {
+/// embedder at `base`; returns the exit code, the report and the progress
+/// lines on standard error (not a terminal).
+async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value, Vec<String>) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
     command
         .args(["backfill", "--embeddings", "--json", "--data-dir"])
@@ -398,7 +433,12 @@ async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Va
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    (out.status.code().expect("exit code"), report)
+    let progress = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("backfill: "))
+        .map(str::to_owned)
+        .collect();
+    (out.status.code().expect("exit code"), report, progress)
 }
 
 #[tokio::test]
@@ -409,17 +449,31 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     let fake = Embedder::new(DIMS);
     let mock = fake.mount().await;
-    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["owed"], 3, "{report}");
     assert_eq!(report["embedded"], 3, "{report}");
+    assert_eq!(report["embedded_total"], 3, "{report}");
     assert_eq!(report["pending"], 0, "{report}");
     assert_eq!(fake.inputs().len(), 3);
     assert_eq!(fake.requests(), 2);
+    // Off a terminal, plain progress lines, none said twice (idle
+    // batches end with nothing done), the last one the end.
+    assert!(progress.windows(2).all(|w| w[0] != w[1]), "{progress:#?}");
+    assert!(
+        progress
+            .last()
+            .is_some_and(|l| l.starts_with("backfill: 3/3 texts, 3 embedded")),
+        "{progress:#?}"
+    );
 
-    // Nothing is owed now: a second run sends nothing.
-    let (code, report) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    // Nothing is owed now: a second run sends nothing, embeds nothing and
+    // counts the vectors the first stored.
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
     assert_eq!((code, report["owed"].clone()), (0, json!(0)));
+    assert_eq!(report["embedded"], 0, "{report}");
+    assert_eq!(report["embedded_total"], 3, "{report}");
+    assert!(progress.is_empty(), "{progress:#?}");
     assert_eq!(fake.requests(), 2);
 
     // The server, embeddings on, finds by meaning what the backfill embedded.

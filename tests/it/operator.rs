@@ -641,6 +641,11 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     let ran = run(client(&["--json"]), "backlog").await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     assert_eq!(ran.json()["open"], 1);
+    // Embeddings off: the text says nothing of them.
+    let ran = run(client(&[]), "backlog").await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(ran.stdout.starts_with("open: 1\n"), "{}", ran.stdout);
+    assert!(!ran.stdout.contains("embed"), "{}", ran.stdout);
 
     let ran = run(client(&["close", "demo", "--wait", "--json"]), "session").await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
