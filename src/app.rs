@@ -157,6 +157,11 @@ impl App {
                 Store::open_postgres(&postgres_url(config)?, mode, durability).await?
             }
         };
+        // Refused here, by name, rather than at the first vector stored: a
+        // PostgreSQL without pgvector cannot keep what embeddings make.
+        if config.embedding.enabled() {
+            store.require_vectors().await?;
+        }
         App::with_store(config, api_key, role, store)
     }
 

@@ -41,14 +41,15 @@
 //! - `store/`: the backend-neutral store (`mod.rs`), the GetContext cover
 //!   over the memory tree (`context.rs`), Search's legs and their fusion
 //!   (`search.rs`), what is owed an embedding and the vectors
-//!   (`embeddings.rs`; SQLite only so far), the SQLite backend (`sqlite/`: `writer.rs` group commit,
+//!   (`embeddings.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,
 //!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
 //!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used,
 //!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures,
 //!   `embeddings.rs` batch claims, vectors and the exact cosine leg), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
-//!   concern, the append writers' group commit in `sessions.rs`, `notes.rs`
+//!   concern, the append writers' group commit in `sessions.rs`,
+//!   `embeddings.rs` pgvector's HNSW leg and the check for it, `notes.rs`
 //!   LISTEN/NOTIFY between replicas, `testing.rs` a database per test), and
 //!   one suite for every backend (`tests.rs`).
 //! - `provider/`: summarisers, one attempt each: the OpenAI-compatible

@@ -310,15 +310,17 @@ ceiling = "15s"
                 "[embedding]\napi_key_env = \"sk-123 456\"\n",
                 "embedding.api_key_env",
             ),
-            (
-                "[embedding]\nkind = \"openai\"\n[storage]\nbackend = \"postgres\"\nurl = \"postgres://u@h/d\"\n",
-                "embedding.kind",
-            ),
         ] {
             let (_f, o) = file(text);
             let e = load(&o, env(&[])).expect_err(text);
             assert!(e.to_string().contains(key), "{text}: {e}");
         }
+        // Embeddings on PostgreSQL are a configuration like any other: a
+        // server without pgvector is refused when the store is opened.
+        let (_f, o) = file(
+            "[embedding]\nkind = \"openai\"\n[storage]\nbackend = \"postgres\"\nurl = \"postgres://u@h/d\"\n",
+        );
+        load(&o, env(&[])).expect("embeddings on PostgreSQL");
     }
 
     #[test]

@@ -210,12 +210,6 @@ impl Config {
                 "must be the NAME of an environment variable (letters, digits and _, such as OPENAI_API_KEY), not the key itself (the value given is not shown, in case it is a key)",
             );
         }
-        if e.enabled() && self.storage.backend == BackendKind::Postgres {
-            return invalid(
-                "embedding.kind",
-                "embeddings are stored on SQLite only so far; PostgreSQL (pgvector) is not supported yet: set embedding.kind = \"none\" or storage.backend = \"sqlite\"",
-            );
-        }
         if e.dimensions > MAX_DIMENSIONS {
             return invalid(
                 "embedding.dimensions",

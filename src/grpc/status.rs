@@ -169,11 +169,6 @@ fn store_status(err: &StoreError) -> Status {
         }
         StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
         StoreError::SearchTooCostly => (Code::ResourceExhausted, "SEARCH_TOO_COSTLY", Vec::new()),
-        StoreError::EmbeddingsUnsupported => (
-            Code::FailedPrecondition,
-            "EMBEDDINGS_UNSUPPORTED",
-            Vec::new(),
-        ),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,
             "TENANT_STORAGE_FULL",
@@ -223,6 +218,7 @@ fn store_status(err: &StoreError) -> Status {
         | StoreError::Detached
         | StoreError::DataDir { .. }
         | StoreError::Migration { .. }
+        | StoreError::VectorsMissing { .. }
         | StoreError::TooNew { .. }
         | StoreError::Query(_)
         | StoreError::NotCommitted(_)

@@ -5,9 +5,11 @@
 //! what follows a failed pass is a `Disposition` as for recaps. Erasing
 //! the text takes its vector and its debt in the same transaction.
 //!
-//! Only SQLite stores vectors so far; PostgreSQL (pgvector) answers
-//! `EmbeddingsUnsupported`, and the configuration refuses embeddings on it
-//! at start-up.
+//! SQLite keeps vectors beside the rows and compares them exactly, in
+//! Rust (`sqlite/embeddings.rs`); PostgreSQL through pgvector's HNSW index
+//! (`postgres/embeddings.rs`), on a server that has the extension: one
+//! without it is refused at start-up when embeddings are on
+//! (`require_vectors`).
 
 use std::time::Duration;
 
@@ -58,18 +60,19 @@ pub(crate) struct SemanticLeg {
     pub(crate) embedded_share: f64,
 }
 
-/// Calls the SQLite backend; PostgreSQL has no vectors yet.
-macro_rules! on_sqlite {
-    ($store:expr, $b:ident => $call:expr) => {
-        match &$store.backend {
-            Backend::Sqlite($b) => $call,
-            Backend::Postgres(_) => Err(StoreError::EmbeddingsUnsupported),
-            Backend::Detached => Err(StoreError::Detached),
-        }
-    };
-}
-
 impl Store {
+    /// Makes sure the store can keep vectors, before a run with
+    /// embeddings on starts: PostgreSQL needs the `vector` extension
+    /// (pgvector), created here when the server has it and the role may;
+    /// otherwise the run is refused by name (`VectorsMissing`). SQLite,
+    /// and a detached store (a probe), need nothing.
+    pub(crate) async fn require_vectors(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Postgres(b) => b.require_vectors().await,
+            Backend::Sqlite(_) | Backend::Detached => Ok(()),
+        }
+    }
+
     /// Claims up to `limit` owed items that are due and not claimed by a
     /// live worker, oldest debt first, for `lease`; None when none is due.
     /// Items of a session being erased are left alone.
@@ -79,7 +82,7 @@ impl Store {
         lease: Duration,
         limit: u32,
     ) -> Result<Option<Batch>, StoreError> {
-        on_sqlite!(self, b => b.claim_owed(owner, lease, limit).await)
+        on_backend!(self, b => b.claim_owed(owner, lease, limit).await)
     }
 
     /// Stores the vectors (doc, unit vector) of `generation` for the items
@@ -91,7 +94,7 @@ impl Store {
         generation: &Generation,
         vectors: Vec<(i64, Vec<f32>)>,
     ) -> Result<u64, StoreError> {
-        on_sqlite!(self, b => b.store_vectors(claim, generation, vectors).await)
+        on_backend!(self, b => b.store_vectors(claim, generation, vectors).await)
     }
 
     /// Records a pass that stored nothing on the items `claim` still holds,
@@ -101,13 +104,13 @@ impl Store {
         claim: &BatchClaim,
         ended: EndedBatch,
     ) -> Result<u64, StoreError> {
-        on_sqlite!(self, b => b.end_batch(claim, ended).await)
+        on_backend!(self, b => b.end_batch(claim, ended).await)
     }
 
     /// Makes every parked item that failed under an embedder configuration
     /// other than `fingerprint` due now; returns how many.
     pub(crate) async fn unpark_owed(&self, fingerprint: &str) -> Result<u64, StoreError> {
-        on_sqlite!(self, b => b.unpark_owed(fingerprint).await)
+        on_backend!(self, b => b.unpark_owed(fingerprint).await)
     }
 
     /// The length of the generation's vectors, once one is stored.
@@ -115,7 +118,7 @@ impl Store {
         &self,
         generation: &Generation,
     ) -> Result<Option<usize>, StoreError> {
-        on_sqlite!(self, b => b.generation_dimensions(generation).await)
+        on_backend!(self, b => b.generation_dimensions(generation).await)
     }
 
     /// What is owed, parked and embedded in `generation`; one tenant's, or
@@ -125,7 +128,7 @@ impl Store {
         tenant: Option<&Tenant>,
         generation: &Generation,
     ) -> Result<EmbeddingBacklog, StoreError> {
-        on_sqlite!(self, b => b.embedding_backlog(tenant, generation).await)
+        on_backend!(self, b => b.embedding_backlog(tenant, generation).await)
     }
 
     /// The tenant's `limit` texts within `scope` nearest `query` (a unit
@@ -140,7 +143,7 @@ impl Store {
         limit: u32,
     ) -> Result<SemanticLeg, StoreError> {
         let mut leg =
-            on_sqlite!(self, b => b.semantic_leg(tenant, scope, generation, query, limit).await)?;
+            on_backend!(self, b => b.semantic_leg(tenant, scope, generation, query, limit).await)?;
         super::search::rank(&mut leg.hits, super::search::Leg::Semantic);
         Ok(leg)
     }

@@ -150,9 +150,18 @@ pub enum StoreError {
         "the search took more work than one query may; narrow it (fewer words, a scope, levels)"
     )]
     SearchTooCostly,
-    /// Vectors are stored on SQLite only so far.
-    #[error("embeddings are not supported on PostgreSQL yet (pgvector is a later step)")]
-    EmbeddingsUnsupported,
+    /// Embeddings are on, and the PostgreSQL database has no `vector`
+    /// extension, nor could it be created (the cause says why, when a
+    /// CREATE EXTENSION was tried).
+    #[error(
+        "embeddings are on ([embedding] kind = \"openai\") but the PostgreSQL database at {target} has no `vector` extension (pgvector), and it could not be created: install pgvector on the database server and run CREATE EXTENSION vector in this database as a role allowed to, or set embedding.kind = \"none\""
+    )]
+    VectorsMissing {
+        /// Where, with any password left out.
+        target: String,
+        #[source]
+        source: Option<BackendError>,
+    },
     #[error("a database worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
 }

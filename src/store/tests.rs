@@ -1484,3 +1484,376 @@ async fn hostile_queries_are_words_on_every_backend() {
         );
     }
 }
+
+/// A fresh, empty store on every backend that keeps vectors: SQLite, and
+/// PostgreSQL with pgvector when `ARCHIVIST_TEST_PGVECTOR_URL` names one
+/// (`postgres::testing`: otherwise that half is skipped with a notice, or
+/// fails under `ARCHIVIST_REQUIRE_PG=1`), made ready as a run with
+/// embeddings on makes it.
+async fn vector_stores() -> Vec<(Box<dyn Any>, Store)> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sqlite = Store::open(dir.path()).await.expect("open sqlite");
+    let mut all: Vec<(Box<dyn Any>, Store)> = vec![(Box::new(dir), sqlite)];
+    if let Some(db) = postgres::testing::fresh_vector_database().await {
+        let store = Store::open_postgres(&db.url, OpenMode::Create, Durability::Process)
+            .await
+            .expect("open postgres");
+        all.push((Box::new(db), store));
+    }
+    for (_, store) in &all {
+        store.require_vectors().await.expect("vectors can be kept");
+    }
+    all
+}
+
+/// Claims every owed item (as one batch) and stores `vector(text)` for
+/// each; returns how many were stored.
+async fn embed_all(
+    store: &Store,
+    generation: &crate::model::Generation,
+    vector: impl Fn(&str) -> Vec<f32>,
+) -> u64 {
+    let Some(batch) = store.claim_owed("w", LEASE, 2000).await.expect("claim") else {
+        return 0;
+    };
+    let vectors = batch
+        .items
+        .iter()
+        .map(|i| (i.doc, vector(&i.text)))
+        .collect();
+    store
+        .store_vectors(&batch.claim, generation, vectors)
+        .await
+        .expect("store")
+}
+
+#[tokio::test]
+async fn erasure_takes_vectors_and_debts_with_the_text_and_a_racing_batch_writes_nothing() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let generation = Generation::new("m", 2);
+        let append = |name: &'static str, texts: &'static [&'static str]| {
+            let store = store.clone();
+            let t = t.clone();
+            async move {
+                store
+                    .append(&t, &session(name), entries(texts), POLICY, 0)
+                    .await
+                    .expect("append");
+            }
+        };
+        append("kept", &["a"]).await;
+        append("gone", &["b", "c"]).await;
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (3, 0));
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        assert_eq!(batch.items.len(), 3);
+        // A second worker finds nothing while the claim lives.
+        assert!(
+            store
+                .claim_owed("v", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        // A stale claim (another token) stores nothing.
+        let stale = embeddings::BatchClaim {
+            owner: batch.claim.owner.clone(),
+            token: batch.claim.token.wrapping_add(1),
+        };
+        let vectors: Vec<(i64, Vec<f32>)> = batch
+            .items
+            .iter()
+            .map(|i| (i.doc, vec![0.6, 0.8]))
+            .collect();
+        assert_eq!(
+            store
+                .store_vectors(&stale, &generation, vectors.clone())
+                .await
+                .expect("store"),
+            0
+        );
+        assert_eq!(
+            store
+                .store_vectors(&batch.claim, &generation, vectors)
+                .await
+                .expect("store"),
+            3
+        );
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (0, 3));
+        assert_eq!(
+            store
+                .generation_dimensions(&generation)
+                .await
+                .expect("dims"),
+            Some(2)
+        );
+
+        store
+            .delete_session(&t, &session("gone"))
+            .await
+            .expect("delete");
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.embedded, backlog.pending), (1, 0));
+
+        // A batch claimed before an erasure stores nothing after it.
+        append("racing", &["d"]).await;
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        store
+            .delete_session(&t, &session("racing"))
+            .await
+            .expect("delete");
+        let late: Vec<(i64, Vec<f32>)> = batch
+            .items
+            .iter()
+            .map(|i| (i.doc, vec![1.0, 0.0]))
+            .collect();
+        assert_eq!(
+            store
+                .store_vectors(&batch.claim, &generation, late)
+                .await
+                .expect("store"),
+            0
+        );
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.embedded, backlog.pending), (1, 0));
+
+        // Expiry erases as DeleteSession does.
+        store
+            .expire_sessions(Millis::now(), 10)
+            .await
+            .expect("expire");
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.embedded, backlog.pending), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn a_parked_batch_waits_for_another_embedder_configuration() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let generation = Generation::new("m", 2);
+        store
+            .append(&t, &session("s"), entries(&["a", "b"]), POLICY, 0)
+            .await
+            .expect("append");
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        let ended = |disposition| embeddings::EndedBatch {
+            disposition,
+            attempts: 1,
+            failure: Some(failure(FailureClass::Unauthorized)),
+            fingerprint: "key-1".to_owned(),
+        };
+        assert_eq!(
+            store
+                .end_batch(&batch.claim, ended(Disposition::Park))
+                .await
+                .expect("end"),
+            2
+        );
+        let backlog = store
+            .embedding_backlog(Some(&t), &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.parked), (0, 2));
+        assert_eq!(
+            backlog.parked_by_class,
+            vec![("unauthorized".to_owned(), 2)]
+        );
+        assert_eq!(
+            backlog.last_failure.map(|f| f.class),
+            Some(FailureClass::Unauthorized)
+        );
+        // Parked: not claimed again, and the same configuration unparks
+        // nothing.
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        assert_eq!(store.unpark_owed("key-1").await.expect("unpark"), 0);
+        assert_eq!(store.unpark_owed("key-2").await.expect("unpark"), 2);
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("due again");
+        assert_eq!(batch.passes, 1);
+        // A retry later leaves them owed, not due.
+        let later = Millis::now().saturating_add(Duration::from_secs(3600));
+        store
+            .end_batch(&batch.claim, ended(Disposition::Retry { at: later }))
+            .await
+            .expect("end");
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        let backlog = store
+            .embedding_backlog(Some(&t), &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.parked), (2, 0));
+    }
+}
+
+#[tokio::test]
+async fn the_semantic_leg_finds_every_hit_within_its_scope_however_many_are_nearer_outside() {
+    use crate::model::Generation;
+    // Far more texts outside the scope lie nearer the query than the
+    // index's candidate list holds (ef_search 40): a filter applied after
+    // the index's limit would find none of those inside.
+    const OUTSIDE: usize = 300;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let other = Tenant("other".to_owned());
+        let generation = Generation::new("m", 3);
+        let near: Vec<String> = (0..OUTSIDE).map(|i| format!("near {i}")).collect();
+        let near: Vec<&str> = near.iter().map(String::as_str).collect();
+        store
+            .append(&t, &session("outside"), entries(&near), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(&other, &session("inside"), entries(&near[..50]), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(
+                &t,
+                &session("inside"),
+                entries(&["in 1", "in 2", "in 3", "in 4", "in 5"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        // Not yet embedded: the leg finds nothing and says so.
+        let query = vec![1.0f32, 0.0, 0.0];
+        let scope = SearchScope {
+            sessions: vec![session("inside")],
+            ..SearchScope::default()
+        };
+        let leg = store
+            .semantic_leg(&t, &scope, &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        assert_eq!(leg.embedded_share, 0.0);
+
+        let unit = |x: f32| {
+            let y = (1.0 - x * x).sqrt();
+            vec![x, y, 0.0]
+        };
+        let stored = embed_all(&store, &generation, |text| {
+            if let Some(n) = text.strip_prefix("in ") {
+                // Further from the query the larger n: 0.5 .. 0.1.
+                let n: f32 = n.parse().expect("number");
+                unit(0.6 - n / 10.0)
+            } else {
+                unit(0.99)
+            }
+        })
+        .await;
+        assert_eq!(stored as usize, OUTSIDE + 50 + 5);
+
+        let leg = store
+            .semantic_leg(&t, &scope, &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        let texts: Vec<&str> = leg.hits.iter().map(|h| h.text.as_str()).collect();
+        assert_eq!(texts, vec!["in 1", "in 2", "in 3", "in 4", "in 5"]);
+        assert!(leg.hits.iter().all(|h| h.session == "inside"));
+        assert_eq!(leg.embedded_share, 1.0);
+        // The limit holds within the scope too.
+        let leg = store
+            .semantic_leg(&t, &scope, &generation, query.clone(), 2)
+            .await
+            .expect("leg");
+        assert_eq!(leg.hits.len(), 2);
+        // Every filter is inside the leg: no entry of another role, none
+        // before a time, no summary among entries only.
+        let roles = SearchScope {
+            roles: vec![Role::Assistant],
+            ..scope.clone()
+        };
+        let leg = store
+            .semantic_leg(&t, &roles, &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        let later = SearchScope {
+            after: Some(Millis::now().saturating_add(Duration::from_secs(60))),
+            ..scope.clone()
+        };
+        let leg = store
+            .semantic_leg(&t, &later, &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        let recaps = SearchScope {
+            levels: vec![1],
+            ..scope.clone()
+        };
+        let leg = store
+            .semantic_leg(&t, &recaps, &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        // The whole tenant: the nearest are outside, and another tenant's
+        // (as near) are never among them.
+        let leg = store
+            .semantic_leg(&t, &SearchScope::default(), &generation, query.clone(), 10)
+            .await
+            .expect("leg");
+        assert_eq!(leg.hits.len(), 10);
+        assert!(leg.hits.iter().all(|h| h.session == "outside"));
+        // A query of another length is of another generation.
+        let leg = store
+            .semantic_leg(&t, &scope, &generation, vec![1.0, 0.0], 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        // Another tenant sees its own only.
+        let leg = store
+            .semantic_leg(&other, &scope, &generation, query.clone(), 100)
+            .await
+            .expect("leg");
+        assert_eq!(leg.hits.len(), 50);
+    }
+}

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use archivist::config::{Config, EmbeddingKind};
 use archivist::pb;
 use serde_json::{Value, json};
+use tokio_postgres::NoTls;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
@@ -487,4 +488,285 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
     .await;
     assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
     server.stop().await;
+}
+
+/// The server with pgvector the PostgreSQL cases use: no default (`.ci/pgvector
+/// start` prints one, `.ci/run` exports it).
+const VECTOR_URL_ENV: &str = "ARCHIVIST_TEST_PGVECTOR_URL";
+const REQUIRE_ENV: &str = "ARCHIVIST_REQUIRE_PG";
+
+/// A database of this test's own on the pgvector server, dropped after.
+struct VectorDatabase {
+    url: String,
+    admin: String,
+    name: String,
+}
+
+impl Drop for VectorDatabase {
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok((client, conn)) = tokio_postgres::connect(&admin, NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+impl VectorDatabase {
+    /// A fresh database on the pgvector server, or None (with a notice)
+    /// when none is named and none is required.
+    async fn fresh() -> Option<VectorDatabase> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
+        let Some(admin) = std::env::var(VECTOR_URL_ENV).ok().filter(|u| !u.is_empty()) else {
+            assert!(
+                !required,
+                "{VECTOR_URL_ENV} is not set and {REQUIRE_ENV}=1 (.ci/pgvector start prints one)"
+            );
+            eprintln!("{VECTOR_URL_ENV} is not set: skipping the PostgreSQL-with-pgvector case");
+            return None;
+        };
+        let (client, conn) = tokio_postgres::connect(&admin, NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("{VECTOR_URL_ENV} does not answer: {e}"));
+        tokio::spawn(conn);
+        let name = format!(
+            "archivist_vec_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        let base = admin.split('?').next().unwrap_or(&admin);
+        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+        Some(VectorDatabase {
+            url: format!("{base}/{name}"),
+            admin,
+            name,
+        })
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        let (client, conn) = tokio_postgres::connect(&self.url, NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        client.query_one(sql, &[]).await.expect(sql).get(0)
+    }
+}
+
+/// What the binary is given to embed through `mock` on PostgreSQL `url`.
+fn binary_env(url: &str, base: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("ARCHIVIST_STORAGE_BACKEND", "postgres".to_owned()),
+        ("ARCHIVIST_STORAGE_URL", url.to_owned()),
+        ("ARCHIVIST_EMBEDDING_KIND", "openai".to_owned()),
+        ("ARCHIVIST_EMBEDDING_BASE_URL", format!("{base}/v1")),
+        ("ARCHIVIST_EMBEDDING_MODEL", "concepts".to_owned()),
+        ("ARCHIVIST_EMBEDDING_BATCH", "2".to_owned()),
+        ("ARCHIVIST_RECONCILER_INTERVAL", "100ms".to_owned()),
+        ("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms".to_owned()),
+        // Segments that never close: the texts owed are the entries only.
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "100000".to_owned()),
+        ("ARCHIVIST_SEGMENT_MAX_TOKENS", "10000000".to_owned()),
+        ("ARCHIVIST_SEGMENT_MAX_IDLE", "1h".to_owned()),
+    ]
+}
+
+async fn binary_backlog(client: &archivist::client::Client) -> pb::EmbeddingBacklog {
+    client
+        .clone()
+        .get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect("backlog")
+        .into_inner()
+        .embeddings
+        .expect("embedding backlog")
+}
+
+async fn binary_search(
+    client: &archivist::client::Client,
+    req: pb::SearchRequest,
+) -> pb::SearchResponse {
+    client
+        .clone()
+        .search(req)
+        .await
+        .expect("search")
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_with_pgvector_each_text_is_embedded_once_found_by_meaning_in_scope_and_erased()
+{
+    let Some(db) = VectorDatabase::fresh().await else {
+        return;
+    };
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = binary_env(&db.url, &mock.uri());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = crate::binary::Process::start(dir.path(), &env).await;
+    let client = server.client().await;
+    client
+        .clone()
+        .append_entries(crate::harness::append_request(
+            "s",
+            &[SISTER, CAR, RAIN, "ok", "thanks"],
+        ))
+        .await
+        .expect("append");
+    // A crowd outside the scope, every one nearer the question than
+    // anything in "s", and more of them than the index's candidate list
+    // (ef_search 40 for a limit of 10).
+    let crowd: Vec<String> = (0..120)
+        .map(|i| format!("sister sibling female called {i}"))
+        .collect();
+    let crowd: Vec<&str> = crowd.iter().map(String::as_str).collect();
+    for chunk in crowd.chunks(40) {
+        client
+            .clone()
+            .append_entries(crate::harness::append_request("crowd", chunk))
+            .await
+            .expect("append");
+    }
+    let total = 5 + crowd.len() as u64;
+    let drained = eventually(Duration::from_secs(60), || async {
+        let b = binary_backlog(&client).await;
+        b.pending == 0 && b.embedded == total
+    })
+    .await;
+    assert!(drained, "{:?}", binary_backlog(&client).await);
+    // Each text once (every request was answered, so each input seen is
+    // one embedded), in batches of at most two.
+    let mut inputs = fake.inputs();
+    inputs.sort();
+    let mut expected: Vec<&str> = vec![SISTER, CAR, RAIN, "ok", "thanks"];
+    expected.extend(&crowd);
+    expected.sort();
+    assert_eq!(inputs, expected);
+    let sent = fake.requests();
+    assert!(
+        (total.div_ceil(2)..=total).contains(&(sent as u64)),
+        "{sent} requests for {total} texts"
+    );
+    // The generation's index is there, and the vectors are counted.
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'embeddings_hnsw_%'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM embeddings").await,
+        total as i64
+    );
+
+    let question = "female sibling called";
+    let mut in_scope = search(question, pb::SearchMode::Semantic);
+    in_scope.session_ids = vec!["s".into()];
+    let semantic = binary_search(&client, in_scope.clone()).await;
+    assert_eq!(semantic.legs, vec![pb::SearchLeg::Semantic as i32]);
+    assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    // Every text of the scope comes back (five, under the limit of ten),
+    // however many nearer ones lie outside it.
+    assert_eq!(semantic.hits.len(), 5, "{:?}", semantic.hits);
+    assert!(semantic.hits.iter().all(|h| h.session_id == "s"));
+    assert_eq!(semantic.embedded_share, 1.0);
+    let lexical = binary_search(&client, {
+        let mut r = search(question, pb::SearchMode::Lexical);
+        r.session_ids = vec!["s".into()];
+        r
+    })
+    .await;
+    assert!(lexical.hits.iter().all(|h| h.text != SISTER));
+    let mut auto = search(question, pb::SearchMode::Auto);
+    auto.session_ids = vec!["s".into()];
+    let auto = binary_search(&client, auto).await;
+    assert_eq!(auto.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    // The whole tenant: the crowd is nearest.
+    let everywhere = binary_search(&client, search(question, pb::SearchMode::Semantic)).await;
+    assert_eq!(everywhere.hits.len(), 10);
+    // One query embedded per search that needs one (lexical needs none).
+    assert_eq!(fake.requests(), sent + 3);
+
+    client
+        .clone()
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: "s".into(),
+        })
+        .await
+        .expect("delete");
+    assert!(binary_search(&client, in_scope).await.hits.is_empty());
+    // The rows are gone, in the erasure's transaction: only the crowd's
+    // vectors are left, and nothing is owed.
+    assert_eq!(
+        db.count("SELECT count(*) FROM embeddings").await,
+        crowd.len() as i64
+    );
+    assert_eq!(db.count("SELECT count(*) FROM embeddings_owed").await, 0);
+    assert_eq!(binary_backlog(&client).await.embedded, crowd.len() as u64);
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgresql_without_pgvector_is_refused_at_start_up_by_name() {
+    let Some(db) = crate::replicas::database().await else {
+        return;
+    };
+    let (client, conn) = tokio_postgres::connect(&db.url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let available = client
+        .query_opt(
+            "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'",
+            &[],
+        )
+        .await
+        .expect("extensions");
+    if available.is_some() {
+        eprintln!("the plain PostgreSQL server has pgvector: nothing to refuse here");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = binary_env(&db.url, "http://127.0.0.1:9");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn archivist");
+    let exited = eventually(Duration::from_secs(30), || {
+        let done = matches!(child.try_wait(), Ok(Some(_)));
+        async move { done }
+    })
+    .await;
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(exited, "the server started without pgvector: {stderr}");
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("`vector` extension") && stderr.contains("pgvector"),
+        "{stderr}"
+    );
 }

@@ -1,7 +1,8 @@
 //! Erasing sessions: one on request (DeleteSession), every one of a
 //! subject (DeleteSubject) and those idle past retention (expiry). Each erasure locks the tenant's usage row and the
-//! session's row, then its nodes, and deletes summaries, segments, entries
-//! and the session, and its bytes from the tenant's count.
+//! session's row, then its nodes, and deletes summaries, segments, entries,
+//! what they were owed of embeddings and their vectors, and the session,
+//! and its bytes from the tenant's count.
 //!
 //! One transaction however large the session, unlike SQLite's batches
 //! (`sqlite/sessions.rs`): PostgreSQL has no single writer, and under MVCC
@@ -54,17 +55,28 @@ async fn erase_tx(
     let entries = client
         .prepare_cached("DELETE FROM entries WHERE session_id = $1")
         .await?;
+    // The debts before the vectors (postgres/embeddings.rs): a batch
+    // settling some of them is waited for here, and the vectors it stored
+    // are then seen, and deleted, by the next statement.
+    let owed = client
+        .prepare_cached("DELETE FROM embeddings_owed WHERE session_id = $1")
+        .await?;
+    let vectors = client
+        .prepare_cached("DELETE FROM embeddings WHERE session_id = $1")
+        .await?;
     let session = client
         .prepare_cached("DELETE FROM sessions WHERE id = $1")
         .await?;
     // One round trip; the server runs them in this order.
-    let (_, counted, _, segments, _, _) = tokio::try_join!(
+    let (_, counted, _, segments, _, _, _, _) = tokio::try_join!(
         biased;
         async { client.query(&lock, &[&id]).await },
         async { client.query_one(&count, &[&id, &overhead]).await },
         async { client.execute(&summaries, &[&id]).await },
         async { client.execute(&segments, &[&id]).await },
         async { client.execute(&entries, &[&id]).await },
+        async { client.execute(&owed, &[&id]).await },
+        async { client.execute(&vectors, &[&id]).await },
         async { client.execute(&session, &[&id]).await },
     )?;
     let entries: i64 = counted.try_get(0)?;

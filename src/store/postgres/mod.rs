@@ -8,7 +8,9 @@
 //! `erasure.rs` (deleting and expiring sessions), `segments.rs` (reads,
 //! listings, the backlog, requeues, the due scan), `entries.rs` (the
 //! transcript, paged), `claims.rs` (claims and what is written under
-//! them), `runs.rs` (the provider each kind of run last used), `notes.rs`
+//! them), `embeddings.rs` (what is owed a vector, the vectors, the
+//! semantic leg through pgvector), `runs.rs` (the provider each kind of
+//! run last used), `notes.rs`
 //! (events between replicas, LISTEN/NOTIFY); `rows.rs` decodes rows and
 //! `schema.rs` migrates.
 //!
@@ -63,6 +65,7 @@
 //! flush, and the append writers share each flush among a batch.
 
 mod claims;
+mod embeddings;
 mod entries;
 mod erasure;
 mod index;

@@ -8,7 +8,7 @@ use crate::store::StoreError;
 
 /// The advisory lock migrations hold (any fixed number; "archivist" in
 /// ASCII, cut to 63 bits).
-const MIGRATION_LOCK: i64 = 0x6172_6368_6976_6973;
+pub(super) const MIGRATION_LOCK: i64 = 0x6172_6368_6976_6973;
 
 /// The table that records which migrations have been applied.
 const VERSION_TABLE: &str = "archivist_schema_version";
@@ -207,6 +207,110 @@ FROM (SELECT 1) one
 LEFT JOIN LATERAL (SELECT session_id, seq FROM entries WHERE tsv IS NULL
                    ORDER BY session_id DESC, seq DESC LIMIT 1) e ON true
 LEFT JOIN LATERAL (SELECT max(segment_id) AS segment_id FROM summaries WHERE tsv IS NULL) s ON true;
+"#,
+    r#"
+-- Embeddings (embeddings.rs), as SQLite keeps them. `doc` names an entry,
+-- (session_id << 32) | seq, or a summary, -segment_id. What is owed a
+-- vector has a row in embeddings_owed, made by a trigger in the statement
+-- that stores the text (whether embeddings are on or not: turning them on
+-- later owes the history); state 0 is owed, 1 parked (a class retrying
+-- cannot fix, until the embedder's configuration changes: `fingerprint`);
+-- a batch is claimed by owner and fencing token, and written only while
+-- they still match. Erasure (erasure.rs) deletes a session's debts, then
+-- its vectors, in its own transaction.
+--
+-- Nothing here needs the `vector` extension, so this schema stands on any
+-- PostgreSQL: vectors are kept as real[] (unit length), and pgvector comes
+-- in only through per-generation HNSW indexes over an expression casting
+-- them to vector(N), made (embeddings.rs) when a generation's first
+-- vectors are stored, on a server that archivist has checked has the
+-- extension (a server without it is refused at start-up when embeddings
+-- are on). One typmod-less column cannot carry an HNSW index (it needs a
+-- fixed dimension), and a generation's dimension is known only from its
+-- first answer (`dimensions = 0` is the model's own): a partial index per
+-- generation on `(vector::vector(N))`, WHERE generation = its id, gives
+-- each its own dimension, lets two generations stand side by side while one
+-- replaces the other, and goes with a DROP INDEX when the old one does.
+-- The filters of Search (time, role, level) are copied beside the vector so
+-- that the index scan tests each candidate without reading its text.
+CREATE TABLE embeddings_owed (
+    doc              BIGINT PRIMARY KEY,
+    session_id       BIGINT NOT NULL,
+    state            BIGINT NOT NULL DEFAULT 0,
+    next_attempt_at  BIGINT NOT NULL DEFAULT 0,
+    passes           BIGINT NOT NULL DEFAULT 0,
+    attempts         BIGINT NOT NULL DEFAULT 0,
+    failure_class    TEXT,
+    last_failure     TEXT,
+    failed_at        BIGINT,
+    fingerprint      TEXT,
+    claim_owner      TEXT,
+    claim_token      BIGINT,
+    claim_expires_at BIGINT
+);
+CREATE INDEX embeddings_owed_due ON embeddings_owed (state, next_attempt_at);
+CREATE INDEX embeddings_owed_by_session ON embeddings_owed (session_id);
+
+-- A generation (`model@dimensions`) by a small id that index names and
+-- statements can carry, with the length of its vectors.
+CREATE TABLE embedding_generations (
+    id         INTEGER GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name       TEXT    NOT NULL UNIQUE,
+    dimensions INTEGER NOT NULL
+);
+
+CREATE TABLE embeddings (
+    doc        BIGINT  NOT NULL,
+    generation INTEGER NOT NULL REFERENCES embedding_generations (id),
+    session_id BIGINT  NOT NULL,
+    level      BIGINT  NOT NULL,
+    role       BIGINT,
+    created_at BIGINT  NOT NULL,
+    vector     REAL[]  NOT NULL,
+    PRIMARY KEY (doc, generation)
+);
+CREATE INDEX embeddings_by_session ON embeddings (session_id);
+
+-- One statement's entries owed at once (the append writer inserts a batch
+-- in one statement): a transition table, not a trigger call per row.
+CREATE FUNCTION archivist_owe_entries() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO embeddings_owed (doc, session_id)
+    SELECT (session_id << 32) | seq, session_id FROM stored
+    ON CONFLICT (doc) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER entries_owed AFTER INSERT ON entries
+    REFERENCING NEW TABLE AS stored
+    FOR EACH STATEMENT EXECUTE FUNCTION archivist_owe_entries();
+
+-- A summary is owed when written, and again (its old vectors dropped) if
+-- its text ever changes.
+CREATE FUNCTION archivist_owe_summary() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        DELETE FROM embeddings WHERE doc = -OLD.segment_id;
+    END IF;
+    INSERT INTO embeddings_owed (doc, session_id)
+    SELECT -NEW.segment_id, g.session_id FROM segments g WHERE g.id = NEW.segment_id
+    ON CONFLICT (doc) DO UPDATE SET state = 0, next_attempt_at = 0, passes = 0,
+        attempts = 0, failure_class = NULL, last_failure = NULL, failed_at = NULL,
+        fingerprint = NULL;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER summaries_owed AFTER INSERT ON summaries
+    FOR EACH ROW EXECUTE FUNCTION archivist_owe_summary();
+CREATE TRIGGER summaries_reembedded AFTER UPDATE OF text ON summaries
+    FOR EACH ROW WHEN (OLD.text IS DISTINCT FROM NEW.text)
+    EXECUTE FUNCTION archivist_owe_summary();
+
+-- What was stored before this migration is owed too.
+INSERT INTO embeddings_owed (doc, session_id)
+    SELECT (session_id << 32) | seq, session_id FROM entries;
+INSERT INTO embeddings_owed (doc, session_id)
+    SELECT -m.segment_id, g.session_id FROM summaries m JOIN segments g ON g.id = m.segment_id;
 "#,
 ];
 

@@ -704,23 +704,27 @@ async fn found(store: &Store, q: &str) -> Vec<String> {
 }
 
 /// Takes the database back to before the search index's backlog
-/// migration (the last), then `then` changes its columns as an older build
-/// left them.
+/// migration (the fourth) and those after it (embeddings), then `then`
+/// changes its columns as an older build left them.
 async fn before_the_backlog(url: &str, then: &str) {
+    const BACKLOG: i32 = 4;
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("connect");
     tokio::spawn(connection);
-    let last = super::schema::known() as i32;
     client
         .execute(
-            "DELETE FROM archivist_schema_version WHERE version = $1",
-            &[&last],
+            "DELETE FROM archivist_schema_version WHERE version >= $1",
+            &[&BACKLOG],
         )
         .await
         .expect("version");
     client
-        .batch_execute(&format!("DROP TABLE search_state; {then}"))
+        .batch_execute(&format!(
+            "DROP TABLE search_state; \
+             DROP TABLE embeddings, embedding_generations, embeddings_owed; \
+             DROP FUNCTION archivist_owe_entries, archivist_owe_summary CASCADE; {then}"
+        ))
         .await
         .expect("older columns");
 }
