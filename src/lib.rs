@@ -46,6 +46,8 @@
 //!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
 //!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used,
 //!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures,
+//!   `fts.rs` the FTS5 table of each tenant and what the writer indexes,
+//!   `search.rs` the lexical leg, `index.rs` the index's backlog,
 //!   `embeddings.rs` batch claims, vectors and the exact cosine leg), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
 //!   concern, the append writers' group commit in `sessions.rs`,
