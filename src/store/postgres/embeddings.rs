@@ -23,9 +23,9 @@ use tokio_postgres::types::ToSql;
 
 use super::{Conn, DB_NOW, Postgres, transact, unsigned};
 use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Role, Tenant};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
 use crate::store::embeddings::{Batch, BatchClaim, EndedBatch, Owed, SemanticLeg};
-use crate::store::search::{SearchHit, SearchScope};
+use crate::store::search::SearchScope;
 use crate::store::{StoreError, encode_failure};
 
 /// The work bound of the semantic leg's transaction, as the lexical leg's.
@@ -567,23 +567,7 @@ impl Postgres {
         let (rows, total, embedded) = transact(&client, body).await?;
         let hits = rows
             .iter()
-            .map(|r| {
-                Ok(SearchHit {
-                    session: r.try_get(0)?,
-                    level: unsigned(r.try_get(1)?, "level")?,
-                    first_seq: unsigned(r.try_get(2)?, "seq")?,
-                    last_seq: unsigned(r.try_get(3)?, "seq")?,
-                    segment_id: r
-                        .try_get::<_, Option<i64>>(4)?
-                        .map(|id| unsigned(id, "segment id"))
-                        .transpose()?,
-                    role: r.try_get::<_, Option<i64>>(5)?.and_then(Role::from_code),
-                    created_at: Millis(r.try_get(6)?),
-                    text: r.try_get(7)?,
-                    score: 0.0,
-                    legs: Vec::new(),
-                })
-            })
+            .map(super::search::hit)
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(SemanticLeg {
             hits,

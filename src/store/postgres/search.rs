@@ -38,6 +38,26 @@ AND ($5::BIGINT IS NULL OR s.created_at > $5) AND ($6::BIGINT IS NULL OR s.creat
 AND $7::BIGINT[] IS NULL AND g.level = ANY($8::BIGINT[]) \
 ) hits ORDER BY r DESC, created_at DESC, name, first_seq DESC LIMIT $9";
 
+/// A hit as both legs' statements select it (session name, level, seq
+/// range, segment, role, time, text).
+pub(super) fn hit(r: &tokio_postgres::Row) -> Result<SearchHit, StoreError> {
+    Ok(SearchHit {
+        session: r.try_get(0)?,
+        level: unsigned(r.try_get(1)?, "level")?,
+        first_seq: unsigned(r.try_get(2)?, "seq")?,
+        last_seq: unsigned(r.try_get(3)?, "seq")?,
+        segment_id: r
+            .try_get::<_, Option<i64>>(4)?
+            .map(|id| unsigned(id, "segment id"))
+            .transpose()?,
+        role: r.try_get::<_, Option<i64>>(5)?.and_then(Role::from_code),
+        created_at: Millis(r.try_get(6)?),
+        text: r.try_get(7)?,
+        score: 0.0,
+        legs: Vec::new(),
+    })
+}
+
 impl Postgres {
     pub(crate) async fn search(
         &self,
@@ -82,25 +102,7 @@ impl Postgres {
             })
         };
         let rows = transact(&client, body).await?;
-        rows.iter()
-            .map(|r| {
-                Ok(SearchHit {
-                    session: r.try_get(0)?,
-                    level: unsigned(r.try_get(1)?, "level")?,
-                    first_seq: unsigned(r.try_get(2)?, "seq")?,
-                    last_seq: unsigned(r.try_get(3)?, "seq")?,
-                    segment_id: r
-                        .try_get::<_, Option<i64>>(4)?
-                        .map(|id| unsigned(id, "segment id"))
-                        .transpose()?,
-                    role: r.try_get::<_, Option<i64>>(5)?.and_then(Role::from_code),
-                    created_at: Millis(r.try_get(6)?),
-                    text: r.try_get(7)?,
-                    score: 0.0,
-                    legs: Vec::new(),
-                })
-            })
-            .collect()
+        rows.iter().map(hit).collect()
     }
 
     /// Whether each term is in at least `COMMON_DOCS` of the tenant's

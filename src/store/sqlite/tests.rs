@@ -4,7 +4,7 @@
 //! equal a recount, and its log is checkpointed beside the writer.
 
 use super::*;
-use crate::model::{ContextItem, Millis, SegmentPolicy, SegmentState, Tenant};
+use crate::model::{ContextItem, SegmentPolicy, SegmentState, Tenant};
 use crate::store::Budget;
 use crate::store::tests::{entries, session};
 
@@ -773,117 +773,4 @@ async fn an_erasure_in_batches_lets_other_appends_through_and_counts_right() {
     assert_eq!(erasing_and_entries(dir.path()), (0, 50));
     drop(store);
     recount_kept_rows(dir.path());
-}
-
-/// Rows of `table` (the embeddings' own tables, read raw).
-async fn rows(store: &Sqlite, table: &'static str) -> i64 {
-    store
-        .read(move |conn| {
-            Ok(conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))?)
-        })
-        .await
-        .expect("count")
-}
-
-#[tokio::test]
-async fn erasure_takes_vectors_and_debts_with_the_text_and_a_racing_batch_writes_nothing() {
-    use crate::model::Generation;
-    use std::time::Duration;
-    let (_dir, store) = open().await;
-    let generation = Generation::new("m", 2);
-    assert!(append(&store, "kept", &["a"]).await);
-    assert!(append(&store, "gone", &["b", "c"]).await);
-    // Each entry (and, with max_entries 1, each closed segment's summary
-    // once written) is owed; no summaries are written here.
-    assert_eq!(rows(&store, "embeddings_owed").await, 3);
-    let lease = Duration::from_secs(60);
-    let batch = store
-        .claim_owed("w", lease, 10)
-        .await
-        .expect("claim")
-        .expect("a batch");
-    assert_eq!(batch.items.len(), 3);
-    // A second worker finds nothing while the claim lives.
-    assert!(
-        store
-            .claim_owed("v", lease, 10)
-            .await
-            .expect("claim")
-            .is_none()
-    );
-    let vectors: Vec<(i64, Vec<f32>)> = batch
-        .items
-        .iter()
-        .map(|i| (i.doc, vec![0.6, 0.8]))
-        .collect();
-    assert_eq!(
-        store
-            .store_vectors(&batch.claim, &generation, vectors.clone())
-            .await
-            .expect("store"),
-        3
-    );
-    assert_eq!(
-        (
-            rows(&store, "embeddings").await,
-            rows(&store, "embeddings_owed").await
-        ),
-        (3, 0)
-    );
-    assert_eq!(
-        store
-            .generation_dimensions(&generation)
-            .await
-            .expect("dims"),
-        Some(2)
-    );
-
-    store
-        .delete_session(&Tenant::default(), &session("gone"))
-        .await
-        .expect("delete");
-    assert_eq!(rows(&store, "embeddings").await, 1);
-    let backlog = store
-        .embedding_backlog(None, &generation)
-        .await
-        .expect("backlog");
-    assert_eq!((backlog.embedded, backlog.pending), (1, 0));
-
-    // A batch claimed before an erasure stores nothing after it.
-    assert!(append(&store, "racing", &["d"]).await);
-    let batch = store
-        .claim_owed("w", lease, 10)
-        .await
-        .expect("claim")
-        .expect("a batch");
-    store
-        .delete_session(&Tenant::default(), &session("racing"))
-        .await
-        .expect("delete");
-    let late: Vec<(i64, Vec<f32>)> = batch
-        .items
-        .iter()
-        .map(|i| (i.doc, vec![1.0, 0.0]))
-        .collect();
-    assert_eq!(
-        store
-            .store_vectors(&batch.claim, &generation, late)
-            .await
-            .expect("store"),
-        0
-    );
-    assert_eq!(rows(&store, "embeddings").await, 1);
-
-    // Expiry erases as DeleteSession does.
-    store
-        .expire_sessions(Millis::now(), 10)
-        .await
-        .expect("expire");
-    assert_eq!(
-        (
-            rows(&store, "embeddings").await,
-            rows(&store, "embeddings_owed").await
-        ),
-        (0, 0)
-    );
 }
