@@ -125,7 +125,6 @@ impl Postgres {
             let single = Query {
                 all: vec![vec![term.clone()]],
                 none: Vec::new(),
-                typed: String::new(),
             };
             let row = client
                 .query_one(
