@@ -123,16 +123,17 @@ impl Store {
     ) -> Result<Vec<SearchHit>, StoreError> {
         // Which terms are common is asked only where it can matter: a
         // query of one term is run as it is.
-        let mut common = Vec::new();
-        if query.positive().count() > 1 {
-            let terms: Vec<Term> = query.positive().cloned().collect();
+        let terms: Vec<Term> = query.positive().cloned().collect();
+        let common: Vec<Term> = if terms.len() > 1 {
             let flags = self.common_terms(tenant, &terms).await?;
-            common = terms
+            terms
                 .into_iter()
                 .zip(flags)
                 .filter_map(|(t, c)| c.then_some(t))
-                .collect();
-        }
+                .collect()
+        } else {
+            Vec::new()
+        };
         let is_common = |t: &Term| common.contains(t);
         // The strict leg leaves the common terms out, unless nothing else
         // is left: they add next to nothing to the ranking, and weighing

@@ -506,22 +506,9 @@ impl Postgres {
             return Ok(SemanticLeg::default());
         };
         let (id, dimensions): (i32, i32) = (row.try_get(0)?, row.try_get(1)?);
-        let subject = scope.subject.as_ref().map(|s| s.as_str());
-        let sessions = (!scope.sessions.is_empty()).then(|| {
-            scope
-                .sessions
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-        });
-        let roles = (!scope.roles.is_empty())
-            .then(|| scope.roles.iter().map(|r| r.code()).collect::<Vec<i64>>());
-        let levels: Vec<i64> = scope.levels().into_iter().map(i64::from).collect();
-        let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
+        let values = super::search::ScopeValues::new(tenant, scope);
         let wanted = i64::from(limit);
-        let filters: [&(dyn ToSql + Sync); 7] = [
-            &tenant.0, &subject, &sessions, &after, &before, &roles, &levels,
-        ];
+        let filters = values.params();
         // The index's candidate list at least the limit (so one pass of
         // the graph can fill it), within what pgvector takes.
         let ef_search = limit.clamp(40, 1000);

@@ -4,6 +4,7 @@
 //! applied before the limit; and the probe that finds common terms.
 
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use super::{Postgres, transact, unsigned};
 use crate::model::{Millis, Role, Tenant};
@@ -38,6 +39,46 @@ AND ($5::BIGINT IS NULL OR s.created_at > $5) AND ($6::BIGINT IS NULL OR s.creat
 AND $7::BIGINT[] IS NULL AND g.level = ANY($8::BIGINT[]) \
 ) hits ORDER BY r DESC, created_at DESC, name, first_seq DESC LIMIT $9";
 
+/// The scope's filters as both legs' statements take them, in this order:
+/// tenant, subject, session names, after, before, roles, levels.
+pub(super) struct ScopeValues<'a> {
+    tenant: &'a str,
+    subject: Option<&'a str>,
+    sessions: Option<Vec<&'a str>>,
+    after: Option<i64>,
+    before: Option<i64>,
+    roles: Option<Vec<i64>>,
+    levels: Vec<i64>,
+}
+
+impl<'a> ScopeValues<'a> {
+    pub(super) fn new(tenant: &'a Tenant, scope: &'a SearchScope) -> ScopeValues<'a> {
+        ScopeValues {
+            tenant: &tenant.0,
+            subject: scope.subject.as_ref().map(|s| s.as_str()),
+            sessions: (!scope.sessions.is_empty())
+                .then(|| scope.sessions.iter().map(|s| s.as_str()).collect()),
+            after: scope.after.map(|m| m.0),
+            before: scope.before.map(|m| m.0),
+            roles: (!scope.roles.is_empty())
+                .then(|| scope.roles.iter().map(|r| r.code()).collect()),
+            levels: scope.levels().into_iter().map(i64::from).collect(),
+        }
+    }
+
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+        [
+            &self.tenant,
+            &self.subject,
+            &self.sessions,
+            &self.after,
+            &self.before,
+            &self.roles,
+            &self.levels,
+        ]
+    }
+}
+
 /// A hit as both legs' statements select it (session name, level, seq
 /// range, segment, role, time, text).
 pub(super) fn hit(r: &tokio_postgres::Row) -> Result<SearchHit, StoreError> {
@@ -69,29 +110,19 @@ impl Postgres {
     ) -> Result<Vec<SearchHit>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(LEG).await?;
-        let subject = scope.subject.as_ref().map(|s| s.as_str());
-        let sessions = (!scope.sessions.is_empty()).then(|| {
-            scope
-                .sessions
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-        });
-        let roles = (!scope.roles.is_empty())
-            .then(|| scope.roles.iter().map(|r| r.code()).collect::<Vec<i64>>());
-        let levels: Vec<i64> = scope.levels().into_iter().map(i64::from).collect();
-        let (after, before) = (scope.after.map(|m| m.0), scope.before.map(|m| m.0));
+        let values = ScopeValues::new(tenant, scope);
         let text = query.websearch();
         let limit = i64::from(limit);
         let setting = format!("SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}");
         // Pipelined: BEGIN, the bound and the search go out together.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
-            &text, &tenant.0, &subject, &sessions, &after, &before, &roles, &levels, &limit,
-            &weighed,
-        ];
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&text];
+        params.extend_from_slice(&values.params());
+        params.extend_from_slice(&[&limit, &weighed]);
         let body = async {
-            let (set, rows) =
-                tokio::join!(client.batch_execute(&setting), client.query(&stmt, &params));
+            let (set, rows) = tokio::join!(
+                client.batch_execute(&setting),
+                client.query(&stmt, params.as_slice())
+            );
             set?;
             rows.map_err(|e| {
                 if e.code() == Some(&SqlState::QUERY_CANCELED) {

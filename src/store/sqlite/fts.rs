@@ -121,17 +121,9 @@ pub(super) fn index(conn: &Connection, k: i64, doc: i64, body: &str) -> Result<b
     Ok(true)
 }
 
-/// Takes document `doc` (whose text was `body`) out of the tenant's
-/// index, if it is there.
-pub(super) fn unindex(
-    conn: &Connection,
-    tenant: &str,
-    doc: i64,
-    body: &str,
-) -> Result<(), StoreError> {
-    let Some(k) = table_of(conn, tenant)? else {
-        return Ok(());
-    };
+/// Takes document `doc` (whose text was `body`) out of table `k`, if it
+/// is there.
+pub(super) fn unindex(conn: &Connection, k: i64, doc: i64, body: &str) -> Result<(), StoreError> {
     if !indexed(conn, k, doc)? {
         return Ok(());
     }

@@ -49,7 +49,7 @@ fn tombstone_tx(
     let entries: u64 = conn
         .prepare_cached("SELECT count(*) FROM entries WHERE session_id = ?1")?
         .query_row([id], |r| r.get(0))?;
-    {
+    if let Some(k) = fts::table_of(conn, tenant)? {
         let mut stmt = conn.prepare_cached(
             "SELECT m.segment_id, m.text FROM summaries m JOIN segments g ON g.id = m.segment_id \
              WHERE g.session_id = ?1",
@@ -58,7 +58,7 @@ fn tombstone_tx(
         while let Some(row) = rows.next()? {
             let segment: i64 = row.get(0)?;
             let text: String = row.get(1)?;
-            fts::unindex(conn, tenant, -segment, &text)?;
+            fts::unindex(conn, k, -segment, &text)?;
         }
     }
     conn.prepare_cached(
@@ -93,6 +93,7 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
     let tenant: String = conn
         .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
         .query_row([id], |r| r.get(0))?;
+    let table = fts::table_of(conn, &tenant)?;
     let mut upto = None;
     let mut bytes = 0u64;
     {
@@ -107,7 +108,9 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
             let len: u64 = row.get(1)?;
             let content: String = row.get(2)?;
             // Out of the index in the transaction that deletes the row.
-            fts::unindex(conn, &tenant, (id << 32) | seq, &content)?;
+            if let Some(k) = table {
+                fts::unindex(conn, k, (id << 32) | seq, &content)?;
+            }
             upto = Some(seq);
             bytes += len;
             if bytes >= ERASE_BATCH_BYTES {
