@@ -17,7 +17,7 @@ use crate::breaker::{BreakerState, TRIP_AFTER};
 use crate::model::{Millis, ProviderIdentity, Segment, SegmentId, SegmentState, SessionName};
 use crate::pass::PassOutcome;
 use crate::pass::embed::{BatchOutcome, Embedding};
-use crate::store::{BackfillFilter, StoreError};
+use crate::store::{BackfillFilter, DROP_BATCH, Dropped, StoreError};
 
 #[derive(Clone, Debug)]
 pub(crate) struct Options {
@@ -298,6 +298,10 @@ pub(crate) async fn run_embeddings(
     let store = &app.store;
     let generation = embedding.generation();
     store.unpark_owed(&embedding.fingerprint()).await?;
+    // A change of generation: everything stored is owed for the new one
+    // now (the operator asked for the drain; no rate applies).
+    embedding.start_generation().await?;
+    while !store.reowe(&generation, u64::MAX).await?.done {}
     let before = store.embedding_backlog(None, &generation).await?;
     let mut report = EmbeddingReport {
         generation: generation.as_str().to_owned(),
@@ -349,6 +353,10 @@ pub(crate) async fn run_embeddings(
                 progress(state);
             }
         }
+    }
+    // Complete: the old generations' vectors go.
+    if !report.interrupted {
+        while let Dropped::Vectors(1..) = store.drop_old_vectors(&generation, DROP_BATCH).await? {}
     }
     let after = store.embedding_backlog(None, &generation).await?;
     report.embedded_total = after.embedded;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::breaker::Breaker;
 use crate::config::{Config, ReconcilerConfig};
@@ -18,7 +18,7 @@ use crate::events::{EventKind, Hub};
 use crate::failure::cause_chain;
 use crate::metrics::Metrics;
 use crate::model::{Millis, SegmentId};
-use crate::pass::embed::{BatchOutcome, Embedding};
+use crate::pass::embed::{BatchOutcome, Embedding, Reembedded};
 use crate::pass::{PassOutcome, Reports, Summariser};
 use crate::store::{SessionRef, Store};
 
@@ -37,6 +37,8 @@ pub struct Reconciler {
     /// `retention.session_ttl`: a session with no append this long is
     /// erased; zero: never.
     session_ttl: Duration,
+    /// `embedding.reembed_rate`: texts a second.
+    reembed_rate: u32,
     wake: Arc<Notify>,
     /// Told once the first round (idle closing, expiry, the first scan and
     /// the passes it starts) is done.
@@ -78,6 +80,7 @@ impl Reconciler {
             config: config.reconciler.clone(),
             max_idle: config.segment.max_idle,
             session_ttl: config.retention.session_ttl,
+            reembed_rate: config.embedding.reembed_rate,
             wake: reports.wake,
             ready: None,
         }
@@ -103,13 +106,25 @@ impl Reconciler {
         let mut embedding: JoinSet<BatchOutcome> = JoinSet::new();
         // Whether owed embeddings may be due: cleared when a step finds
         // none, set again by a tick, a wake-up or a step that did work.
-        let mut owed = self.unpark_embeddings().await;
+        let mut owed = self.start_embeddings().await;
+        // The last embedding step found nothing due: a change of
+        // generation's re-embedding may owe more (fresh texts go first).
+        let mut caught_up = false;
+        // The re-embedding after a change of generation is over.
+        let mut reembedded = false;
         let mut ticked = true;
         let mut ready = self.ready.take();
         loop {
             if std::mem::take(&mut ticked) {
                 self.close_idle().await;
                 self.expire().await;
+                if caught_up && !reembedded {
+                    match self.reembed().await {
+                        Some(Reembedded::Owed(_)) => caught_up = false,
+                        Some(Reembedded::Complete) => reembedded = true,
+                        _ => {}
+                    }
+                }
             }
             self.fill(&mut running).await;
             if owed {
@@ -127,6 +142,7 @@ impl Reconciler {
                 Some(_) = running.join_next(), if !running.is_empty() => {}
                 Some(done) = embedding.join_next(), if !embedding.is_empty() => {
                     owed = !matches!(done, Ok(BatchOutcome::Idle | BatchOutcome::StoreFailed));
+                    caught_up = matches!(done, Ok(BatchOutcome::Idle));
                 }
             }
         }
@@ -141,12 +157,17 @@ impl Reconciler {
         while embedding.join_next().await.is_some() {}
     }
 
-    /// Makes owed embeddings parked under another embedder configuration
-    /// due again (as recaps are at start-up); true when embeddings are on.
-    async fn unpark_embeddings(&self) -> bool {
+    /// Makes the embedder's generation the active one (a change starts
+    /// the re-embedding) and owed embeddings parked under another embedder
+    /// configuration due again (as recaps are at start-up); true when
+    /// embeddings are on.
+    async fn start_embeddings(&self) -> bool {
         let Some(e) = &self.embedding else {
             return false;
         };
+        if let Err(err) = e.start_generation().await {
+            warn!(error = %cause_chain(&err).join(": "), "recording the embedding generation failed");
+        }
         match self.store.unpark_owed(&e.fingerprint()).await {
             Ok(0) => {}
             Ok(n) => info!(
@@ -158,6 +179,34 @@ impl Reconciler {
             }
         }
         true
+    }
+
+    /// One round of the re-embedding after a change of generation: at
+    /// most `embedding.reembed_rate` texts a second on average, a tick's
+    /// worth at a time. None when embeddings are off or the store failed.
+    async fn reembed(&self) -> Option<Reembedded> {
+        let e = self.embedding.as_ref()?;
+        let limit = (self.reembed_rate as f64 * self.config.interval.as_secs_f64()).ceil() as u64;
+        match e.reembed(limit.max(1)).await {
+            Ok(done) => {
+                match done {
+                    Reembedded::Owed(n) => {
+                        debug!(owed = n, "texts owed for the new embedding generation")
+                    }
+                    Reembedded::Dropped(n) => debug!(dropped = n, "old embedding vectors dropped"),
+                    Reembedded::Complete => info!(
+                        generation = e.generation().as_str(),
+                        "every stored text has a vector of the embedding generation; no older vectors are left"
+                    ),
+                    Reembedded::Waiting => {}
+                }
+                Some(done)
+            }
+            Err(err) => {
+                warn!(error = %cause_chain(&err).join(": "), "re-embedding after a change of generation could not use the store");
+                None
+            }
+        }
     }
 
     /// Starts embedding steps up to `concurrency`, one at a time while the

@@ -301,6 +301,7 @@ ceiling = "15s"
         assert_eq!(Config::default().embedding.batch, 32);
         for (text, key) in [
             ("[embedding]\nbatch = 0\n", "embedding.batch"),
+            ("[embedding]\nreembed_rate = 0\n", "embedding.reembed_rate"),
             ("[embedding]\ndimensions = 100000\n", "embedding.dimensions"),
             (
                 "[embedding]\nkind = \"openai\"\nbase_url = \"ftp://x\"\n",

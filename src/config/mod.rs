@@ -394,6 +394,14 @@ pub struct EmbeddingConfig {
     pub dimensions: u32,
     /// Inputs per request.
     pub batch: u32,
+    /// The model name a search's query is embedded with; empty: `model`.
+    /// For models with a query input type (e5's "query" against
+    /// "passage"): it must make vectors of the same space as `model`'s.
+    pub query_model: String,
+    /// After a change of model or dimensions, the most texts a second
+    /// (on average, a reconciler tick's worth at a time) made owed again
+    /// for the new generation; fresh texts go first.
+    pub reembed_rate: u32,
 }
 
 impl EmbeddingConfig {
@@ -411,6 +419,8 @@ impl Default for EmbeddingConfig {
             api_key_env: "OPENAI_API_KEY".to_owned(),
             dimensions: 0,
             batch: 32,
+            query_model: String::new(),
+            reembed_rate: 100,
         }
     }
 }

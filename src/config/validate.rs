@@ -222,6 +222,12 @@ impl Config {
                 &format!("must be between 1 and {MAX_BATCH}"),
             );
         }
+        if e.reembed_rate == 0 {
+            return invalid(
+                "embedding.reembed_rate",
+                "must be at least 1 (texts a second re-embedded after a change of model)",
+            );
+        }
         let r = &self.retry;
         if r.max_attempts == 0 {
             return invalid("retry.max_attempts", "must be at least 1");

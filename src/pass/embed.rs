@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::record::{self, Source, Subject};
 use super::retry::{Logged, PassEnd, run_pass};
@@ -22,7 +22,7 @@ use crate::failure::{Failure, FailureClass, cause_chain, redact};
 use crate::model::{Disposition, Generation, Millis};
 use crate::provider::ProviderError;
 use crate::provider::embed::Embedder;
-use crate::store::{Batch, EndedBatch, Store, StoreError};
+use crate::store::{Batch, DROP_BATCH, Dropped, EndedBatch, Store, StoreError};
 use crate::text::prefix;
 
 /// The most bytes of one text sent to the embedder: about 2,000 tokens,
@@ -33,6 +33,23 @@ const MAX_INPUT_BYTES: usize = 8192;
 /// The breaker's key for embedding batches: one probe at a time, whichever
 /// batch it is.
 const BREAKER_KEY: u64 = 0;
+
+/// Steps of the walk one round of re-embedding takes at most (each looks
+/// at `store::generations::SCAN` texts).
+const WALK_STEPS: u32 = 20;
+
+/// What one round of re-embedding after a change of generation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reembedded {
+    /// Made this many texts owed (the walk goes on).
+    Owed(u64),
+    /// Walked, and some text owed still has only an old vector.
+    Waiting,
+    /// Dropped this many old vectors.
+    Dropped(u64),
+    /// Every text is walked and no old vector is left.
+    Complete,
+}
 
 /// How one embedding step ended.
 #[derive(Clone, Debug)]
@@ -122,6 +139,54 @@ impl Embedding {
         self.cancel.cancel();
     }
 
+    /// Makes this embedder's generation the store's active one; when it
+    /// was another, says so: every stored text is walked again for it.
+    pub(crate) async fn start_generation(&self) -> Result<(), StoreError> {
+        let generation = self.generation();
+        // From none (embeddings turned on) nothing is said: the walk finds
+        // the history owed already.
+        if let Some(Some(before)) = self.store.set_embedding_generation(&generation).await? {
+            info!(
+                from = before,
+                to = generation.as_str(),
+                "the embedding model or dimensions changed: stored texts are embedded \
+                 again in the background (embedding.reembed_rate a second at most); \
+                 Search uses only the new vectors, the lexical leg carries the rest"
+            );
+        }
+        Ok(())
+    }
+
+    /// One round of the background re-embedding after a change of
+    /// generation: owes at most `limit` more texts for the new generation
+    /// (walking at most `WALK_STEPS` steps of the range); once the walk is
+    /// done and nothing owed has only an old vector, drops a batch of the
+    /// old generations' vectors. Returns what it did.
+    pub(crate) async fn reembed(&self, limit: u64) -> Result<Reembedded, StoreError> {
+        let generation = self.generation();
+        let mut owed = 0;
+        for _ in 0..WALK_STEPS {
+            let step = self.store.reowe(&generation, limit - owed).await?;
+            owed += step.owed;
+            if owed >= limit {
+                return Ok(Reembedded::Owed(owed));
+            }
+            if step.done {
+                break;
+            }
+        }
+        if owed > 0 {
+            return Ok(Reembedded::Owed(owed));
+        }
+        Ok(
+            match self.store.drop_old_vectors(&generation, DROP_BATCH).await? {
+                Dropped::Waiting => Reembedded::Waiting,
+                Dropped::Vectors(0) => Reembedded::Complete,
+                Dropped::Vectors(n) => Reembedded::Dropped(n),
+            },
+        )
+    }
+
     /// The query's vector for Search: one attempt within
     /// `retry.attempt_timeout`, on the caller's time (a search does not
     /// wait through a retry schedule; AUTO falls back to the lexical leg).
@@ -135,7 +200,7 @@ impl Embedding {
         let text = prefix(query, MAX_INPUT_BYTES);
         match tokio::time::timeout(
             self.retry.attempt_timeout,
-            self.embedder.embed(&[text], expected),
+            self.embedder.embed_query(text, expected),
         )
         .await
         {

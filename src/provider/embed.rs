@@ -30,6 +30,9 @@ pub struct Embedder {
     base_url: String,
     endpoint: String,
     model: String,
+    /// The model name queries are embedded with (`embedding.query_model`,
+    /// else `model`).
+    query_model: String,
     key_env: String,
     /// Asked for (0: the model's own).
     dimensions: u32,
@@ -80,6 +83,10 @@ impl Embedder {
             base_url: redact(base_url, &[]),
             endpoint: format!("{base_url}/embeddings"),
             model: config.model.clone(),
+            query_model: match config.query_model.as_str() {
+                "" => config.model.clone(),
+                name => name.to_owned(),
+            },
             key_env: config.api_key_env.clone(),
             dimensions: config.dimensions,
             batch: config.batch,
@@ -147,14 +154,32 @@ impl Embedder {
         texts: &[&str],
         expected: Option<usize>,
     ) -> Result<Vec<Vec<f32>>, ProviderError> {
-        self.send(texts, expected)
+        self.send(&self.model, texts, expected)
             .await
             .map_err(|f| self.http.error(NAME, f))
     }
 
-    async fn send(&self, texts: &[&str], expected: Option<usize>) -> Result<Vec<Vec<f32>>, Failed> {
+    /// As `embed`, for a search's query: under the query model name (for
+    /// models with a query input type, such as e5's), of the same
+    /// generation.
+    pub async fn embed_query(
+        &self,
+        query: &str,
+        expected: Option<usize>,
+    ) -> Result<Vec<Vec<f32>>, ProviderError> {
+        self.send(&self.query_model, &[query], expected)
+            .await
+            .map_err(|f| self.http.error(NAME, f))
+    }
+
+    async fn send(
+        &self,
+        model: &str,
+        texts: &[&str],
+        expected: Option<usize>,
+    ) -> Result<Vec<Vec<f32>>, Failed> {
         let body = EmbeddingsRequest {
-            model: &self.model,
+            model,
             input: texts,
             dimensions: (self.dimensions > 0).then_some(self.dimensions),
         };

@@ -122,13 +122,17 @@ impl Store {
     }
 
     /// What is owed, parked and embedded in `generation`; one tenant's, or
-    /// with `None` every tenant's.
+    /// with `None` every tenant's. Pending counts the texts a change of
+    /// generation has still to walk too.
     pub(crate) async fn embedding_backlog(
         &self,
         tenant: Option<&Tenant>,
         generation: &Generation,
     ) -> Result<EmbeddingBacklog, StoreError> {
-        on_backend!(self, b => b.embedding_backlog(tenant, generation).await)
+        let mut backlog = on_backend!(self, b => b.embedding_backlog(tenant, generation).await)?;
+        // Texts a change of generation has yet to owe are owed all the same.
+        backlog.pending += self.unwalked(tenant, generation).await?;
+        Ok(backlog)
     }
 
     /// The tenant's `limit` texts within `scope` nearest `query` (a unit

@@ -469,9 +469,11 @@ macro_rules! on_backend {
 
 // After `on_backend`, which they use.
 mod embeddings;
+mod generations;
 mod index;
 mod search;
 pub(crate) use embeddings::{Batch, EndedBatch};
+pub(crate) use generations::{DROP_BATCH, Dropped};
 pub(crate) use index::Indexed;
 pub(crate) use search::{Leg, SearchHit, SearchScope, fuse};
 

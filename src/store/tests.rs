@@ -1857,3 +1857,140 @@ async fn the_semantic_leg_finds_every_hit_within_its_scope_however_many_are_near
         assert_eq!(leg.hits.len(), 50);
     }
 }
+
+#[tokio::test]
+async fn a_new_generation_owes_everything_again_in_bounded_steps_and_drops_the_old_once_complete() {
+    use crate::model::Generation;
+    use crate::store::generations::Reowed;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let old = Generation::new("m", 2);
+        let new = Generation::new("n", 3);
+        assert_eq!(
+            store.set_embedding_generation(&old).await.expect("set"),
+            Some(None)
+        );
+        let id = closed_segment(&store, &["one", "two", "three", "four", "five"]).await;
+        summarise(&store, id, "the recap").await;
+        store
+            .append(&t, &session("b"), entries(&["six"]), POLICY, 0)
+            .await
+            .expect("append");
+        // Turning embeddings on owes nothing twice: the history is owed.
+        assert_eq!(
+            store.reowe(&old, 100).await.expect("walk"),
+            Reowed {
+                owed: 0,
+                done: true
+            }
+        );
+        assert_eq!(embed_all(&store, &old, |_| vec![0.6, 0.8]).await, 7);
+        assert_eq!(
+            store.drop_old_vectors(&old, 100).await.expect("drop"),
+            Dropped::Vectors(0)
+        );
+        assert_eq!(
+            store.set_embedding_generation(&old).await.expect("set"),
+            None
+        );
+
+        // Another model: every text is owed again, counted before it is
+        // walked, and walked a bounded step at a time.
+        assert_eq!(
+            store.set_embedding_generation(&new).await.expect("set"),
+            Some(Some("m@2".to_owned()))
+        );
+        let backlog = store.embedding_backlog(None, &new).await.expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (7, 0));
+        let other = Tenant("other".to_owned());
+        let backlog = store
+            .embedding_backlog(Some(&other), &new)
+            .await
+            .expect("backlog");
+        assert_eq!(backlog.pending, 0);
+        assert_eq!(
+            store.drop_old_vectors(&new, 100).await.expect("drop"),
+            Dropped::Waiting
+        );
+        assert_eq!(
+            store.reowe(&new, 2).await.expect("walk"),
+            Reowed {
+                owed: 2,
+                done: false
+            }
+        );
+        // Appended now: owed by its append. Erased mid-walk: owed no more.
+        store
+            .append(&t, &session("b"), entries(&["seven"]), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .delete_session(&t, &session("b"))
+            .await
+            .expect("delete");
+        let mut owed = 2;
+        let mut steps = 1;
+        loop {
+            let step = store.reowe(&new, 2).await.expect("walk");
+            assert!(step.owed <= 2);
+            owed += step.owed;
+            steps += 1;
+            if step.done {
+                break;
+            }
+        }
+        assert_eq!(owed, 6, "five entries and the recap of session s");
+        assert!(steps >= 3);
+        let backlog = store.embedding_backlog(None, &new).await.expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (6, 0));
+        // Search uses the new generation only: nothing yet.
+        let leg = store
+            .semantic_leg(&t, &SearchScope::default(), &new, vec![0.0, 0.0, 1.0], 10)
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+        assert_eq!(leg.embedded_share, 0.0);
+        // Owed texts with only an old vector keep it.
+        assert_eq!(
+            store.drop_old_vectors(&new, 100).await.expect("drop"),
+            Dropped::Waiting
+        );
+        let embedded = embed_all(&store, &new, |text| {
+            if text == "the recap" {
+                vec![0.0, 0.0, 1.0]
+            } else {
+                vec![0.0, 1.0, 0.0]
+            }
+        })
+        .await;
+        assert_eq!(embedded, 6);
+        let leg = store
+            .semantic_leg(&t, &SearchScope::default(), &new, vec![0.0, 0.0, 1.0], 10)
+            .await
+            .expect("leg");
+        assert_eq!(leg.hits.len(), 6);
+        assert_eq!(leg.hits[0].text, "the recap");
+        assert_eq!(leg.embedded_share, 1.0);
+        // Complete: the old vectors go, a bounded batch at a time.
+        let mut dropped = Vec::new();
+        loop {
+            match store.drop_old_vectors(&new, 4).await.expect("drop") {
+                Dropped::Vectors(0) => break,
+                Dropped::Vectors(n) => dropped.push(n),
+                Dropped::Waiting => panic!("complete, yet waiting"),
+            }
+        }
+        assert_eq!(dropped, vec![4, 2]);
+        assert_eq!(
+            store
+                .embedding_backlog(None, &old)
+                .await
+                .expect("backlog")
+                .embedded,
+            0
+        );
+        assert_eq!(store.generation_dimensions(&old).await.expect("dims"), None);
+        let backlog = store.embedding_backlog(None, &new).await.expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (0, 6));
+    }
+}

@@ -72,6 +72,8 @@ struct Embedder {
     /// When each request came.
     times: Arc<Mutex<Vec<Instant>>>,
     inputs: Arc<Mutex<Vec<String>>>,
+    /// The model each input was sent for, beside `inputs`.
+    models: Arc<Mutex<Vec<String>>>,
 }
 
 impl Embedder {
@@ -82,6 +84,7 @@ impl Embedder {
             requests: Arc::default(),
             times: Arc::default(),
             inputs: Arc::default(),
+            models: Arc::default(),
         }
     }
 
@@ -97,6 +100,19 @@ impl Embedder {
 
     fn inputs(&self) -> Vec<String> {
         self.inputs.lock().expect("lock").clone()
+    }
+
+    /// The inputs sent for `model`.
+    fn inputs_for(&self, model: &str) -> Vec<String> {
+        let inputs = self.inputs.lock().expect("lock");
+        let models = self.models.lock().expect("lock").clone();
+        inputs
+            .clone()
+            .into_iter()
+            .zip(models)
+            .filter(|(_, m)| m == model)
+            .map(|(i, _)| i)
+            .collect()
     }
 
     async fn mount(&self) -> MockServer {
@@ -137,7 +153,14 @@ impl Respond for Embedder {
                 json!({"object": "embedding", "index": index, "embedding": v})
             })
             .collect();
-        self.inputs.lock().expect("lock").extend(inputs);
+        let model = body["model"].as_str().unwrap_or_default().to_owned();
+        // Both under the inputs' lock, so that they stay side by side.
+        let mut all = self.inputs.lock().expect("lock");
+        self.models
+            .lock()
+            .expect("lock")
+            .extend(inputs.iter().map(|_| model.clone()));
+        all.extend(inputs);
         ResponseTemplate::new(200).set_body_json(json!({"object": "list", "data": data}))
     }
 }
@@ -414,14 +437,18 @@ async fn an_answer_of_the_wrong_dimension_is_refused_and_nothing_is_stored() {
 /// Runs `archivist backfill --embeddings --json` on `data_dir` against the
 /// embedder at `base`; returns the exit code, the report and the progress
 /// lines on standard error (not a terminal).
-async fn backfill_embeddings(data_dir: &std::path::Path, base: &str) -> (i32, Value, Vec<String>) {
+async fn backfill_embeddings(
+    data_dir: &std::path::Path,
+    base: &str,
+    model: &str,
+) -> (i32, Value, Vec<String>) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
     command
         .args(["backfill", "--embeddings", "--json", "--data-dir"])
         .arg(data_dir)
         .env("ARCHIVIST_EMBEDDING_KIND", "openai")
         .env("ARCHIVIST_EMBEDDING_BASE_URL", format!("{base}/v1"))
-        .env("ARCHIVIST_EMBEDDING_MODEL", "concepts")
+        .env("ARCHIVIST_EMBEDDING_MODEL", model)
         .env("ARCHIVIST_EMBEDDING_BATCH", "2")
         .env("ARCHIVIST_RETRY_INITIAL_BACKOFF", "10ms");
     let out = tokio::task::spawn_blocking(move || command.output().expect("run backfill"))
@@ -450,7 +477,7 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     let fake = Embedder::new(DIMS);
     let mock = fake.mount().await;
-    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri(), "concepts").await;
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["owed"], 3, "{report}");
     assert_eq!(report["embedded"], 3, "{report}");
@@ -470,16 +497,39 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     // Nothing is owed now: a second run sends nothing, embeds nothing and
     // counts the vectors the first stored.
-    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri()).await;
+    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri(), "concepts").await;
     assert_eq!((code, report["owed"].clone()), (0, json!(0)));
     assert_eq!(report["embedded"], 0, "{report}");
     assert_eq!(report["embedded_total"], 3, "{report}");
     assert!(progress.is_empty(), "{progress:#?}");
     assert_eq!(fake.requests(), 2);
 
+    // Another model: the backfill owes and embeds everything again at
+    // once, each text once, and drops the old model's vectors.
+    let (code, report, _) = backfill_embeddings(dir.path(), &mock.uri(), "concepts-2").await;
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["generation"], "concepts-2@0", "{report}");
+    assert_eq!(report["owed"], 3, "{report}");
+    assert_eq!(report["embedded"], 3, "{report}");
+    assert_eq!(report["embedded_total"], 3, "{report}");
+    let mut again = fake.inputs_for("concepts-2");
+    again.sort();
+    assert_eq!(again, vec![CAR, RAIN, SISTER]);
+    let conn = rusqlite::Connection::open(dir.path().join("archivist.sqlite3")).expect("open");
+    let generations: Vec<String> = conn
+        .prepare("SELECT DISTINCT generation FROM embeddings")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(generations, vec!["concepts-2@0"]);
+    drop(conn);
+
     // The server, embeddings on, finds by meaning what the backfill embedded.
     let mut config = Config::default();
     embedding(&mut config, &mock, 2);
+    config.embedding.model = "concepts-2".into();
     let server = TestServer::start_in(dir, config, None).await;
     let semantic = found(
         &server,
@@ -487,6 +537,7 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
     )
     .await;
     assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    assert_eq!(semantic.embedded_share, 1.0);
     server.stop().await;
 }
 
@@ -769,4 +820,135 @@ async fn a_postgresql_without_pgvector_is_refused_at_start_up_by_name() {
         stderr.contains("`vector` extension") && stderr.contains("pgvector"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn a_new_model_re_embeds_everything_once_in_the_background_while_search_answers() {
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let fillers: Vec<String> = (0..20).map(|i| format!("filler {i}")).collect();
+    let mut history: Vec<&str> = vec![SISTER, CAR, RAIN];
+    history.extend(fillers.iter().map(String::as_str));
+    let server = TestServer::start_with(|c| embedding(c, &mock, 4)).await;
+    server.append("s", &history).await;
+    assert!(drained(&server, 23).await, "{:?}", backlog(&server).await);
+    assert_eq!(fake.inputs_for("concepts").len(), 23);
+    let dir = server.stop().await;
+
+    // Another model: a new generation. A text a tick (reembed_rate 10 a
+    // second, ticks of 100 ms): the history comes back over many ticks.
+    let mut config = Config::default();
+    embedding(&mut config, &mock, 4);
+    config.embedding.model = "concepts-2".into();
+    config.embedding.reembed_rate = 10;
+    let server = TestServer::start_in(dir, config, None).await;
+    let question = "female sibling called";
+    let appender = {
+        let client = server.client.clone();
+        tokio::spawn(async move {
+            for i in 0..30 {
+                client
+                    .clone()
+                    .append_entries(crate::harness::append_request(
+                        "t",
+                        &[&format!("fresh {i}")],
+                    ))
+                    .await
+                    .expect("append while re-embedding");
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        })
+    };
+    // Search answers throughout: the words find the sister lexically every
+    // time, the meaning once her new vector is stored; nothing fails.
+    let mut searches = 0;
+    let mut shares = Vec::new();
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        searches += 1;
+        let auto = found(&server, search("sister name", pb::SearchMode::Auto)).await;
+        assert!(
+            auto.hits.iter().any(|h| h.text == SISTER),
+            "{:?}",
+            auto.hits
+        );
+        let semantic = found(&server, search(question, pb::SearchMode::Semantic)).await;
+        shares.push(semantic.embedded_share);
+        let b = backlog(&server).await;
+        if appender.is_finished()
+            && b.pending == 0
+            && b.embedded == 23 + 30
+            && semantic.hits.first().map(|h| h.text.as_str()) == Some(SISTER)
+        {
+            break;
+        }
+        assert!(Instant::now() < end, "{b:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(searches > 2);
+    let last = found(&server, search(question, pb::SearchMode::Semantic)).await;
+    assert!(
+        shares.first().is_some_and(|s| *s < 1.0) && last.embedded_share == 1.0,
+        "{shares:?} then {}",
+        last.embedded_share
+    );
+    // Each text once under the new model (queries aside).
+    let mut stored: Vec<String> = fake
+        .inputs_for("concepts-2")
+        .into_iter()
+        .filter(|i| !["female sibling called", "sister name"].contains(&i.as_str()))
+        .collect();
+    stored.sort();
+    let mut expected: Vec<String> = history.iter().map(|t| (*t).to_owned()).collect();
+    expected.extend((0..30).map(|i| format!("fresh {i}")));
+    expected.sort();
+    assert_eq!(stored, expected);
+    // Complete: the old model's vectors are dropped.
+    let db = server.data_dir().join("archivist.sqlite3");
+    let old_vectors = || {
+        let conn =
+            rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .expect("open");
+        conn.query_row(
+            "SELECT count(*) FROM embeddings WHERE generation = 'concepts@0'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .expect("count")
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || async { old_vectors() == 0 }).await,
+        "{} old vectors left",
+        old_vectors()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_query_model_embeds_the_query_and_only_the_query() {
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| {
+        embedding(c, &mock, 8);
+        c.embedding.query_model = "concepts-query".into();
+    })
+    .await;
+    server.append("s", &[SISTER, CAR]).await;
+    assert!(drained(&server, 2).await, "{:?}", backlog(&server).await);
+    let semantic = found(
+        &server,
+        search("female sibling called", pb::SearchMode::Semantic),
+    )
+    .await;
+    assert_eq!(semantic.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    let mut texts = fake.inputs_for("concepts");
+    texts.sort();
+    assert_eq!(texts, vec![CAR, SISTER]);
+    assert_eq!(
+        fake.inputs_for("concepts-query"),
+        vec!["female sibling called"]
+    );
+    // The query model is no other generation: the stored vectors count.
+    assert_eq!(semantic.embedded_share, 1.0);
+    server.stop().await;
 }

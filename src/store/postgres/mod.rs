@@ -68,6 +68,7 @@ mod claims;
 mod embeddings;
 mod entries;
 mod erasure;
+mod generations;
 mod index;
 mod notes;
 mod rows;

@@ -312,6 +312,26 @@ INSERT INTO embeddings_owed (doc, session_id)
 INSERT INTO embeddings_owed (doc, session_id)
     SELECT -m.segment_id, g.session_id FROM summaries m JOIN segments g ON g.id = m.segment_id;
 "#,
+    r#"
+-- The active embedding generation, and the walk that owes every text
+-- stored before a change of it a vector of the new one (generations.rs):
+-- entry documents ((session_id << 32) | seq) in (entries_after,
+-- entries_until], summaries' segment ids in (summaries_after,
+-- summaries_until]; NULL when walked. The row is locked by each step, so
+-- replicas take turns. A database that embedded before this migration
+-- takes the generation most of its vectors are of.
+CREATE TABLE embedding_state (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    generation      TEXT,
+    entries_after   BIGINT,
+    entries_until   BIGINT,
+    summaries_after BIGINT,
+    summaries_until BIGINT
+);
+INSERT INTO embedding_state (id, generation)
+    VALUES (1, (SELECT n.name FROM embeddings v JOIN embedding_generations n ON n.id = v.generation
+                GROUP BY n.name ORDER BY count(*) DESC LIMIT 1));
+"#,
 ];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {

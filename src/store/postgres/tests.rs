@@ -704,8 +704,9 @@ async fn found(store: &Store, q: &str) -> Vec<String> {
 }
 
 /// Takes the database back to before the search index's backlog
-/// migration (the fourth) and those after it (embeddings), then `then`
-/// changes its columns as an older build left them.
+/// migration (the fourth) and those after it (embeddings, their
+/// generation), then `then` changes its columns as an older build left
+/// them.
 async fn before_the_backlog(url: &str, then: &str) {
     const BACKLOG: i32 = 4;
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -722,7 +723,7 @@ async fn before_the_backlog(url: &str, then: &str) {
     client
         .batch_execute(&format!(
             "DROP TABLE search_state; \
-             DROP TABLE embeddings, embedding_generations, embeddings_owed; \
+             DROP TABLE embedding_state, embeddings, embedding_generations, embeddings_owed; \
              DROP FUNCTION archivist_owe_entries, archivist_owe_summary CASCADE; {then}"
         ))
         .await

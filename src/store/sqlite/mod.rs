@@ -25,6 +25,7 @@ mod claims;
 mod embeddings;
 mod entries;
 mod fts;
+mod generations;
 mod index;
 mod kept;
 mod rows;

@@ -493,6 +493,24 @@ UPDATE search_state SET
     summaries_after = 0, summaries_until = (SELECT max(segment_id) FROM summaries)
 WHERE id = 1;
 "#,
+    r#"
+-- The active embedding generation, and the walk that owes every text
+-- stored before a change of it a vector of the new one (generations.rs):
+-- entry documents in (entries_after, entries_until], summaries' segment
+-- ids in (summaries_after, summaries_until]; NULL when walked. A database
+-- that embedded before this migration takes the generation most of its
+-- vectors are of.
+CREATE TABLE embedding_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation TEXT,
+    entries_after INTEGER,
+    entries_until INTEGER,
+    summaries_after INTEGER,
+    summaries_until INTEGER
+);
+INSERT INTO embedding_state (id, generation)
+    VALUES (1, (SELECT generation FROM embeddings GROUP BY generation ORDER BY count(*) DESC LIMIT 1));
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one
