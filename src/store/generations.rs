@@ -71,9 +71,10 @@ pub(super) fn pick(scanned: &[Walked], limit: u64, until: i64) -> (Vec<(i64, i64
 }
 
 impl Store {
-    /// Makes `generation` the active one. When it was another (or none),
-    /// every text stored so far is walked again for it; returns the
-    /// generation before, when it changed (`Some(None)`: there was none).
+    /// Makes `generation` the active one. When it was another, every text
+    /// stored so far is walked again for it (from none, nothing is: every
+    /// text is owed already); returns the generation before, when it
+    /// changed (`Some(None)`: there was none).
     pub(crate) async fn set_embedding_generation(
         &self,
         generation: &Generation,

@@ -114,15 +114,19 @@ impl Postgres {
             if before.as_deref() == Some(generation.as_str()) {
                 return Ok(None);
             }
+            // The first generation walks nothing: every text stored so far
+            // is owed already, by the statement that stored it.
+            let walk = before.is_some();
             client
                 .execute(
                     "UPDATE embedding_state SET generation = $1, \
-                     entries_after = 0, \
-                     entries_until = (SELECT (session_id << 32) | seq FROM entries \
-                                      ORDER BY session_id DESC, seq DESC LIMIT 1), \
-                     summaries_after = 0, summaries_until = (SELECT max(segment_id) FROM summaries) \
+                     entries_after = CASE WHEN $2 THEN 0 END, \
+                     entries_until = CASE WHEN $2 THEN (SELECT (session_id << 32) | seq FROM entries \
+                                      ORDER BY session_id DESC, seq DESC LIMIT 1) END, \
+                     summaries_after = CASE WHEN $2 THEN 0 END, \
+                     summaries_until = CASE WHEN $2 THEN (SELECT max(segment_id) FROM summaries) END \
                      WHERE id = 1",
-                    &[&generation.as_str()],
+                    &[&generation.as_str(), &walk],
                 )
                 .await?;
             Ok(Some(before))

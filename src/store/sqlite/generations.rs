@@ -99,12 +99,17 @@ impl Sqlite {
             if before.as_deref() == Some(generation.as_str()) {
                 return Ok(None);
             }
+            // The first generation walks nothing: every text stored so far
+            // is owed already, by the statement that stored it.
+            let walk = before.is_some();
             conn.execute(
                 "UPDATE embedding_state SET generation = ?1, \
-                 entries_after = 0, entries_until = (SELECT max((session_id << 32) | seq) FROM entries), \
-                 summaries_after = 0, summaries_until = (SELECT max(segment_id) FROM summaries) \
+                 entries_after = CASE WHEN ?2 THEN 0 END, \
+                 entries_until = CASE WHEN ?2 THEN (SELECT max((session_id << 32) | seq) FROM entries) END, \
+                 summaries_after = CASE WHEN ?2 THEN 0 END, \
+                 summaries_until = CASE WHEN ?2 THEN (SELECT max(segment_id) FROM summaries) END \
                  WHERE id = 1",
-                params![generation],
+                params![generation, walk],
             )?;
             Ok(Some(before))
         })
