@@ -48,7 +48,8 @@
 //!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures,
 //!   `fts.rs` the FTS5 table of each tenant and what the writer indexes,
 //!   `search.rs` the lexical leg, `index.rs` the index's backlog,
-//!   `embeddings.rs` batch claims, vectors and the exact cosine leg), the
+//!   `embeddings.rs` batch claims, vectors and the exact cosine leg,
+//!   `vectors.rs` the cosine leg's cache of each tenant's vectors), the
 //!   PostgreSQL backend for replicas (`postgres/`: the same files by
 //!   concern, the append writers' group commit in `sessions.rs`,
 //!   `embeddings.rs` pgvector's HNSW leg and the check for it, `notes.rs`

@@ -36,6 +36,11 @@ impl Server {
         self.dir.path()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// CPU time the server's threads have used so far: the sum of each
     /// live thread's run time in `/proc` (nanoseconds, where the process's
     /// own user/system ticks are 10 ms). None where `/proc` does not say.

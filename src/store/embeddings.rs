@@ -153,10 +153,26 @@ impl Store {
     }
 }
 
-/// The cosine of two unit vectors: their dot product. A plain loop over
-/// equal-length slices, which the compiler vectorises.
+/// The cosine of two unit vectors: their dot product. Summed in 16
+/// independent lanes, which the compiler vectorises (a single running sum
+/// is a chain of dependent additions it may not reorder); the sum is as
+/// exact, only in another order.
 pub(crate) fn cosine(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    const LANES: usize = 16;
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    let mut acc = [0f32; LANES];
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// A unit vector as the bytes the store keeps (little-endian f32).

@@ -1994,3 +1994,131 @@ async fn a_new_generation_owes_everything_again_in_bounded_steps_and_drops_the_o
         assert_eq!((backlog.pending, backlog.embedded), (0, 6));
     }
 }
+
+/// The texts of a leg's hits, in order.
+fn texts_of(leg: &embeddings::SemanticLeg) -> Vec<&str> {
+    leg.hits.iter().map(|h| h.text.as_str()).collect()
+}
+
+#[tokio::test]
+async fn the_semantic_leg_finds_what_was_stored_since_and_nothing_erased_or_out_of_scope() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let generation = Generation::new("m", 3);
+        // The nearer the query ([1, 0, 0]) the larger the number a text
+        // ends with.
+        let vector = |text: &str| {
+            let n: f32 = text
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0.0);
+            let x = n / 10.0;
+            vec![x, (1.0 - x * x).sqrt(), 0.0]
+        };
+        let search = |scope: SearchScope| {
+            let (store, t, generation) = (store.clone(), t.clone(), generation.clone());
+            async move {
+                store
+                    .semantic_leg(&t, &scope, &generation, vec![1.0, 0.0, 0.0], 10)
+                    .await
+                    .expect("leg")
+            }
+        };
+        store
+            .append(&t, &session("a"), entries(&["a 1", "a 2"]), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(&t, &session("b"), entries(&["b 3"]), POLICY, 0)
+            .await
+            .expect("append");
+        embed_all(&store, &generation, vector).await;
+        let leg = search(SearchScope::default()).await;
+        assert_eq!(texts_of(&leg), vec!["b 3", "a 2", "a 1"]);
+        assert_eq!(leg.embedded_share, 1.0);
+
+        // Stored after a search: the next one finds it.
+        store
+            .append(&t, &session("a"), entries(&["a 5"]), POLICY, 0)
+            .await
+            .expect("append");
+        let leg = search(SearchScope::default()).await;
+        assert_eq!(texts_of(&leg), vec!["b 3", "a 2", "a 1"]);
+        assert_eq!(leg.embedded_share, 0.75);
+        embed_all(&store, &generation, vector).await;
+        let leg = search(SearchScope::default()).await;
+        assert_eq!(texts_of(&leg), vec!["a 5", "b 3", "a 2", "a 1"]);
+        assert_eq!(leg.embedded_share, 1.0);
+
+        // Within the scope only, however near what is outside.
+        let only_a = SearchScope {
+            sessions: vec![session("a")],
+            ..SearchScope::default()
+        };
+        assert_eq!(
+            texts_of(&search(only_a.clone()).await),
+            vec!["a 5", "a 2", "a 1"]
+        );
+        let assistant = SearchScope {
+            roles: vec![Role::Assistant],
+            ..SearchScope::default()
+        };
+        assert!(search(assistant).await.hits.is_empty());
+        let later = SearchScope {
+            after: Some(Millis::now().saturating_add(Duration::from_secs(60))),
+            ..SearchScope::default()
+        };
+        let leg = search(later).await;
+        assert!(leg.hits.is_empty());
+        assert_eq!(leg.embedded_share, 0.0);
+        let recaps = SearchScope {
+            levels: vec![1],
+            ..SearchScope::default()
+        };
+        assert!(search(recaps).await.hits.is_empty());
+        let other = Tenant("other".to_owned());
+        let leg = store
+            .semantic_leg(
+                &other,
+                &SearchScope::default(),
+                &generation,
+                vec![1.0, 0.0, 0.0],
+                10,
+            )
+            .await
+            .expect("leg");
+        assert!(leg.hits.is_empty());
+
+        // Erased after a search: no later one finds it, nor the new
+        // session of the same name (not embedded yet) in its place.
+        store
+            .delete_session(&t, &session("b"))
+            .await
+            .expect("delete");
+        let leg = search(SearchScope::default()).await;
+        assert_eq!(texts_of(&leg), vec!["a 5", "a 2", "a 1"]);
+        assert_eq!(leg.embedded_share, 1.0);
+        store
+            .append(&t, &session("b"), entries(&["b 4"]), POLICY, 0)
+            .await
+            .expect("append");
+        let leg = search(SearchScope::default()).await;
+        assert_eq!(texts_of(&leg), vec!["a 5", "a 2", "a 1"]);
+        assert_eq!(leg.embedded_share, 0.75);
+        let only_b = SearchScope {
+            sessions: vec![session("b")],
+            ..SearchScope::default()
+        };
+        let leg = search(only_b.clone()).await;
+        assert!(leg.hits.is_empty());
+        assert_eq!(leg.embedded_share, 0.0);
+        embed_all(&store, &generation, vector).await;
+        assert_eq!(texts_of(&search(only_b).await), vec!["b 4"]);
+        assert_eq!(
+            texts_of(&search(SearchScope::default()).await),
+            vec!["a 5", "b 4", "a 2", "a 1"]
+        );
+    }
+}

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::Sqlite;
 use super::search::{ScopeValues, bounded, entry_filters, row, summary_filters};
+use super::{Sqlite, vectors};
 use crate::failure::Failure;
 use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
 use crate::store::embeddings::{
@@ -294,8 +294,22 @@ impl Sqlite {
     ) -> Result<SemanticLeg, StoreError> {
         let values = ScopeValues::new(tenant, scope)?;
         let generation = generation.as_str().to_owned();
+        let (inner, tenant, scope) = (self.inner.clone(), tenant.clone(), scope.clone());
         self.read_mut(move |conn| {
             bounded(conn, |conn| {
+                let cached = vectors::semantic_leg(
+                    conn,
+                    &inner.vectors,
+                    &tenant,
+                    &scope,
+                    &generation,
+                    &query,
+                    limit,
+                )?;
+                if let Some(leg) = cached {
+                    return Ok(leg);
+                }
+                // Past the cache's budget: every vector read here.
                 let mut stmt = conn.prepare_cached(SCOPE_VECTORS)?;
                 let mut rows = stmt.query(values.params(&generation, &[]).as_slice())?;
                 let (mut total, mut embedded) = (0u64, 0u64);

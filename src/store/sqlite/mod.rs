@@ -34,6 +34,7 @@ mod schema;
 mod search;
 mod segments;
 mod sessions;
+mod vectors;
 mod writer;
 
 use std::fs::File;
@@ -107,6 +108,8 @@ struct Inner {
     full_seen: FullSeen,
     /// The checkpoint thread, which scrubs erasures (None read-only).
     checkpoints: Option<checkpoint::Checkpoints>,
+    /// The semantic leg's vectors in memory (vectors.rs).
+    vectors: vectors::Vectors,
 }
 
 impl Sqlite {
@@ -169,6 +172,7 @@ impl Sqlite {
                     readers: Mutex::new(vec![reader]),
                     full_seen: FullSeen::default(),
                     checkpoints: None,
+                    vectors: vectors::Vectors::default(),
                 }),
             });
         }
@@ -216,6 +220,7 @@ impl Sqlite {
                 readers: Mutex::new(Vec::new()),
                 full_seen: FullSeen::default(),
                 checkpoints: Some(checkpoints),
+                vectors: vectors::Vectors::default(),
             }),
         })
     }

@@ -511,6 +511,43 @@ CREATE TABLE embedding_state (
 INSERT INTO embedding_state (id, generation)
     VALUES (1, (SELECT generation FROM embeddings GROUP BY generation ORDER BY count(*) DESC LIMIT 1));
 "#,
+    r#"
+-- What the semantic leg's cache of unit vectors (vectors.rs) reads to stay
+-- in step with the vectors, whichever process writes them: every vector
+-- stored takes the next tick of vector_clock as its `seq`, and every
+-- vector deleted (an erasure, a summary re-embedded, an old generation
+-- dropped) is logged in vectors_gone at the next tick, so a cache loads
+-- only what changed since the tick it has. The log keeps the deletions of
+-- the last 100,000 ticks (pruned as it grows); a cache further behind than
+-- that loads whole again. Vectors stored before this have no seq (0 to
+-- the cache): a cache's first load reads them all.
+ALTER TABLE embeddings ADD COLUMN seq INTEGER;
+CREATE INDEX embeddings_by_seq ON embeddings (generation, seq);
+CREATE TABLE vector_clock (
+    id  INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL
+);
+INSERT INTO vector_clock (id, seq) VALUES (1, 0);
+CREATE TABLE vectors_gone (
+    seq        INTEGER PRIMARY KEY,
+    tenant     TEXT    NOT NULL,
+    generation TEXT    NOT NULL,
+    doc        INTEGER NOT NULL
+);
+CREATE TRIGGER embeddings_sequenced AFTER INSERT ON embeddings BEGIN
+    UPDATE vector_clock SET seq = seq + 1 WHERE id = 1;
+    UPDATE embeddings SET seq = (SELECT seq FROM vector_clock WHERE id = 1)
+    WHERE doc = new.doc AND generation = new.generation;
+END;
+CREATE TRIGGER embeddings_gone AFTER DELETE ON embeddings BEGIN
+    UPDATE vector_clock SET seq = seq + 1 WHERE id = 1;
+    INSERT INTO vectors_gone (seq, tenant, generation, doc)
+    SELECT c.seq, coalesce((SELECT tenant FROM sessions WHERE id = old.session_id), ''),
+           old.generation, old.doc
+    FROM vector_clock c WHERE c.id = 1;
+    DELETE FROM vectors_gone WHERE seq < (SELECT seq FROM vector_clock WHERE id = 1) - 100000;
+END;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

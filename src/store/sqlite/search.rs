@@ -132,6 +132,11 @@ impl ScopeValues {
         })
     }
 
+    /// The session filters alone (tenant, subject, names), as ?1 to ?3.
+    pub(super) fn session_params(&self) -> [&dyn ToSql; 3] {
+        [&self.tenant, &self.subject, &self.sessions]
+    }
+
     /// ?1, the scope's ?2 to ?8, and any after them.
     pub(super) fn params<'a>(
         &'a self,

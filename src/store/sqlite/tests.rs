@@ -774,3 +774,135 @@ async fn an_erasure_in_batches_lets_other_appends_through_and_counts_right() {
     drop(store);
     recount_kept_rows(dir.path());
 }
+
+/// Claims every owed item and stores `vector(text)` for each.
+async fn embed_all(
+    store: &Sqlite,
+    generation: &crate::model::Generation,
+    vector: fn(&str) -> Vec<f32>,
+) {
+    let lease = std::time::Duration::from_secs(60);
+    let Some(batch) = store.claim_owed("w", lease, 1000).await.expect("claim") else {
+        return;
+    };
+    let vectors = batch
+        .items
+        .iter()
+        .map(|i| (i.doc, vector(&i.text)))
+        .collect();
+    store
+        .store_vectors(&batch.claim, generation, vectors)
+        .await
+        .expect("store");
+}
+
+/// A unit vector the nearer [1, 0] the larger the number a text ends with.
+fn nearer_the_larger(text: &str) -> Vec<f32> {
+    let n: f32 = text
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0);
+    let x = n / 10.0;
+    vec![x, (1.0 - x * x).sqrt()]
+}
+
+#[tokio::test]
+async fn the_vector_cache_follows_another_process_and_every_deletion() {
+    use crate::model::Generation;
+    use crate::store::search::SearchScope;
+    let (dir, server) = open().await;
+    // Another process on the same file (a backfill beside the server).
+    let backfill = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+        .await
+        .expect("open");
+    let raw = Connection::open(Sqlite::database_path(dir.path())).expect("raw");
+    raw.busy_timeout(std::time::Duration::from_secs(5))
+        .expect("timeout");
+    let t = Tenant::default();
+    let g = Generation::new("m", 2);
+    let search = |limit: u32| {
+        let (server, t, g) = (server.clone(), t.clone(), g.clone());
+        async move {
+            let leg = server
+                .semantic_leg(&t, &SearchScope::default(), &g, vec![1.0, 0.0], limit)
+                .await
+                .expect("leg");
+            let texts: Vec<String> = leg.hits.iter().map(|h| h.text.clone()).collect();
+            (texts, leg.embedded_share)
+        }
+    };
+    assert!(append(&server, "s", &["e 1", "e 2"]).await);
+    let segment: i64 = raw
+        .query_row("SELECT min(id) FROM segments", [], |r| r.get(0))
+        .expect("a segment");
+    raw.execute(
+        "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
+         input_tokens, output_tokens, created_at) VALUES (?1, 'r 3', 'p', 'm', 'v', 1, 1, 1)",
+        [segment],
+    )
+    .expect("a summary");
+    assert_eq!(search(10).await, (vec![], 0.0));
+    embed_all(&backfill, &g, nearer_the_larger).await;
+    assert_eq!(
+        search(10).await,
+        (vec!["r 3".into(), "e 2".into(), "e 1".into()], 1.0)
+    );
+
+    // A summary's new text drops its vector (the trigger) until embedded
+    // again; the old one is never found.
+    raw.execute(
+        "UPDATE summaries SET text = 'r 0' WHERE segment_id = ?1",
+        [segment],
+    )
+    .expect("update");
+    let (texts, share) = search(10).await;
+    assert_eq!(texts, vec!["e 2", "e 1"]);
+    assert!((share - 2.0 / 3.0).abs() < 1e-9, "{share}");
+    embed_all(&backfill, &g, nearer_the_larger).await;
+    assert_eq!(
+        search(10).await,
+        (vec!["e 2".into(), "e 1".into(), "r 0".into()], 1.0)
+    );
+    assert_eq!(server.cached_vectors(&t.0), Some((4, 1)));
+
+    // A whole generation deleted by another process, in batches.
+    while raw
+        .execute(
+            "DELETE FROM embeddings WHERE generation = ?1 AND doc IN \
+             (SELECT doc FROM embeddings WHERE generation = ?1 LIMIT 2)",
+            [g.as_str()],
+        )
+        .expect("delete")
+        > 0
+    {}
+    assert_eq!(search(10).await, (vec![], 0.0));
+    assert_eq!(server.cached_vectors(&t.0), Some((4, 4)));
+
+    // Vectors written straight into the table (no claim) are found too;
+    // past the budget the leg scans in SQL and finds the same.
+    for (doc, x) in [((1i64 << 32) | 1, 0.1f32), ((1 << 32) | 2, 0.2)] {
+        raw.execute(
+            "INSERT INTO embeddings (doc, generation, session_id, vector) VALUES (?1, ?2, 1, ?3)",
+            rusqlite::params![
+                doc,
+                g.as_str(),
+                crate::store::embeddings::to_bytes(&[x, (1.0 - x * x).sqrt()])
+            ],
+        )
+        .expect("insert");
+    }
+    let expected = (vec!["e 2".to_owned(), "e 1".to_owned()], 2.0 / 3.0);
+    let close = |(texts, share): (Vec<String>, f64)| (texts, (share * 1e6).round() / 1e6);
+    let rounded = |(texts, share): (Vec<String>, f64)| (texts, (share * 1e6).round() / 1e6);
+    assert_eq!(close(search(10).await), rounded(expected.clone()));
+    server.set_vector_budget(0);
+    assert_eq!(close(search(10).await), rounded(expected.clone()));
+    assert_eq!(server.cached_vectors(&t.0), None);
+    server.set_vector_budget(1 << 20);
+    assert_eq!(
+        close(search(1).await),
+        rounded((vec!["e 2".to_owned()], 2.0 / 3.0))
+    );
+    assert_eq!(server.cached_vectors(&t.0), Some((2, 0)));
+}
