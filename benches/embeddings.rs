@@ -113,9 +113,7 @@ fn parse() -> Options {
             }
             "--queries" => o.queries = number("--queries", args.next()),
             "--pg-batch" => o.pg_batch = number("--pg-batch", args.next()) as u32,
-            "--pg-concurrency" => {
-                o.pg_concurrency = number("--pg-concurrency", args.next()) as u32
-            }
+            "--pg-concurrency" => o.pg_concurrency = number("--pg-concurrency", args.next()) as u32,
             "--pg-breakdown" => o.pg_breakdown = true,
             // cargo bench passes --bench.
             _ => {}
@@ -180,7 +178,9 @@ fn text(i: usize) -> String {
     let mut s = format!("note {i}:");
     let mut h = i as u64;
     for _ in 0..10 {
-        h = h.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        h = h
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         s.push(' ');
         s.push_str(WORDS[(h >> 60) as usize]);
     }
@@ -201,9 +201,7 @@ async fn load(server: &common::Server, n: usize, per_session: usize) -> Duration
         let calls = calls.clone();
         let address = server.address.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = archivist::client::connect(&address)
-                .await
-                .expect("connect");
+            let mut client = archivist::client::connect(&address).await.expect("connect");
             loop {
                 let Some((from, to)) = calls.lock().unwrap().next() else {
                     return;
@@ -301,7 +299,10 @@ async fn drain_one(o: &Options, c: Combo) {
     let tag = format!("[drain {}x{}x{}]", c.concurrency, c.batch, c.latency_ms);
     let off = common::start_server(binary(), &[], &common::BIG_SEGMENTS).await;
     let took = load(&off, items, 10_000).await;
-    eprintln!("{tag}: {items} entries appended in {:.1} s", took.as_secs_f64());
+    eprintln!(
+        "{tag}: {items} entries appended in {:.1} s",
+        took.as_secs_f64()
+    );
     let dir = off.stop();
 
     let fake = FakeEmbedder::start(Duration::from_millis(c.latency_ms));
@@ -533,7 +534,10 @@ fn recall_at_10(n: usize, queries: &[String], found: &[Vec<String>], dims: usize
     }
     let mut total = 0.0;
     for (k, b) in best.iter().enumerate() {
-        let hit = b.iter().filter(|(_, i)| found[k].contains(&text(*i))).count();
+        let hit = b
+            .iter()
+            .filter(|(_, i)| found[k].contains(&text(*i)))
+            .count();
         total += hit as f64 / b.len().max(1) as f64;
     }
     total / q.len().max(1) as f64

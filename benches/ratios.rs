@@ -316,7 +316,10 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
 
 /// The servers to compare: each older build given, then this one (or,
 /// with a hanging embedder, this one without and with `[embedding]`).
-async fn start_servers(before: &[PathBuf], hanging: Option<&FakeEmbedder>) -> Vec<(String, Server)> {
+async fn start_servers(
+    before: &[PathBuf],
+    hanging: Option<&FakeEmbedder>,
+) -> Vec<(String, Server)> {
     let mut servers = Vec::new();
     for (i, path) in before.iter().enumerate() {
         servers.push((
@@ -391,16 +394,24 @@ fn print_hanging(figures: &[(String, Figures)], plan: &Plan<'_>, fake: &FakeEmbe
         )
     };
     println!(
-        "Appends beside a hanging embedder: the median round's calls/s of `hanging` over `off` (the fake was sent {} requests and answered none).",
-        fake.counts.requests.load(std::sync::atomic::Ordering::SeqCst)
+        "Appends beside a hanging embedder: the median round's calls/s of `hanging` over `off`, and each server's ratio to its own health checks (which cancels some of a shared machine's noise); the fake was sent {} requests and answered none.",
+        fake.counts
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
     );
     for &streams in plan.loads {
+        let (ho, hh) = (
+            rate(off, streams, Call::Health),
+            rate(hanging, streams, Call::Health),
+        );
         for &call in plan.calls {
             let (h, o) = (rate(hanging, streams, call), rate(off, streams, call));
             println!(
-                "  {CONNECTIONS}×{streams:<3} {:<30} off {o:>9.0}  hanging {h:>9.0}  {:>6.1} %",
+                "  {CONNECTIONS}×{streams:<3} {:<30} off {o:>9.0}  hanging {h:>9.0}  {:>6.1} %;  of health: off {:>5.1} %, hanging {:>5.1} %",
                 call.label(),
-                100.0 * h / o
+                100.0 * h / o,
+                100.0 * o / ho,
+                100.0 * h / hh,
             );
         }
     }

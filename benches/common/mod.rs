@@ -106,7 +106,10 @@ pub async fn start_server_in(
         .args(args)
         .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(dir.path())
-        .env("RUST_LOG", std::env::var("ARCHIVIST_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()))
+        .env(
+            "RUST_LOG",
+            std::env::var("ARCHIVIST_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
