@@ -13,7 +13,15 @@
 //!   server, side by side, taking turns at going first; the servers are
 //!   named `before-1`, `before-2`, ... in the order given, then `this`;
 //! - `--stages`: instead of the ratios, where a single-entry append's time
-//!   goes at 8×1 (below).
+//!   goes at 8×1 (below);
+//! - `--embedder-hanging`: instead of `this`, two servers of this build:
+//!   `off` (no `[embedding]`) and `hanging` (`[embedding]` on, pointed at
+//!   a fake embedder in this process that reads each request and never
+//!   answers, so every batch waits out `retry.attempt_timeout`, its
+//!   retries and the breaker, at the defaults), and the append rates of
+//!   `hanging` over `off` at the end. Every entry appended to `hanging` is
+//!   owed a vector (a row written with it), so the ratio is the price of
+//!   owing plus whatever the stuck embedder costs appends.
 //!
 //! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
 //! bench says how to install it and skips this part when it is missing).
@@ -55,6 +63,7 @@ use prost::Message;
 
 mod common;
 
+use common::fake_embedder::FakeEmbedder;
 use common::{BIG_SEGMENTS, Server, request};
 
 // ---- h2load: ratios to the transport ---------------------------------------
@@ -305,8 +314,12 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
     }
 }
 
-/// The servers to compare: each older build given, then this one.
-async fn start_servers(before: &[PathBuf]) -> Vec<(String, Server)> {
+/// The servers to compare: each older build given, then this one (or,
+/// with a hanging embedder, this one without and with `[embedding]`).
+async fn start_servers(
+    before: &[PathBuf],
+    hanging: Option<&FakeEmbedder>,
+) -> Vec<(String, Server)> {
     let mut servers = Vec::new();
     for (i, path) in before.iter().enumerate() {
         servers.push((
@@ -315,14 +328,31 @@ async fn start_servers(before: &[PathBuf]) -> Vec<(String, Server)> {
         ));
     }
     let this = Path::new(env!("CARGO_BIN_EXE_archivist"));
+    let Some(fake) = hanging else {
+        servers.push((
+            "this".to_owned(),
+            common::start_server(this, &[], &BIG_SEGMENTS).await,
+        ));
+        return servers;
+    };
     servers.push((
-        "this".to_owned(),
+        "off".to_owned(),
         common::start_server(this, &[], &BIG_SEGMENTS).await,
+    ));
+    let mut env = BIG_SEGMENTS.to_vec();
+    env.extend([
+        ("ARCHIVIST_EMBEDDING_KIND", "openai"),
+        ("ARCHIVIST_EMBEDDING_BASE_URL", fake.url.as_str()),
+        ("ARCHIVIST_EMBEDDING_MODEL", "fake"),
+    ]);
+    servers.push((
+        "hanging".to_owned(),
+        common::start_server(this, &[], &env).await,
     ));
     servers
 }
 
-async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
+async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize, hanging: bool) {
     println!(
         "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
@@ -341,16 +371,60 @@ async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize) {
         seconds,
         repeat,
     };
-    run_and_print(before, &plan).await;
+    let fake = hanging.then(FakeEmbedder::hanging);
+    let figures = run_and_print(before, &plan, fake.as_ref()).await;
     for (i, path) in before.iter().enumerate() {
         println!("  (before-{}: {})", i + 1, path.display());
+    }
+    if let Some(fake) = &fake {
+        print_hanging(&figures, &plan, fake);
+    }
+}
+
+/// The append rates of `hanging` over `off`, load by load.
+fn print_hanging(figures: &[(String, Figures)], plan: &Plan<'_>, fake: &FakeEmbedder) {
+    let of = |name: &str| &figures.iter().find(|(n, _)| n == name).expect(name).1;
+    let (off, hanging) = (of("off"), of("hanging"));
+    let rate = |f: &Figures, streams: usize, call: Call| {
+        median(
+            f.iter()
+                .filter(|(s, c, _)| *s == streams && *c == call)
+                .map(|(_, _, r)| r.rate)
+                .collect(),
+        )
+    };
+    println!(
+        "Appends beside a hanging embedder: the median round's calls/s of `hanging` over `off`, and each server's ratio to its own health checks (which cancels some of a shared machine's noise); the fake was sent {} requests and answered none.",
+        fake.counts
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+    );
+    for &streams in plan.loads {
+        let (ho, hh) = (
+            rate(off, streams, Call::Health),
+            rate(hanging, streams, Call::Health),
+        );
+        for &call in plan.calls {
+            let (h, o) = (rate(hanging, streams, call), rate(off, streams, call));
+            println!(
+                "  {CONNECTIONS}×{streams:<3} {:<30} off {o:>9.0}  hanging {h:>9.0}  {:>6.1} %;  of health: off {:>5.1} %, hanging {:>5.1} %",
+                call.label(),
+                100.0 * h / o,
+                100.0 * o / ho,
+                100.0 * h / hh,
+            );
+        }
     }
 }
 
 /// Starts the servers, runs `plan`'s rounds against them and prints each
 /// server's figures; returns them by server name.
-async fn run_and_print(before: &[PathBuf], plan: &Plan<'_>) -> Vec<(String, Figures)> {
-    let started = start_servers(before).await;
+async fn run_and_print(
+    before: &[PathBuf],
+    plan: &Plan<'_>,
+    hanging: Option<&FakeEmbedder>,
+) -> Vec<(String, Figures)> {
+    let started = start_servers(before, hanging).await;
     let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let figures = ratio_rounds(&servers, plan).await;
     println!(
@@ -385,7 +459,7 @@ async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
         seconds,
         repeat,
     };
-    for (name, figures) in run_and_print(before, &plan).await {
+    for (name, figures) in run_and_print(before, &plan, None).await {
         let p50 = |call: Call| {
             median(
                 figures
@@ -471,6 +545,7 @@ fn main() {
     let mut repeat = 3;
     let mut before: Vec<PathBuf> = Vec::new();
     let mut only_stages = false;
+    let mut hanging = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -489,6 +564,7 @@ fn main() {
             }
             "--before" => before.push(args.next().expect("--before PATH").into()),
             "--stages" => only_stages = true,
+            "--embedder-hanging" => hanging = true,
             // cargo bench passes --bench.
             _ => {}
         }
@@ -498,7 +574,7 @@ fn main() {
         if only_stages {
             stages(&before, round_seconds, repeat).await;
         } else {
-            ratios(&before, round_seconds, repeat).await;
+            ratios(&before, round_seconds, repeat, hanging).await;
         }
     });
 }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_embedder;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -27,13 +29,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub struct Server {
     child: Child,
     pub address: String,
-    dir: tempfile::TempDir,
+    /// None only once `stop` has taken it.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Server {
     /// The server's data directory (a SQLite server's database is there).
     pub fn data_dir(&self) -> &std::path::Path {
-        self.dir.path()
+        self.dir.as_ref().expect("a data directory").path()
     }
 
     /// The server's process id.
@@ -55,6 +58,16 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Stops the server (kill, reap) and hands back its data directory,
+    /// for another server to start on (`start_server_in`).
+    pub fn stop(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.dir.take().expect("a data directory")
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -71,7 +84,16 @@ pub const BIG_SEGMENTS: [(&str, &str); 2] = [
 /// Starts `binary serve` with `args` after `serve` and `env` set, and
 /// waits until it answers.
 pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
+    start_server_in(binary, tempfile::tempdir().expect("temp dir"), args, env).await
+}
+
+/// As `start_server`, on the data directory `dir` (a stopped server's).
+pub async fn start_server_in(
+    binary: &std::path::Path,
+    dir: tempfile::TempDir,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -89,7 +111,10 @@ pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str,
         .args(args)
         .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(dir.path())
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("ARCHIVIST_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -99,7 +124,7 @@ pub async fn start_server(binary: &std::path::Path, args: &[&str], env: &[(&str,
     let server = Server {
         child,
         address: format!("http://127.0.0.1:{port}"),
-        dir,
+        dir: Some(dir),
     };
     for _ in 0..200 {
         if archivist::client::connect(&server.address).await.is_ok() {
