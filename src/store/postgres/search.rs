@@ -113,7 +113,12 @@ impl Postgres {
         let values = ScopeValues::new(tenant, scope);
         let text = query.websearch();
         let limit = i64::from(limit);
-        let setting = format!("SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}");
+        // A plan for each call's values, as the semantic leg's: a generic
+        // plan of this cached statement cannot see which filters are off.
+        let setting = format!(
+            "SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+             SET LOCAL plan_cache_mode = force_custom_plan"
+        );
         // Pipelined: BEGIN, the bound and the search go out together.
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&text];
         params.extend_from_slice(&values.params());
