@@ -77,7 +77,7 @@ struct Row {
 pub async fn run(o: &Options, url: &str) {
     if o.pg {
         eprintln!(
-            "[search] --embedder: SQLite only (PostgreSQL has no vector storage yet); --pg ignored"
+            "[search] --embedder: SQLite only in this bench (benches/embeddings.rs --pgvector measures PostgreSQL's leg); --pg ignored"
         );
     }
     let binary = std::path::PathBuf::from(env!("CARGO_BIN_EXE_archivist"));
