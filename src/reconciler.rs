@@ -112,6 +112,9 @@ impl Reconciler {
         let mut caught_up = false;
         // The re-embedding after a change of generation is over.
         let mut reembedded = false;
+        // This run owed or dropped something for it (and says when it is
+        // over).
+        let mut reembedding = false;
         let mut ticked = true;
         let mut ready = self.ready.take();
         loop {
@@ -120,8 +123,17 @@ impl Reconciler {
                 self.expire().await;
                 if caught_up && !reembedded {
                     match self.reembed().await {
-                        Some(Reembedded::Owed(_)) => caught_up = false,
-                        Some(Reembedded::Complete) => reembedded = true,
+                        Some(Reembedded::Owed(_)) => {
+                            caught_up = false;
+                            reembedding = true;
+                        }
+                        Some(Reembedded::Dropped(_)) => reembedding = true,
+                        Some(Reembedded::Complete) => {
+                            reembedded = true;
+                            if reembedding {
+                                self.say_reembedded();
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -194,11 +206,7 @@ impl Reconciler {
                         debug!(owed = n, "texts owed for the new embedding generation")
                     }
                     Reembedded::Dropped(n) => debug!(dropped = n, "old embedding vectors dropped"),
-                    Reembedded::Complete => info!(
-                        generation = e.generation().as_str(),
-                        "every stored text has a vector of the embedding generation; no older vectors are left"
-                    ),
-                    Reembedded::Waiting => {}
+                    Reembedded::Complete | Reembedded::Waiting => {}
                 }
                 Some(done)
             }
@@ -206,6 +214,15 @@ impl Reconciler {
                 warn!(error = %cause_chain(&err).join(": "), "re-embedding after a change of generation could not use the store");
                 None
             }
+        }
+    }
+
+    fn say_reembedded(&self) {
+        if let Some(e) = &self.embedding {
+            info!(
+                generation = e.generation().as_str(),
+                "every stored text has a vector of the embedding generation; no older vectors are left"
+            );
         }
     }
 

@@ -138,6 +138,13 @@ pub async fn run_with_key(
             "parked segments failed under another provider configuration; they are due again"
         );
     }
+    if let Some(e) = &app.embedding {
+        info!(
+            generation = e.generation().as_str(),
+            endpoint = %e.endpoint(),
+            "embeddings are on: entries and recaps are embedded in the background for Search's semantic leg"
+        );
+    }
     if store.set_search_language(config.search.language).await? {
         info!(
             language = config.search.language.name(),

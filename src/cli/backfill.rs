@@ -60,6 +60,12 @@ pub struct BackfillArgs {
     /// vector) instead of recaps; needs `[embedding]` configured.
     #[arg(long, conflicts_with_all = ["session", "closed_before", "closed_after", "include_parked", "dry_run", "allow_provider_change"])]
     pub embeddings: bool,
+    /// With --embeddings: embed even though the model or dimensions
+    /// configured here differ from those the database's vectors are of,
+    /// making this the active generation (its old vectors are dropped once
+    /// every text has a new one). Run it with the server stopped.
+    #[arg(long, requires = "embeddings")]
+    pub allow_generation_change: bool,
 }
 
 /// Why a run did not get to its report.
@@ -126,6 +132,26 @@ async fn drain_embeddings(args: BackfillArgs) -> Result<EmbeddingReport, Failed>
     let Some(embedding) = app.embedding.clone() else {
         return Err(Failed::Error("the embedder was not built".to_owned()));
     };
+    // Another model than the database's would make itself the active
+    // generation and drop the vectors a running server searches.
+    let ours = embedding.generation();
+    let active = app
+        .store
+        .embedding_generation()
+        .await
+        .map_err(|e| Failed::Error(cause_chain(&e).join(": ")))?;
+    if let Some(active) = active.filter(|a| a != ours.as_str())
+        && !args.allow_generation_change
+    {
+        return Err(Failed::Error(format!(
+            "this run embeds with {} but the database's vectors are of {active} (the model and \
+             dimensions it last ran with): a backfill under another model would replace the \
+             vectors a server searches. Pass the server's configuration with --config; to change \
+             the model for good, start the server with the new [embedding] (it re-embeds in the \
+             background), or stop it and pass --allow-generation-change",
+            ours.as_str()
+        )));
+    }
     let cancel = CancellationToken::new();
     let on_signal = {
         let cancel = cancel.clone();

@@ -95,6 +95,9 @@ fn class_code(class: FailureClass) -> Code {
     }
 }
 
+/// The longest wait a failed query embedding asks a client for.
+const MAX_QUERY_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A semantic search whose query could not be embedded: the class's code,
 /// the class, status and provider in the ErrorInfo, the wait asked for.
 fn query_embedding_status(e: &ProviderError) -> Status {
@@ -108,8 +111,10 @@ fn query_embedding_status(e: &ProviderError) -> Status {
         metadata.insert("http_status".to_owned(), status.to_string());
     }
     details.set_error_info("QUERY_EMBEDDING_FAILED", ERROR_DOMAIN, metadata);
+    // An embedder's Retry-After is the embedder's to say, but a search is
+    // not held off past a minute by it (AUTO answers by words meanwhile).
     if let Some(wait) = e.retry_after {
-        details.set_retry_info(Some(wait));
+        details.set_retry_info(Some(wait.min(MAX_QUERY_RETRY_AFTER)));
     }
     details.set_debug_info(clip_causes(vec![e.detail.clone()]), "");
     Status::with_error_details(

@@ -121,6 +121,11 @@ impl Embedding {
         self.embedder.generation()
     }
 
+    /// Where the embedder is asked (credentials redacted).
+    pub(crate) fn endpoint(&self) -> String {
+        self.embedder.endpoint()
+    }
+
     pub(crate) fn fingerprint(&self) -> String {
         self.embedder.fingerprint()
     }
@@ -198,17 +203,29 @@ impl Embedding {
             .ok()
             .flatten();
         let text = prefix(query, MAX_INPUT_BYTES);
-        match tokio::time::timeout(
+        // The length is checked here, not by the embedder: a query model
+        // of another length is a configuration to fix, not an answer to
+        // try again.
+        let vector = match tokio::time::timeout(
             self.retry.attempt_timeout,
-            self.embedder.embed_query(text, expected),
+            self.embedder.embed_query(text, None),
         )
         .await
         {
             Ok(Ok(mut vectors)) => vectors
                 .pop()
-                .ok_or_else(|| no_answer(self.retry.attempt_timeout)),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(no_answer(self.retry.attempt_timeout)),
+                .ok_or_else(|| no_answer(self.retry.attempt_timeout))?,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(no_answer(self.retry.attempt_timeout)),
+        };
+        match expected {
+            Some(want) if vector.len() != want => Err(other_length(
+                self.embedder.query_model(),
+                vector.len(),
+                self.embedder.model(),
+                want,
+            )),
+            _ => Ok(vector),
         }
     }
 
@@ -275,14 +292,55 @@ impl Embedding {
                     .await?;
                 return Ok(BatchOutcome::Cancelled);
             }
-            Err(PassEnd::GaveUp(end)) => record::failure(
-                &self.embedder,
-                subject,
-                end,
-                report.attempts,
-                started.elapsed(),
-                &self.retry,
-            ),
+            Err(PassEnd::GaveUp(end)) => {
+                // One text the embedder refuses must not park the others:
+                // the batch is embedded apart, and only what is refused on
+                // its own is left to the failure.
+                if end.class() == FailureClass::InvalidRequest && batch.items.len() > 1 {
+                    let apart = self
+                        .embed_apart(&batch, &texts, &generation, expected)
+                        .await?;
+                    if apart.cancelled {
+                        self.end(&batch, Disposition::Release, report.attempts, None)
+                            .await?;
+                        return Ok(BatchOutcome::Cancelled);
+                    }
+                    let failure = record::failure(
+                        &self.embedder,
+                        subject,
+                        end,
+                        report.attempts,
+                        started.elapsed(),
+                        &self.retry,
+                    );
+                    let disposition = after_failure(
+                        &failure,
+                        batch.passes + 1,
+                        &self.reconciler,
+                        Millis::now(),
+                        &mut rand::thread_rng(),
+                    );
+                    self.end(
+                        &batch,
+                        disposition,
+                        report.attempts + apart.attempts,
+                        Some(failure.clone()),
+                    )
+                    .await?;
+                    return Ok(match apart.stored {
+                        0 => BatchOutcome::Failed(failure),
+                        n => BatchOutcome::Embedded(n),
+                    });
+                }
+                record::failure(
+                    &self.embedder,
+                    subject,
+                    end,
+                    report.attempts,
+                    started.elapsed(),
+                    &self.retry,
+                )
+            }
         };
         let disposition = after_failure(
             &failure,
@@ -294,6 +352,48 @@ impl Embedding {
         self.end(&batch, disposition, report.attempts, Some(failure.clone()))
             .await?;
         Ok(BatchOutcome::Failed(failure))
+    }
+
+    /// After a batch refused as invalid: embeds its halves apart, and
+    /// theirs while they are refused, storing what comes back under the
+    /// claim, so that only the texts refused on their own stay held (at
+    /// most about 2 × log2(batch) requests more per such text).
+    async fn embed_apart(
+        &self,
+        batch: &Batch,
+        texts: &[&str],
+        generation: &Generation,
+        expected: Option<usize>,
+    ) -> Result<Apart, StoreError> {
+        let mut apart = Apart::default();
+        let mut parts = halves(0..texts.len()).to_vec();
+        while let Some(part) = parts.pop() {
+            let report = run_pass(&self.retry, &self.cancel, Logged::Embedding, |_, _| {
+                self.embedder.embed(&texts[part.clone()], expected)
+            })
+            .await;
+            apart.attempts += report.attempts;
+            match report.result {
+                Ok(vectors) => {
+                    let docs = batch.items[part].iter().map(|i| i.doc);
+                    apart.stored += self
+                        .store
+                        .store_vectors(&batch.claim, generation, docs.zip(vectors).collect())
+                        .await?;
+                }
+                Err(PassEnd::GaveUp(end))
+                    if end.class() == FailureClass::InvalidRequest && part.len() > 1 =>
+                {
+                    parts.extend(halves(part));
+                }
+                Err(PassEnd::GaveUp(_)) => {}
+                Err(PassEnd::Cancelled) => {
+                    apart.cancelled = true;
+                    break;
+                }
+            }
+        }
+        Ok(apart)
     }
 
     async fn end(
@@ -314,6 +414,39 @@ impl Embedding {
                 },
             )
             .await
+    }
+}
+
+/// What embedding a refused batch apart did.
+#[derive(Default)]
+struct Apart {
+    stored: u64,
+    attempts: u32,
+    cancelled: bool,
+}
+
+/// A range cut in two (the first half the shorter).
+fn halves(r: std::ops::Range<usize>) -> [std::ops::Range<usize>; 2] {
+    let mid = r.start + r.len() / 2;
+    [r.start..mid, mid..r.end]
+}
+
+/// A query's vector of another length than the stored ones': the query
+/// model is not the stored texts' model under another input type.
+fn other_length(query_model: &str, got: usize, model: &str, want: usize) -> ProviderError {
+    let detail = format!(
+        "the query was embedded with {query_model:?} as {got} numbers, but the stored vectors \
+         ({model:?}) have {want}: embedding.query_model must be the same model as \
+         embedding.model under another input type (or empty)"
+    );
+    ProviderError {
+        provider: crate::provider::embed::NAME,
+        class: FailureClass::InvalidRequest,
+        http_status: None,
+        retry_after: None,
+        symptom: None,
+        source: detail.clone().into(),
+        detail,
     }
 }
 

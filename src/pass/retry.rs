@@ -302,7 +302,13 @@ fn warn_exhausted<E: Classified>(
         attempts,
         class = end.class().as_str(),
         elapsed_ms = elapsed.as_millis() as u64,
-        error = end.last_error().map(Classified::detail).unwrap_or_default(),
+        error = match end {
+            GaveUp::TimedOut { timeout } => format!("no answer within {timeout:?}"),
+            _ => end
+                .last_error()
+                .map(Classified::detail)
+                .unwrap_or_else(|| "no attempt fit before the pass's ceiling".to_owned()),
+        },
         "{pass} pass gave up"
     );
 }

@@ -97,6 +97,11 @@ impl Embedder {
         &self.model
     }
 
+    /// The model name queries are embedded with.
+    pub fn query_model(&self) -> &str {
+        &self.query_model
+    }
+
     /// The base URL, credentials redacted.
     pub fn base_url(&self) -> &str {
         &self.base_url

@@ -82,8 +82,14 @@ impl Store {
         on_backend!(self, b => b.set_embedding_generation(generation).await)
     }
 
+    /// The active generation, if embeddings ever ran.
+    pub(crate) async fn embedding_generation(&self) -> Result<Option<String>, StoreError> {
+        on_backend!(self, b => b.embedding_generation().await)
+    }
+
     /// One step of the walk: owes at most `limit` of the next `SCAN` texts
-    /// that lack a vector of `generation`.
+    /// that lack a vector of `generation`. Nothing (done) when `generation`
+    /// is no longer the active one: a run under another took over.
     pub(crate) async fn reowe(
         &self,
         generation: &Generation,
@@ -105,6 +111,8 @@ impl Store {
 
     /// Once `generation` is complete, drops at most `limit` vectors of the
     /// others (with the last of a generation, its index and its row).
+    /// Waiting, and nothing dropped, when `generation` is not the active
+    /// one: the vectors of the active one are never a stale run's to drop.
     pub(crate) async fn drop_old_vectors(
         &self,
         generation: &Generation,

@@ -144,12 +144,22 @@ impl Respond for Embedder {
             .iter()
             .map(|i| i.as_str().expect("text").to_owned())
             .collect();
+        // A text the embedder refuses, whatever comes with it.
+        if inputs.iter().any(|i| i.contains(POISON)) {
+            return ResponseTemplate::new(400).set_body_json(json!({"error": {
+                "message": "input refused", "type": "invalid_request_error"}}));
+        }
+        // A model named "...-short" answers one number fewer.
+        let dims = match body["model"].as_str() {
+            Some(m) if m.ends_with("-short") => self.dims - 1,
+            _ => self.dims,
+        };
         let data: Vec<Value> = inputs
             .iter()
             .enumerate()
             .map(|(index, text)| {
                 let mut v = concept_vector(text);
-                v.resize(self.dims, 0.0);
+                v.resize(dims, 0.0);
                 json!({"object": "embedding", "index": index, "embedding": v})
             })
             .collect();
@@ -226,6 +236,8 @@ fn bytes_in_any_file(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
 }
 
 const SISTER: &str = "My sister's name is Ingrid";
+/// In a text the fake embedder refuses (400).
+const POISON: &str = "Poison";
 const CAR: &str = "I drive a red car to work";
 const RAIN: &str = "It looks like rain today";
 
@@ -441,11 +453,13 @@ async fn backfill_embeddings(
     data_dir: &std::path::Path,
     base: &str,
     model: &str,
+    extra: &[&str],
 ) -> (i32, Value, Vec<String>) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_archivist"));
     command
         .args(["backfill", "--embeddings", "--json", "--data-dir"])
         .arg(data_dir)
+        .args(extra)
         .env("ARCHIVIST_EMBEDDING_KIND", "openai")
         .env("ARCHIVIST_EMBEDDING_BASE_URL", format!("{base}/v1"))
         .env("ARCHIVIST_EMBEDDING_MODEL", model)
@@ -455,6 +469,11 @@ async fn backfill_embeddings(
         .await
         .expect("joined");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.code() == Some(1) && text.is_empty() {
+        // Refused before any report: the error is the report.
+        let error = String::from_utf8_lossy(&out.stderr).into_owned();
+        return (1, json!({ "error": error }), Vec::new());
+    }
     let report = serde_json::from_str(&text).unwrap_or_else(|e| {
         panic!(
             "not JSON ({e}): {text} {}",
@@ -477,7 +496,8 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     let fake = Embedder::new(DIMS);
     let mock = fake.mount().await;
-    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri(), "concepts").await;
+    let (code, report, progress) =
+        backfill_embeddings(dir.path(), &mock.uri(), "concepts", &[]).await;
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["owed"], 3, "{report}");
     assert_eq!(report["embedded"], 3, "{report}");
@@ -497,7 +517,8 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     // Nothing is owed now: a second run sends nothing, embeds nothing and
     // counts the vectors the first stored.
-    let (code, report, progress) = backfill_embeddings(dir.path(), &mock.uri(), "concepts").await;
+    let (code, report, progress) =
+        backfill_embeddings(dir.path(), &mock.uri(), "concepts", &[]).await;
     assert_eq!((code, report["owed"].clone()), (0, json!(0)));
     assert_eq!(report["embedded"], 0, "{report}");
     assert_eq!(report["embedded_total"], 3, "{report}");
@@ -506,7 +527,23 @@ async fn history_stored_with_embeddings_off_is_owed_and_backfill_drains_it() {
 
     // Another model: the backfill owes and embeds everything again at
     // once, each text once, and drops the old model's vectors.
-    let (code, report, _) = backfill_embeddings(dir.path(), &mock.uri(), "concepts-2").await;
+    // Not without saying so: it would replace the vectors a server
+    // searches.
+    let (code, refused, _) = backfill_embeddings(dir.path(), &mock.uri(), "concepts-2", &[]).await;
+    assert_eq!(code, 1, "{refused}");
+    let said = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("concepts@0") && said.contains("--allow-generation-change"),
+        "{said}"
+    );
+    assert_eq!(fake.inputs_for("concepts-2"), Vec::<String>::new());
+    let (code, report, _) = backfill_embeddings(
+        dir.path(),
+        &mock.uri(),
+        "concepts-2",
+        &["--allow-generation-change"],
+    )
+    .await;
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["generation"], "concepts-2@0", "{report}");
     assert_eq!(report["owed"], 3, "{report}");
@@ -950,5 +987,63 @@ async fn a_query_model_embeds_the_query_and_only_the_query() {
     );
     // The query model is no other generation: the stored vectors count.
     assert_eq!(semantic.embedded_share, 1.0);
+    let dir = server.stop().await;
+
+    // A query model of another length: a configuration to fix, said so,
+    // not a failure to retry; AUTO answers by words meanwhile.
+    let mut config = Config::default();
+    embedding(&mut config, &mock, 8);
+    config.embedding.query_model = "concepts-short".into();
+    let server = TestServer::start_in(dir, config, None).await;
+    let refused = server
+        .client
+        .clone()
+        .search(search("female sibling called", pb::SearchMode::Semantic))
+        .await
+        .expect_err("another length");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("embedding.query_model"),
+        "{}",
+        refused.message()
+    );
+    let auto = found(&server, search("sister name", pb::SearchMode::Auto)).await;
+    assert_eq!(auto.legs, vec![pb::SearchLeg::Lexical as i32]);
+    assert_eq!(auto.hits.first().map(|h| h.text.as_str()), Some(SISTER));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_text_the_embedder_refuses_parks_alone_and_its_batch_is_embedded_apart() {
+    let fake = Embedder::new(DIMS);
+    let mock = fake.mount().await;
+    let server = TestServer::start_with(|c| embedding(c, &mock, 4)).await;
+    server
+        .append("s", &[SISTER, "Poison pill text", CAR, RAIN])
+        .await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            let b = backlog(&server).await;
+            b.embedded == 3 && b.parked == 1
+        })
+        .await,
+        "{:?}",
+        backlog(&server).await
+    );
+    let b = backlog(&server).await;
+    assert_eq!(b.parked_by_class.get("invalid_request"), Some(&1));
+    // The batch, then its halves, then the refused half's halves: each
+    // innocent text stored once, the refused one sent three times.
+    let mut stored = fake.inputs();
+    stored.sort();
+    assert_eq!(stored, vec![CAR, RAIN, SISTER]);
+    assert_eq!(fake.requests(), 5);
+    // Parked: no request more, however many ticks go by.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.requests(), 5);
     server.stop().await;
 }

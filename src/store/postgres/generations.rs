@@ -83,6 +83,20 @@ async fn ranges(client: &Conn, lock: bool) -> Result<[Option<(i64, i64)>; 2], St
     Ok([get(0)?.zip(get(1)?), get(2)?.zip(get(3)?)])
 }
 
+/// The active generation, the state row locked (FOR UPDATE) when `lock`.
+async fn active(client: &Conn, lock: bool) -> Result<Option<String>, StoreError> {
+    Ok(client
+        .query_one(
+            &format!(
+                "SELECT generation FROM embedding_state WHERE id = 1{}",
+                if lock { " FOR UPDATE" } else { "" }
+            ),
+            &[],
+        )
+        .await?
+        .try_get(0)?)
+}
+
 /// The id of a generation by name; -1 (no row's) when it has none yet.
 async fn generation_id(client: &Conn, generation: &Generation) -> Result<i32, StoreError> {
     let stmt = client
@@ -104,13 +118,7 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
-            let before: Option<String> = client
-                .query_one(
-                    "SELECT generation FROM embedding_state WHERE id = 1 FOR UPDATE",
-                    &[],
-                )
-                .await?
-                .try_get(0)?;
+            let before = active(&client, true).await?;
             if before.as_deref() == Some(generation.as_str()) {
                 return Ok(None);
             }
@@ -129,9 +137,24 @@ impl Postgres {
                     &[&generation.as_str(), &walk],
                 )
                 .await?;
+            // Back to a generation whose vectors are still there: what was
+            // owed for the one between and has its vector needs nothing.
+            client
+                .execute(
+                    "DELETE FROM embeddings_owed o WHERE o.claim_owner IS NULL AND EXISTS \
+                     (SELECT 1 FROM embeddings v JOIN embedding_generations n ON n.id = v.generation \
+                      WHERE v.doc = o.doc AND n.name = $1)",
+                    &[&generation.as_str()],
+                )
+                .await?;
             Ok(Some(before))
         };
         self.noting_full(transact(&client, body).await)
+    }
+
+    pub(crate) async fn embedding_generation(&self) -> Result<Option<String>, StoreError> {
+        let client = self.client().await?;
+        active(&client, false).await
     }
 
     pub(crate) async fn reowe(
@@ -142,7 +165,13 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
-            let [entries, summaries] = ranges(&client, true).await?;
+            if active(&client, true).await?.as_deref() != Some(generation.as_str()) {
+                return Ok(Reowed {
+                    owed: 0,
+                    done: true,
+                });
+            }
+            let [entries, summaries] = ranges(&client, false).await?;
             let (part, (after, until)) = match (entries, summaries) {
                 (Some(r), _) => (&ENTRIES, r),
                 (None, Some(r)) => (&SUMMARIES, r),
@@ -238,7 +267,10 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
-            let walking = ranges(&client, true).await?.iter().any(Option::is_some);
+            if active(&client, true).await?.as_deref() != Some(generation.as_str()) {
+                return Ok(Dropped::Waiting);
+            }
+            let walking = ranges(&client, false).await?.iter().any(Option::is_some);
             // A text still owed whose only vector is old: the old one is
             // kept until the new one is stored.
             let owed_with_old = client

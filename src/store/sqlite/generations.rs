@@ -68,6 +68,18 @@ const SUMMARIES: Part = Part {
     until: "summaries_until",
 };
 
+/// The active generation.
+fn active(conn: &Connection) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT generation FROM embedding_state WHERE id = 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?
+        .flatten())
+}
+
 /// The part's range, when some of it is left.
 fn range(conn: &Connection, part: &Part) -> Result<Option<(i64, i64)>, StoreError> {
     let (after, until): (Option<i64>, Option<i64>) = conn.query_row(
@@ -88,14 +100,7 @@ impl Sqlite {
     ) -> Result<Option<Option<String>>, StoreError> {
         let generation = generation.as_str().to_owned();
         self.write(move |conn| {
-            let before: Option<String> = conn
-                .query_row(
-                    "SELECT generation FROM embedding_state WHERE id = 1",
-                    [],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .flatten();
+            let before = active(conn)?;
             if before.as_deref() == Some(generation.as_str()) {
                 return Ok(None);
             }
@@ -111,9 +116,20 @@ impl Sqlite {
                  WHERE id = 1",
                 params![generation, walk],
             )?;
+            // Back to a generation whose vectors are still there: what was
+            // owed for the one between and has its vector needs nothing.
+            conn.execute(
+                "DELETE FROM embeddings_owed WHERE claim_owner IS NULL AND EXISTS \
+                 (SELECT 1 FROM embeddings v WHERE v.doc = embeddings_owed.doc AND v.generation = ?1)",
+                params![generation],
+            )?;
             Ok(Some(before))
         })
         .await
+    }
+
+    pub(crate) async fn embedding_generation(&self) -> Result<Option<String>, StoreError> {
+        self.read(active).await
     }
 
     pub(crate) async fn reowe(
@@ -123,6 +139,12 @@ impl Sqlite {
     ) -> Result<Reowed, StoreError> {
         let generation = generation.as_str().to_owned();
         self.write(move |conn| {
+            if active(conn)?.as_deref() != Some(generation.as_str()) {
+                return Ok(Reowed {
+                    owed: 0,
+                    done: true,
+                });
+            }
             // Entries first; summaries once the entries are walked.
             let mut walking = None;
             for part in [&ENTRIES, &SUMMARIES] {
@@ -208,6 +230,9 @@ impl Sqlite {
     ) -> Result<Dropped, StoreError> {
         let generation = generation.as_str().to_owned();
         self.write(move |conn| {
+            if active(conn)?.as_deref() != Some(generation.as_str()) {
+                return Ok(Dropped::Waiting);
+            }
             let walking = range(conn, &ENTRIES)?.is_some() || range(conn, &SUMMARIES)?.is_some();
             // A text still owed whose only vector is old: the old one is
             // kept until the new one is stored.
