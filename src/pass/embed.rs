@@ -264,6 +264,8 @@ impl Embedding {
         })
         .await;
         let subject = Subject::Embedding(batch.items.len());
+        // What embedding a refused batch apart stored, if it came to that.
+        let mut apart = Apart::default();
         let failure = match report.result {
             Ok(vectors) => {
                 let docs = batch.items.iter().map(|i| i.doc);
@@ -297,7 +299,7 @@ impl Embedding {
                 // the batch is embedded apart, and only what is refused on
                 // its own is left to the failure.
                 if end.class() == FailureClass::InvalidRequest && batch.items.len() > 1 {
-                    let apart = self
+                    apart = self
                         .embed_apart(&batch, &texts, &generation, expected)
                         .await?;
                     if apart.cancelled {
@@ -305,32 +307,6 @@ impl Embedding {
                             .await?;
                         return Ok(BatchOutcome::Cancelled);
                     }
-                    let failure = record::failure(
-                        &self.embedder,
-                        subject,
-                        end,
-                        report.attempts,
-                        started.elapsed(),
-                        &self.retry,
-                    );
-                    let disposition = after_failure(
-                        &failure,
-                        batch.passes + 1,
-                        &self.reconciler,
-                        Millis::now(),
-                        &mut rand::thread_rng(),
-                    );
-                    self.end(
-                        &batch,
-                        disposition,
-                        report.attempts + apart.attempts,
-                        Some(failure.clone()),
-                    )
-                    .await?;
-                    return Ok(match apart.stored {
-                        0 => BatchOutcome::Failed(failure),
-                        n => BatchOutcome::Embedded(n),
-                    });
                 }
                 record::failure(
                     &self.embedder,
@@ -349,9 +325,17 @@ impl Embedding {
             Millis::now(),
             &mut rand::thread_rng(),
         );
-        self.end(&batch, disposition, report.attempts, Some(failure.clone()))
-            .await?;
-        Ok(BatchOutcome::Failed(failure))
+        self.end(
+            &batch,
+            disposition,
+            report.attempts + apart.attempts,
+            Some(failure.clone()),
+        )
+        .await?;
+        Ok(match apart.stored {
+            0 => BatchOutcome::Failed(failure),
+            n => BatchOutcome::Embedded(n),
+        })
     }
 
     /// After a batch refused as invalid: embeds its halves apart, and
