@@ -352,6 +352,10 @@ const DEFAULT_SEARCH_LIMIT: u32 = 10;
 const MAX_SEARCH_LIMIT: u32 = 100;
 /// Most session ids one Search may name.
 const MAX_SEARCH_SESSIONS: usize = 1000;
+/// Most roles one Search may name: four exist, so more only repeat them.
+const MAX_SEARCH_ROLES: usize = 16;
+/// Most levels one Search may name: 0 (entries) to `MAX_LEVEL`.
+const MAX_SEARCH_LEVELS: usize = MAX_LEVEL as usize + 1;
 
 /// A timestamp as milliseconds since the epoch, if it is one.
 fn millis(ts: &prost_types::Timestamp) -> Option<crate::model::Millis> {
@@ -413,7 +417,8 @@ pub(super) fn parse_search(
     let mut sessions = Vec::new();
     for (i, raw) in req.session_ids.iter().take(MAX_SEARCH_SESSIONS).enumerate() {
         match parse_session(raw, &format!("session_ids[{i}]")) {
-            Ok(s) => sessions.push(s),
+            Ok(s) if !sessions.contains(&s) => sessions.push(s),
+            Ok(_) => {}
             Err(v) if violations.len() < MAX_LISTED_VIOLATIONS => violations.extend(v),
             Err(_) => {}
         }
@@ -435,10 +440,31 @@ pub(super) fn parse_search(
     };
     let after = time("after", &req.after);
     let before = time("before", &req.before);
+    // Repeated filters are bounded and deduplicated here, so what reaches
+    // the legs (and their per-text checks) is a handful of values, never a
+    // caller's millions.
+    for (field, reason, named, cap) in [
+        ("roles", "TOO_MANY_ROLES", req.roles.len(), MAX_SEARCH_ROLES),
+        (
+            "levels",
+            "TOO_MANY_LEVELS",
+            req.levels.len(),
+            MAX_SEARCH_LEVELS,
+        ),
+    ] {
+        if named > cap {
+            violations.push(violation(
+                field,
+                reason,
+                format!("{named} {field} named, over the cap of {cap}"),
+            ));
+        }
+    }
     let mut roles = Vec::new();
-    for (i, raw) in req.roles.iter().enumerate() {
+    for (i, raw) in req.roles.iter().take(MAX_SEARCH_ROLES).enumerate() {
         match role_from_pb(*raw) {
-            Some(r) => roles.push(r),
+            Some(r) if !roles.contains(&r) => roles.push(r),
+            Some(_) => {}
             None => violations.push(violation(
                 format!("roles[{i}]"),
                 "INVALID_ROLE",
@@ -446,13 +472,16 @@ pub(super) fn parse_search(
             )),
         }
     }
-    for (i, level) in req.levels.iter().enumerate() {
+    let mut levels = Vec::new();
+    for (i, level) in req.levels.iter().take(MAX_SEARCH_LEVELS).enumerate() {
         if *level > MAX_LEVEL {
             violations.push(violation(
                 format!("levels[{i}]"),
                 "INVALID_LEVEL",
                 format!("level {level} is past the deepest, {MAX_LEVEL}"),
             ));
+        } else if !levels.contains(level) {
+            levels.push(*level);
         }
     }
     violations.truncate(MAX_LISTED_VIOLATIONS);
@@ -469,7 +498,7 @@ pub(super) fn parse_search(
         after,
         before,
         roles,
-        levels: req.levels.clone(),
+        levels,
     };
     Ok((query, scope, limit))
 }

@@ -473,6 +473,87 @@ async fn one_megabyte_repeated_field_requests_leave_memory_bounded() {
     assert!(peak < RSS_BOUND_KIB, "peak RSS {peak} KiB");
 }
 
+#[tokio::test]
+async fn search_filters_are_bounded_and_deduplicated() {
+    let server = TestServer::start().await;
+    server.append("s", &["the heron nests by the weir"]).await;
+    let mut client = server.client.clone();
+    let search = |roles: Vec<i32>, levels: Vec<u32>| pb::SearchRequest {
+        query: "heron".into(),
+        roles,
+        levels,
+        ..Default::default()
+    };
+    // Repeats within the caps are one filter each.
+    let user = pb::Role::User as i32;
+    let hits = client
+        .search(search(vec![user; 16], [0; 65].to_vec()))
+        .await
+        .expect("repeats within the caps")
+        .into_inner()
+        .hits;
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].text, "the heron nests by the weir");
+    // Past them, the field is named and nothing else is looked at.
+    for (req, field, why) in [
+        (
+            search(vec![user; 17], Vec::new()),
+            "roles",
+            "TOO_MANY_ROLES",
+        ),
+        (search(Vec::new(), vec![0; 66]), "levels", "TOO_MANY_LEVELS"),
+    ] {
+        let status = client.search(req).await.expect_err(field);
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}");
+        assert_eq!(reason(&status), why, "{field}");
+        let violations = status
+            .get_error_details()
+            .bad_request()
+            .map(|b| b.field_violations.clone())
+            .unwrap_or_default();
+        assert_eq!(violations.len(), 1, "{field}: {violations:?}");
+        assert_eq!(violations[0].field, field);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_megabyte_search_filters_leave_memory_bounded() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Process::start(dir.path(), &[]).await;
+    let mut client = server.client().await;
+    client
+        .append_entries(crate::harness::append_request("s", &["the heron nests"]))
+        .await
+        .expect("append");
+    // The attack: valid values, millions of times, six calls at once (each
+    // cost a quarter of a GiB before the filters were bounded).
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let mut client = client.clone();
+            let mut req = pb::SearchRequest {
+                query: "heron".into(),
+                ..Default::default()
+            };
+            if i % 2 == 0 {
+                req.levels = vec![1; 4_000_000];
+                req.levels.push(0);
+            } else {
+                req.roles = vec![pb::Role::User as i32; 4_000_000];
+            }
+            tokio::spawn(async move { client.search(req).await })
+        })
+        .collect();
+    for call in calls {
+        let status = call.await.expect("task").expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+    let peak = server.peak_rss_kib();
+    eprintln!("six 4 MB Search filters at once: peak RSS {peak} KiB");
+    // Decoding six such requests costs about 25 MiB each; what follows
+    // decoding must add nothing of the sort.
+    assert!(peak < 3 * RSS_BOUND_KIB, "peak RSS {peak} KiB");
+}
+
 // ---- 4: answers bounded by the server ---------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
