@@ -213,6 +213,7 @@ async fn load(server: &common::Server, n: usize, per_session: usize) -> Duration
                             client_entry_id: format!("e{i}"),
                             role: pb::Role::User.into(),
                             content: text(i),
+                            ..Default::default()
                         })
                         .collect(),
                     ..Default::default()

@@ -94,6 +94,9 @@ fn extractive_cost() {
                 tokens: estimate_tokens(&content),
                 content,
                 created_at: Millis(0),
+                occurred_at: Millis(0),
+                name: None,
+                metadata: Default::default(),
             }
         })
         .collect();
@@ -112,6 +115,9 @@ fn extractive_cost() {
             tokens: estimate_tokens(&recap),
             content: recap.clone(),
             created_at: Millis(0),
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Default::default(),
         })
         .collect();
     let t0 = Instant::now();
@@ -153,6 +159,7 @@ impl Bench {
         let policy = archivist::model::SegmentPolicy {
             max_entries: 10,
             max_tokens: 1_000_000,
+            max_gap: None,
         };
         let mut ids = Vec::with_capacity(n);
         for i in 0..n {
@@ -168,6 +175,9 @@ impl Bench {
                     content: format!(
                         "Message {j} about the billing migration, its timeout and the rerun plan."
                     ),
+                    occurred_at: None,
+                    name: None,
+                    metadata: Default::default(),
                 })
                 .collect();
             let out = self

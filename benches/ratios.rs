@@ -490,6 +490,7 @@ async fn store_alone(seconds: f64, repeat: usize) {
     let policy = SegmentPolicy {
         max_entries: 1_000_000,
         max_tokens: 4_000_000_000,
+        max_gap: None,
     };
     let mut took: Vec<f64> = Vec::new();
     let mut rates = Vec::new();
@@ -506,6 +507,9 @@ async fn store_alone(seconds: f64, repeat: usize) {
                             client_entry_id: None,
                             role: Role::User,
                             content: "the agent asked about the billing migration".to_owned(),
+                            occurred_at: None,
+                            name: None,
+                            metadata: Default::default(),
                         };
                         let start = std::time::Instant::now();
                         store

@@ -542,6 +542,7 @@ fn new_entries(messages: &[fixture::Message]) -> Vec<pb::NewEntry> {
             }
             .into(),
             content: m.content.clone(),
+            ..Default::default()
         })
         .collect()
 }

@@ -173,6 +173,7 @@ async fn closed_segments(store: &Store, n: usize) {
     let policy = SegmentPolicy {
         max_entries: 3,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let session = SessionName::parse("drain").expect("name");
     for chunk in 0..n.div_ceil(300) {
@@ -181,6 +182,9 @@ async fn closed_segments(store: &Store, n: usize) {
                 client_entry_id: None,
                 role: Role::User,
                 content: format!("Entry {i} of chunk {chunk}, about the migration."),
+                occurred_at: None,
+                name: None,
+                metadata: Default::default(),
             })
             .collect();
         store

@@ -62,6 +62,7 @@ async fn round(replicas: usize, segments: usize, provider: &str) -> Option<Round
                         client_entry_id: String::new(),
                         role: pb::Role::User.into(),
                         content: format!("Entry {i}: the agent asked about the migration."),
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()

@@ -128,6 +128,7 @@ async fn fill(app: &App, session: &str, n: usize, batch: usize) {
     let policy = archivist::model::SegmentPolicy {
         max_entries: 50,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let mut done = 0;
     while done < n {
@@ -138,6 +139,9 @@ async fn fill(app: &App, session: &str, n: usize, batch: usize) {
                 content: format!(
                     "Message {i}: the billing migration timed out again; we agreed to rerun it with a longer timeout and to page the owner if it fails."
                 ),
+                occurred_at: None,
+                name: None,
+                metadata: Default::default(),
             })
             .collect();
         done += entries.len();

@@ -169,6 +169,7 @@ async fn measure(binary: &std::path::Path, url: &str, size: usize, queries: usiz
                     "note {i}: the agent looked into topic {} and wrote down what it found there",
                     i % 997
                 ),
+                ..Default::default()
             })
             .collect();
         client

@@ -16,6 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use archivist::cli::backfill::{self, BackfillArgs};
 use archivist::cli::check::{self, CheckArgs};
+use archivist::cli::import::{self, ImportArgs};
 use archivist::cli::migrate::{self, MigrateArgs};
 use archivist::cli::search::{self, SearchArgs};
 use archivist::cli::session::{self, ClientFlags, ForgetSubjectArgs, SessionArgs, SessionsArgs};
@@ -74,6 +75,11 @@ enum Command {
     /// by their words, best first, across every session or only some, a
     /// subject's, a time window, roles or levels.
     Search(SearchArgs),
+    /// Import a history into a running server from JSON Lines (FILE, or -
+    /// for standard input), one message a line: session_id, role, content,
+    /// and optionally name, occurred_at (RFC 3339), metadata,
+    /// client_entry_id, subject. Running it again stores nothing new.
+    Import(ImportArgs),
     /// Erase every session of a subject on a running server (the "forget
     /// this user" privacy law asks for). Asks first on a terminal.
     ForgetSubject(ForgetSubjectArgs),
@@ -162,6 +168,10 @@ fn main() -> ExitCode {
         Command::Search(args) => {
             init_logging(LogFormat::Text, "warn");
             runtime.block_on(search::run(args))
+        }
+        Command::Import(args) => {
+            init_logging(LogFormat::Text, "warn");
+            runtime.block_on(import::run(args))
         }
         Command::ForgetSubject(args) => {
             init_logging(LogFormat::Text, "warn");

@@ -239,12 +239,35 @@ impl SegmentState {
     }
 }
 
+/// An entry's metadata: a few caller-chosen pairs, in key order.
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
 /// An entry as a caller submits it, already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEntry {
     pub client_entry_id: Option<String>,
     pub role: Role,
     pub content: String,
+    /// When it was said; `None`: when the server receives it (never before
+    /// the session's newest entry).
+    pub occurred_at: Option<Millis>,
+    /// Who said it.
+    pub name: Option<String>,
+    pub metadata: Metadata,
+}
+
+impl NewEntry {
+    /// An entry said now, by nobody named, with no metadata.
+    pub fn new(role: Role, content: impl Into<String>) -> NewEntry {
+        NewEntry {
+            client_entry_id: None,
+            role,
+            content: content.into(),
+            occurred_at: None,
+            name: None,
+            metadata: Metadata::new(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -255,6 +278,10 @@ pub struct Entry {
     pub content: String,
     pub created_at: Millis,
     pub tokens: u32,
+    /// When it was said (`created_at` when the caller gave no time).
+    pub occurred_at: Millis,
+    pub name: Option<String>,
+    pub metadata: Metadata,
 }
 
 /// What an append did with one entry of the request.
@@ -323,11 +350,23 @@ pub(crate) enum Disposition {
 pub struct SegmentPolicy {
     pub max_entries: u32,
     pub max_tokens: u32,
+    /// A gap longer than this between two entries' `occurred_at` closes
+    /// the segment before the later one; `None`: never.
+    pub max_gap: Option<Duration>,
 }
 
 impl SegmentPolicy {
     pub fn is_full(&self, entries: u32, tokens: u32) -> bool {
         entries >= self.max_entries || tokens >= self.max_tokens
+    }
+
+    /// Whether an entry said at `next` starts a new segment after one said
+    /// at `last` (the conversation's own clock, so an imported history is
+    /// cut where its days are).
+    pub fn is_gap(&self, last: Millis, next: Millis) -> bool {
+        self.max_gap.is_some_and(|gap| {
+            next.0.saturating_sub(last.0) > i64::try_from(gap.as_millis()).unwrap_or(i64::MAX)
+        })
     }
 }
 
@@ -515,6 +554,7 @@ mod tests {
         let p = SegmentPolicy {
             max_entries: 3,
             max_tokens: 100,
+            max_gap: None,
         };
         assert!(!p.is_full(2, 99));
         assert!(p.is_full(3, 10));

@@ -99,6 +99,9 @@ pub(crate) fn entry_to_pb(e: Entry) -> pb::Entry {
         role: role_to_pb(e.role).into(),
         content: e.content,
         created_at: Some(timestamp(e.created_at)),
+        occurred_at: Some(timestamp(e.occurred_at)),
+        name: e.name.unwrap_or_default(),
+        metadata: e.metadata.into_iter().collect(),
     }
 }
 

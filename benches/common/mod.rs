@@ -184,6 +184,7 @@ pub fn request(session: &str, batch: usize, n: u64) -> pb::AppendEntriesRequest 
                 content: format!(
                     "entry {n}/{i}: the agent asked about the billing migration and the answer was to rerun it"
                 ),
+                ..Default::default()
             })
             .collect(),
         ..Default::default()

@@ -3,13 +3,15 @@
 //! configuration loading, signals, the listen address and exit codes.
 //!
 //! The terminal client: `session.rs` its commands, `reads.rs` and
-//! `waits.rs` the longer ones, `search.rs` `archivist search`,
+//! `waits.rs` the longer ones, `search.rs` `archivist search`, `import.rs`
+//! `archivist import` (a history from JSON Lines),
 //! `terminal.rs` what every command shares (flags, connection, exit
 //! status), `output.rs` what they print. The commands use `terminal.rs`
 //! and `output.rs`, never each other's callers.
 
 pub mod backfill;
 pub mod check;
+pub mod import;
 pub mod migrate;
 mod output;
 mod reads;

@@ -264,6 +264,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                             client_entry_id: client_entry_id.unwrap_or_default(),
                             role: parse_role(&role)?.into(),
                             content: content.unwrap_or_default(),
+                            ..Default::default()
                         }],
                         subject: subject.unwrap_or_default(),
                     },

@@ -157,6 +157,7 @@ fn leaves_of_defaults() -> Vec<(Vec<String>, toml::Value)> {
         ["tls", "key"],
         ["tls", "client_ca"],
         ["metrics", "listen"],
+        ["segment", "max_gap"],
     ] {
         out.push((
             key.iter().map(|k| (*k).to_owned()).collect(),

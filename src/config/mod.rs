@@ -145,6 +145,11 @@ pub struct SegmentConfig {
     /// reconciler); zero: never.
     #[serde(with = "duration")]
     pub max_idle: Duration,
+    /// A gap longer than this between two entries' `occurred_at` closes the
+    /// segment before the later one, so an imported history is cut where
+    /// its days are; unset: `max_idle`; zero: never.
+    #[serde(skip_serializing_if = "Option::is_none", with = "duration::option")]
+    pub max_gap: Option<Duration>,
 }
 
 /// How long sessions are kept.
@@ -342,6 +347,9 @@ pub struct LimitsConfig {
     pub max_watches: u32,
     /// WatchSession streams one tenant may have open at once.
     pub max_watches_per_tenant: u32,
+    /// How far ahead of the server's clock an entry's `occurred_at` may be.
+    #[serde(with = "duration")]
+    pub max_clock_skew: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -504,6 +512,7 @@ impl Default for SegmentConfig {
             max_entries: 50,
             max_tokens: 4000,
             max_idle: Duration::from_secs(30 * 60),
+            max_gap: None,
         }
     }
 }
@@ -528,6 +537,7 @@ impl Default for LimitsConfig {
             idle_timeout: Duration::from_secs(300),
             max_watches: 1024,
             max_watches_per_tenant: 256,
+            max_clock_skew: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -591,9 +601,11 @@ impl Default for ShutdownConfig {
 
 impl Config {
     pub fn segment_policy(&self) -> SegmentPolicy {
+        let gap = self.segment.max_gap.unwrap_or(self.segment.max_idle);
         SegmentPolicy {
             max_entries: self.segment.max_entries,
             max_tokens: self.segment.max_tokens,
+            max_gap: (!gap.is_zero()).then_some(gap),
         }
     }
 }
@@ -748,5 +760,22 @@ mod duration {
                 "{text:?} is not a duration ({e}); write it like \"500ms\", \"30s\" or \"1h\""
             ))
         })
+    }
+
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            super::deserialize(d).map(Some)
+        }
     }
 }

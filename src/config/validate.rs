@@ -2,6 +2,7 @@
 //! error names the key.
 
 use super::{BackendKind, Config, ConfigError, ENV_PREFIX, ProviderKind, is_variable_name};
+use std::time::Duration;
 
 /// The longest vector an embedder may be asked for (the largest common
 /// models make 3072; a vector is read whole into memory per search).
@@ -268,6 +269,11 @@ impl Config {
         let longest = crate::failure::LONGEST_WAIT;
         for (key, d) in [
             ("segment.max_idle", self.segment.max_idle),
+            (
+                "segment.max_gap",
+                self.segment.max_gap.unwrap_or(Duration::ZERO),
+            ),
+            ("limits.max_clock_skew", self.limits.max_clock_skew),
             ("retry.initial_backoff", r.initial_backoff),
             ("retry.max_backoff", r.max_backoff),
             ("retry.attempt_timeout", r.attempt_timeout),

@@ -204,6 +204,14 @@ fn store_status(err: &StoreError) -> Status {
                 ("subject".to_owned(), subject.clone().unwrap_or_default()),
             ],
         ),
+        StoreError::OccurredOutOfOrder { index, newest } => (
+            Code::InvalidArgument,
+            "OCCURRED_OUT_OF_ORDER",
+            vec![
+                ("entry".to_owned(), format!("entries[{index}]")),
+                ("newest_occurred_at_ms".to_owned(), newest.0.to_string()),
+            ],
+        ),
         StoreError::Unstorable { index, .. } => (
             Code::InvalidArgument,
             "ENTRY_UNSTORABLE",
@@ -269,6 +277,14 @@ fn store_status(err: &StoreError) -> Status {
                 "subject",
                 "a session's subject is fixed by the append that creates it; name the same subject, or none",
             );
+        }
+        (_, StoreError::OccurredOutOfOrder { index, .. }) => {
+            let mut v = tonic_types::FieldViolation::new(
+                format!("entries[{index}].occurred_at"),
+                "before the session's newest entry (or the one before it in this call): a session's entries are in the order they were said",
+            );
+            v.reason = "OCCURRED_OUT_OF_ORDER".to_owned();
+            details.set_bad_request(vec![v]);
         }
         (_, StoreError::Unstorable { index, reason }) => {
             details.add_bad_request_violation(format!("entries[{index}].content"), *reason);

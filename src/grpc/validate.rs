@@ -21,6 +21,12 @@ const DEFAULT_PAGE_SIZE: u32 = 50;
 const DEFAULT_ENTRIES_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 const MAX_CLIENT_ENTRY_ID: usize = 128;
+/// An entry's `name`: a participant's name, as a chat message's.
+const MAX_NAME_CHARS: usize = 64;
+/// An entry's metadata: pairs, key length, value bytes.
+const MAX_METADATA_PAIRS: usize = 16;
+const MAX_METADATA_KEY: usize = 64;
+const MAX_METADATA_VALUE: usize = 256;
 /// The deepest level ListSegments takes: with fanout 2, level 64 would
 /// cover 2^63 segments.
 const MAX_LEVEL: u32 = 64;
@@ -88,6 +94,9 @@ pub(super) fn parse_append(
         // Checking each of an oversized batch would only say more of the same.
         return Err(invalid(violations));
     }
+    let now = crate::model::Millis::now();
+    let skew_ms = i64::try_from(limits.max_clock_skew.as_millis()).unwrap_or(i64::MAX);
+    let latest = crate::model::Millis(now.0.saturating_add(skew_ms));
     let mut entries = Vec::with_capacity(req.entries.len());
     for (i, e) in req.entries.into_iter().enumerate() {
         let role = role_from_pb(e.role);
@@ -132,17 +141,111 @@ pub(super) fn parse_append(
             }
             _ => Some(e.client_entry_id),
         };
+        let occurred_at = match &e.occurred_at {
+            None => None,
+            Some(ts) => match millis(ts).filter(|m| m.0 >= 0) {
+                None => {
+                    violations.push(violation(
+                        format!("entries[{i}].occurred_at"),
+                        "INVALID_TIMESTAMP",
+                        "not a valid timestamp (from 1970 on)",
+                    ));
+                    None
+                }
+                Some(at) if at > latest => {
+                    violations.push(violation(
+                        format!("entries[{i}].occurred_at"),
+                        "OCCURRED_IN_FUTURE",
+                        format!(
+                            "{} ms past the server's clock; at most {} ms ahead is taken (limits.max_clock_skew)",
+                            at.0 - now.0,
+                            skew_ms
+                        ),
+                    ));
+                    None
+                }
+                at => at,
+            },
+        };
+        let name = match e.name.as_str() {
+            "" => None,
+            n if n.chars().count() > MAX_NAME_CHARS || n.chars().any(char::is_control) => {
+                violations.push(violation(
+                    format!("entries[{i}].name"),
+                    "INVALID_NAME",
+                    format!(
+                        "a name is 1 to {MAX_NAME_CHARS} characters with no control characters"
+                    ),
+                ));
+                None
+            }
+            _ => Some(e.name),
+        };
+        check_metadata(
+            &e.metadata,
+            &format!("entries[{i}].metadata"),
+            &mut violations,
+        );
         if let Some(role) = role {
             entries.push(NewEntry {
                 client_entry_id,
                 role,
                 content: e.content,
+                occurred_at,
+                name,
+                metadata: e.metadata.into_iter().collect(),
             });
         }
     }
     match session {
         Ok(session) if violations.is_empty() => Ok((session, subject, entries)),
         _ => Err(invalid(violations)),
+    }
+}
+
+/// Checks an entry's (or a filter's) metadata pairs: at most
+/// `MAX_METADATA_PAIRS`, keys 1 to 64 of `[A-Za-z0-9_.-]`, values at most
+/// 256 bytes with no NUL.
+pub(super) fn check_metadata(
+    metadata: &std::collections::HashMap<String, String>,
+    field: &str,
+    violations: &mut Vec<FieldViolation>,
+) {
+    if metadata.len() > MAX_METADATA_PAIRS {
+        violations.push(violation(
+            field,
+            "TOO_MANY_METADATA_PAIRS",
+            format!(
+                "{} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+                metadata.len()
+            ),
+        ));
+        return;
+    }
+    // In key order, so the violations named are the same for the same map.
+    let mut keys: Vec<&String> = metadata.keys().collect();
+    keys.sort();
+    for key in keys {
+        let good_key = (1..=MAX_METADATA_KEY).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !good_key {
+            violations.push(violation(
+                field,
+                "INVALID_METADATA_KEY",
+                format!(
+                    "key {:?}: a key is 1 to {MAX_METADATA_KEY} of letters, digits and . _ -",
+                    crate::text::prefix(key, MAX_METADATA_KEY)
+                ),
+            ));
+        } else if metadata[key].len() > MAX_METADATA_VALUE || metadata[key].contains('\0') {
+            violations.push(violation(
+                format!("{field}[{key}]"),
+                "INVALID_METADATA_VALUE",
+                format!("a value is at most {MAX_METADATA_VALUE} bytes, with no NUL"),
+            ));
+        }
     }
 }
 

@@ -273,6 +273,7 @@ pub(super) async fn remember(
                 client_entry_id: m.client_entry_id.clone().unwrap_or_default(),
                 role: role_to_pb(m.role.role()) as i32,
                 content: m.content.clone(),
+                ..Default::default()
             })
             .collect(),
         subject: args.subject.clone().unwrap_or_default(),

@@ -372,6 +372,9 @@ impl Summariser {
             content: PROBE_TEXT.to_owned(),
             created_at: Millis::now(),
             tokens: estimate_tokens(PROBE_TEXT),
+            occurred_at: Millis::now(),
+            name: None,
+            metadata: Default::default(),
         }];
         let started = Instant::now();
         let mut tally = Tally::default();

@@ -91,6 +91,9 @@ mod tests {
             tokens: estimate_tokens(&content),
             content,
             created_at: Millis(0),
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Default::default(),
         }
     }
 

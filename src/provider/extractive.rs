@@ -755,6 +755,9 @@ mod tests {
             content: content.to_owned(),
             created_at: Millis(0),
             tokens: estimate_tokens(content),
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Default::default(),
         }
     }
 

@@ -203,6 +203,9 @@ impl Provider {
                             content: p.clone(),
                             created_at: Millis(0),
                             tokens: estimate_tokens(p),
+                            occurred_at: Millis(0),
+                            name: None,
+                            metadata: Default::default(),
                         })
                         .collect();
                     e.summarise_recaps(&entries, max_output_tokens)

@@ -595,6 +595,9 @@ mod tests {
             content: content.to_owned(),
             created_at: Millis(0),
             tokens,
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Default::default(),
         }
     }
 

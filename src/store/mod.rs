@@ -103,6 +103,17 @@ pub enum StoreError {
         subject: Option<String>,
         requested: String,
     },
+    /// An entry said before the session's newest (or before the one ahead
+    /// of it in the call).
+    #[error(
+        "entries[{index}].occurred_at is before the session's newest entry, said at {}; nothing of this call was stored",
+        humantime::format_rfc3339_millis(.newest.as_system_time())
+    )]
+    OccurredOutOfOrder {
+        /// The entry's position in the call.
+        index: usize,
+        newest: Millis,
+    },
     #[error("entries[{index}] cannot be stored: {reason}; nothing of this call was stored")]
     Unstorable {
         /// The entry's position in the call.
@@ -181,11 +192,63 @@ pub(crate) fn segment_bytes(segment: &Segment) -> usize {
     FIXED + segment.session.len() + summary + failure
 }
 
+/// When an entry of an append was said: its own time, which may not be
+/// before the session's `newest`, or else `now` (never before `newest`, so
+/// a live entry after an imported one a little ahead of this clock keeps
+/// the order). Both backends' appends decide it here.
+pub(crate) fn occurred(
+    index: usize,
+    given: Option<Millis>,
+    newest: Option<Millis>,
+    now: Millis,
+) -> Result<Millis, StoreError> {
+    match (given, newest) {
+        (Some(at), Some(newest)) if at < newest => {
+            Err(StoreError::OccurredOutOfOrder { index, newest })
+        }
+        (Some(at), _) => Ok(at),
+        (None, newest) => Ok(newest.map_or(now, |n| n.max(now))),
+    }
+}
+
+/// The bytes of an entry's texts that a tenant's cap counts.
+pub(crate) fn stored_bytes(entry: &NewEntry) -> u64 {
+    let metadata: usize = entry.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    (entry.content.len()
+        + entry.client_entry_id.as_ref().map_or(0, String::len)
+        + entry.name.as_ref().map_or(0, String::len)
+        + metadata) as u64
+}
+
+/// An entry's metadata as both backends keep it: a JSON object of strings,
+/// absent when empty.
+pub(crate) fn encode_metadata(metadata: &crate::model::Metadata) -> Option<String> {
+    (!metadata.is_empty())
+        .then(|| serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_owned()))
+}
+
+/// Reads back what `encode_metadata` wrote.
+pub(crate) fn decode_metadata(json: Option<&str>) -> Result<crate::model::Metadata, StoreError> {
+    match json {
+        None => Ok(crate::model::Metadata::new()),
+        Some(json) => serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("entry metadata: {e}"))),
+    }
+}
+
 /// The most bytes an entry takes in an answer, near enough: its texts and
 /// a fixed share for its seq, role and timestamp (as `segment_bytes`).
 pub(crate) fn entry_bytes(entry: &Entry) -> usize {
     const FIXED: usize = 64;
-    FIXED + entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len)
+    FIXED
+        + entry.content.len()
+        + entry.client_entry_id.as_ref().map_or(0, String::len)
+        + entry.name.as_ref().map_or(0, String::len)
+        + entry
+            .metadata
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 4)
+            .sum::<usize>()
 }
 
 /// What one item of a listing takes in an answer (`segment_bytes`,

@@ -12,6 +12,7 @@ use crate::model::{Context, ContextItem, Role};
 const POLICY: SegmentPolicy = SegmentPolicy {
     max_entries: 1000,
     max_tokens: 1_000_000,
+    max_gap: None,
 };
 
 /// A fresh, empty store on every backend, each with what keeps its
@@ -39,6 +40,9 @@ pub(super) fn entries(texts: &[&str]) -> Vec<NewEntry> {
             client_entry_id: None,
             role: Role::User,
             content: (*t).to_owned(),
+            occurred_at: None,
+            name: None,
+            metadata: Default::default(),
         })
         .collect()
 }
@@ -294,6 +298,7 @@ async fn backlog_counts_follow_every_state_change() {
         let small = SegmentPolicy {
             max_entries: 1,
             max_tokens: 1_000_000,
+            max_gap: None,
         };
         store
             .append(&t, &session("s"), entries(&["a", "b", "c", "d"]), small, 0)
@@ -510,6 +515,9 @@ async fn entries_read_back_in_pages_summarised_or_not_for_their_tenant_only() {
             client_entry_id: Some("k6".to_owned()),
             role: Role::Assistant,
             content: "six".to_owned(),
+            occurred_at: None,
+            name: None,
+            metadata: Default::default(),
         };
         store
             .append(&t, &s, vec![keyed], POLICY, 0)
@@ -571,6 +579,114 @@ async fn entries_read_back_in_pages_summarised_or_not_for_their_tenant_only() {
             store.entries(&t, &s, 0, 10, usize::MAX).await,
             Err(StoreError::SessionNotFound(_))
         ));
+    }
+}
+
+/// An entry said at `at` (ms) by `name`, with one metadata pair.
+fn said(text: &str, at: i64, name: &str) -> NewEntry {
+    let mut e = NewEntry::new(Role::User, text);
+    e.occurred_at = Some(Millis(at));
+    e.name = Some(name.to_owned());
+    e.metadata
+        .insert("source".to_owned(), format!("import-{at}"));
+    e
+}
+
+#[tokio::test]
+async fn entries_keep_when_and_who_and_their_order_is_the_conversations() {
+    const DAY: i64 = 24 * 3600 * 1000;
+    let monday = 1_700_000_000_000;
+    let gap_policy = SegmentPolicy {
+        max_gap: Some(Duration::from_secs(3600)),
+        ..POLICY
+    };
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let s = session("s");
+        // Two days of a conversation in one call: the second day starts a
+        // segment of its own (the gap), the first day's closes.
+        let call = vec![
+            said("the spare key is under the flowerpot", monday, "Tom"),
+            said("noted", monday + 60_000, "Maya"),
+            said("I moved the key to Mrs Lindqvist", monday + DAY, "Tom"),
+        ];
+        let out = store
+            .append(&t, &s, call, gap_policy, 0)
+            .await
+            .expect("append");
+        assert_eq!(out.closed_segment_ids.len(), 1, "{out:?}");
+        let (all, _) = store
+            .entries(&t, &s, 0, 10, usize::MAX)
+            .await
+            .expect("entries");
+        let when: Vec<i64> = all.iter().map(|e| e.occurred_at.0).collect();
+        assert_eq!(when, [monday, monday + 60_000, monday + DAY]);
+        let who: Vec<&str> = all.iter().filter_map(|e| e.name.as_deref()).collect();
+        assert_eq!(who, ["Tom", "Maya", "Tom"]);
+        assert_eq!(
+            all[2].metadata.get("source").map(String::as_str),
+            Some(format!("import-{}", monday + DAY).as_str())
+        );
+        let filter = SegmentFilter {
+            session: Some(s.clone()),
+            levels: vec![1],
+            ..Default::default()
+        };
+        let (segs, _) = store
+            .list_segments(&t, filter, 0, 10, usize::MAX)
+            .await
+            .expect("segments");
+        let ranges: Vec<(u64, u64)> = segs.iter().map(|g| (g.first_seq, g.last_seq)).collect();
+        assert_eq!(ranges, [(1, 2), (3, 3)]);
+
+        // Before the newest, within the call or against the session: the
+        // whole call is refused, nothing of it stored.
+        for (call, index) in [
+            (vec![said("earlier", monday + DAY - 1, "Tom")], 0),
+            (
+                vec![
+                    said("later", monday + DAY + 5, "Tom"),
+                    said("back again", monday + DAY + 4, "Tom"),
+                ],
+                1,
+            ),
+        ] {
+            match store.append(&t, &s, call, gap_policy, 0).await {
+                Err(StoreError::OccurredOutOfOrder { index: i, newest }) => {
+                    assert_eq!(i, index);
+                    assert!(newest.0 >= monday + DAY);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let (after, _) = store
+            .entries(&t, &s, 0, 10, usize::MAX)
+            .await
+            .expect("entries");
+        assert_eq!(after.len(), 3, "nothing of a refused call is stored");
+        // An entry with no time of its own is said now: after the newest,
+        // and with its created_at.
+        store
+            .append(&t, &s, entries(&["live"]), gap_policy, 0)
+            .await
+            .expect("append live");
+        let (all, _) = store
+            .entries(&t, &s, 3, 10, usize::MAX)
+            .await
+            .expect("entries");
+        assert_eq!(all[0].occurred_at, all[0].created_at);
+        assert!(all[0].name.is_none() && all[0].metadata.is_empty());
+        // The same time again is in order.
+        store
+            .append(
+                &t,
+                &s,
+                vec![said("same ms", all[0].occurred_at.0, "Tom")],
+                POLICY,
+                0,
+            )
+            .await
+            .expect("equal times keep their order");
     }
 }
 
@@ -667,6 +783,9 @@ async fn a_reused_client_entry_id_with_other_content_stores_nothing() {
             client_entry_id: Some(id.to_owned()),
             role: Role::User,
             content: text.to_owned(),
+            occurred_at: None,
+            name: None,
+            metadata: Default::default(),
         };
         store
             .append(&t, &session("s"), vec![keyed("k", "first")], POLICY, 0)

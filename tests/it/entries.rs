@@ -86,6 +86,7 @@ async fn the_transcript_comes_back_in_pages_oldest_first_even_once_summarised() 
                 client_entry_id: "k-10".into(),
                 role: pb::Role::Assistant.into(),
                 content: said[9].clone(),
+                ..Default::default()
             }],
             ..Default::default()
         })

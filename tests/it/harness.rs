@@ -249,6 +249,7 @@ pub fn entry(text: &str) -> pb::NewEntry {
         client_entry_id: String::new(),
         role: pb::Role::User.into(),
         content: text.to_owned(),
+        ..Default::default()
     }
 }
 

@@ -522,12 +522,16 @@ async fn backfill_drains_a_postgresql_backlog() {
     let one = archivist::model::SegmentPolicy {
         max_entries: 1,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let entries = (0..12)
         .map(|i| archivist::model::NewEntry {
             client_entry_id: None,
             role: archivist::model::Role::User,
             content: format!("Entry marker-{i} of the backlog."),
+            occurred_at: None,
+            name: None,
+            metadata: Default::default(),
         })
         .collect();
     store

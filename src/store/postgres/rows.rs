@@ -21,7 +21,8 @@ pub(super) const SEGMENT_FROM: &str = "segments s JOIN sessions x ON x.id = s.se
      LEFT JOIN summaries m ON m.segment_id = s.id";
 
 /// An entry's columns, over `entries`.
-pub(super) const ENTRY_COLUMNS: &str = "seq, client_entry_id, role, content, tokens, created_at";
+pub(super) const ENTRY_COLUMNS: &str = "seq, client_entry_id, role, content, tokens, created_at, \
+     coalesce(occurred_at, created_at), name, metadata::text";
 
 pub(super) fn segment(r: &Row) -> Result<Segment, StoreError> {
     let state_code: i64 = r.try_get(3)?;
@@ -84,5 +85,8 @@ pub(super) fn entry(r: &Row) -> Result<Entry, StoreError> {
         content: r.try_get(3)?,
         tokens: unsigned(r.try_get(4)?, "tokens")?,
         created_at: Millis(r.try_get(5)?),
+        occurred_at: Millis(r.try_get(6)?),
+        name: r.try_get(7)?,
+        metadata: crate::store::decode_metadata(r.try_get::<_, Option<&str>>(8)?)?,
     })
 }

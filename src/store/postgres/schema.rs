@@ -340,6 +340,16 @@ INSERT INTO embedding_state (id, generation)
 CREATE INDEX embeddings_owed_claimable ON embeddings_owed (state, next_attempt_at, doc);
 DROP INDEX embeddings_owed_due;
 "#,
+    r#"
+-- Time and speakers: when an entry was said (NULL: when it was stored,
+-- created_at, as for every entry before this and most live ones), who
+-- said it, and its metadata (NULL when empty). Columns without defaults:
+-- no rewrite of the table. IF NOT EXISTS: a database taken back to an
+-- older version by hand (the migration tests do) keeps its columns.
+ALTER TABLE entries ADD COLUMN IF NOT EXISTS occurred_at BIGINT,
+    ADD COLUMN IF NOT EXISTS name TEXT,
+    ADD COLUMN IF NOT EXISTS metadata JSONB;
+"#,
 ];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {

@@ -15,6 +15,7 @@ use crate::store::{Durability, OpenMode, Store, StoreError};
 const BIG: SegmentPolicy = SegmentPolicy {
     max_entries: 1_000_000,
     max_tokens: 1_000_000_000,
+    max_gap: None,
 };
 const LEASE: Duration = Duration::from_secs(60);
 
@@ -113,6 +114,7 @@ async fn concurrent_appends_to_one_session_from_replicas_get_gapless_seqs() {
     let small = SegmentPolicy {
         max_entries: 7,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let mut tasks = Vec::new();
     for (r, store) in stores.iter().enumerate() {
@@ -182,6 +184,9 @@ async fn one_idempotency_key_sent_through_two_replicas_at_once_is_stored_once() 
             client_entry_id: Some(format!("k{i}")),
             role: Role::User,
             content: format!("entry {i}"),
+            occurred_at: None,
+            name: None,
+            metadata: Default::default(),
         }];
         let (a, b) = tokio::join!(
             stores[0].append(&t, &s, keyed.clone(), BIG, 0),
@@ -207,6 +212,7 @@ async fn a_segment_is_claimed_by_one_replica_at_a_time() {
     let one = SegmentPolicy {
         max_entries: 1,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let texts: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -264,6 +270,7 @@ async fn siblings_completed_on_two_replicas_at_once_make_their_roll_up_once() {
     let one = SegmentPolicy {
         max_entries: 1,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     for round in 0..10 {
         let name = format!("s{round}");
@@ -349,6 +356,7 @@ async fn the_kept_counts_equal_a_recount_through_every_change_and_fold() {
     let one = SegmentPolicy {
         max_entries: 2,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let texts: Vec<String> = (0..21).map(|i| format!("e{i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -452,6 +460,7 @@ async fn an_erasure_racing_passes_that_make_roll_ups_never_deadlocks() {
     let one = SegmentPolicy {
         max_entries: 1,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     let texts: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -583,6 +592,7 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
     let one = SegmentPolicy {
         max_entries: 1,
         max_tokens: 1_000_000,
+        max_gap: None,
     };
     store
         .append(&t, &session("s"), entries(&["a", "b", "c"]), one, 0)

@@ -122,6 +122,8 @@ struct SessionPlan {
     seen: HashMap<String, (u64, i64, String)>,
     /// A call to it succeeded: the session row is written.
     touched: bool,
+    /// When its newest entry was said (none yet: `None`).
+    newest: Option<Millis>,
     /// A call stored an entry: its last append time moves.
     stored_any: bool,
 }
@@ -147,6 +149,9 @@ struct EntryRow<'a> {
     role: i64,
     content: &'a str,
     tokens: u32,
+    occurred_at: Millis,
+    name: Option<&'a str>,
+    metadata: &'a crate::model::Metadata,
 }
 
 /// What a call's answer says of segments before their ids are known:
@@ -210,7 +215,9 @@ async fn commit_batch(
             // order given (tenant, then name).
             client.prepare_cached(
                 "SELECT k.t, k.n, s.id, s.next_seq, s.next_ordinal, s.open_segment_id, \
-                 o.ordinal, o.entry_count, o.token_estimate, o.last_seq, s.subject \
+                 o.ordinal, o.entry_count, o.token_estimate, o.last_seq, s.subject, \
+                 (SELECT coalesce(e.occurred_at, e.created_at) FROM entries e \
+                 WHERE e.session_id = s.id ORDER BY e.seq DESC LIMIT 1) \
                  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k (t, n, i) \
                  CROSS JOIN LATERAL (SELECT s.id, s.next_seq, s.next_ordinal, \
                  s.open_segment_id, s.subject FROM sessions s WHERE s.tenant = k.t AND s.name = k.n \
@@ -270,6 +277,7 @@ async fn commit_batch(
                 seen: HashMap::new(),
                 touched: false,
                 stored_any: false,
+                newest: None,
             })
             .collect();
         for r in session_rows {
@@ -282,6 +290,7 @@ async fn commit_batch(
             plan.next_seq = unsigned(r.try_get(3)?, "next seq")?;
             plan.next_ordinal = unsigned(r.try_get(4)?, "next ordinal")?;
             plan.subject = r.try_get(10)?;
+            plan.newest = r.try_get::<_, Option<i64>>(11)?.map(Millis);
             if let Some(id) = r.try_get::<_, Option<i64>>(5)? {
                 plan.segments.push(Planned {
                     id: Some(unsigned(id, "segment id")?),
@@ -317,7 +326,7 @@ async fn commit_batch(
             let (stored, added) = usage.get(&job.tenant).copied().unwrap_or((0, 0));
             let before = plans[i].clone();
             let rows_before = rows.len();
-            match plan_job(job, i, &mut plans[i], &mut rows, stored + added) {
+            match plan_job(job, i, &mut plans[i], &mut rows, (stored + added, now)) {
                 Ok((outcome, bytes)) => {
                     if let Some(u) = usage.get_mut(&job.tenant) {
                         u.1 += bytes;
@@ -480,6 +489,16 @@ async fn write_all(
     let e_role: Vec<i64> = rows.iter().map(|r| r.role).collect();
     let e_content: Vec<&str> = rows.iter().map(|r| r.content).collect();
     let e_tokens: Vec<i64> = rows.iter().map(|r| i64::from(r.tokens)).collect();
+    // NULL when said as it was stored: most live entries spend nothing.
+    let e_occurred: Vec<Option<i64>> = rows
+        .iter()
+        .map(|r| (r.occurred_at != now).then_some(r.occurred_at.0))
+        .collect();
+    let e_name: Vec<Option<&str>> = rows.iter().map(|r| r.name).collect();
+    let e_metadata: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| crate::store::encode_metadata(r.metadata))
+        .collect();
     let (u_tenant, u_added): (Vec<&str>, Vec<i64>) = usage
         .iter()
         .filter(|(_, (_, added))| *added > 0)
@@ -513,10 +532,13 @@ async fn write_all(
         client.prepare_cached(
             // The text's search vector in the index's language (schema.rs).
             "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, \
-             created_at, tsv) SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1, \
-             to_tsvector((SELECT language FROM search_state WHERE id = 1), u.content) \
+             created_at, tsv, occurred_at, name, metadata) \
+             SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1, \
+             to_tsvector((SELECT language FROM search_state WHERE id = 1), u.content), \
+             u.occurred_at, u.name, u.metadata::jsonb \
              FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
-             $7::bigint[]) AS u (session_id, seq, cid, role, content, tokens)",
+             $7::bigint[], $8::bigint[], $9::text[], $10::text[]) \
+             AS u (session_id, seq, cid, role, content, tokens, occurred_at, name, metadata)",
         ),
         client.prepare_cached(
             "UPDATE sessions x SET next_seq = u.next_seq, next_ordinal = u.next_ordinal, \
@@ -572,7 +594,16 @@ async fn write_all(
                 .execute(
                     &insert_entries,
                     &[
-                        &now.0, &e_session, &e_seq, &e_id, &e_role, &e_content, &e_tokens,
+                        &now.0,
+                        &e_session,
+                        &e_seq,
+                        &e_id,
+                        &e_role,
+                        &e_content,
+                        &e_tokens,
+                        &e_occurred,
+                        &e_name,
+                        &e_metadata,
                     ],
                 )
                 .await
@@ -615,7 +646,7 @@ fn plan_job<'a>(
     session: usize,
     plan: &mut SessionPlan,
     rows: &mut Vec<EntryRow<'a>>,
-    stored: u64,
+    (stored, now): (u64, Millis),
 ) -> Result<(PlannedOutcome, u64), StoreError> {
     // A tenant at its cap is refused below, once the call is known to
     // add bytes: a retry of what is already stored still answers.
@@ -665,12 +696,23 @@ fn plan_job<'a>(
             });
             continue;
         }
+        let occurred = crate::store::occurred(index, entry.occurred_at, plan.newest, now)?;
+        if let Some(at) = plan.open
+            && plan
+                .newest
+                .is_some_and(|last| job.policy.is_gap(last, occurred))
+        {
+            // The conversation's own clock says a new sitting begins here.
+            plan.segments[at].closed = true;
+            plan.segments[at].touched = true;
+            plan.open = None;
+            outcome.closed.push((session, at));
+        }
+        plan.newest = Some(occurred);
         let seq = plan.next_seq;
         plan.next_seq += 1;
         plan.stored_any = true;
-        added += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
-            as u64
-            + ROW_OVERHEAD_BYTES;
+        added += crate::store::stored_bytes(entry) + ROW_OVERHEAD_BYTES;
         let tokens = estimate_tokens(&entry.content);
         rows.push(EntryRow {
             session,
@@ -679,6 +721,9 @@ fn plan_job<'a>(
             role: entry.role.code(),
             content: &entry.content,
             tokens,
+            occurred_at: occurred,
+            name: entry.name.as_deref(),
+            metadata: &entry.metadata,
         });
         if let Some(cid) = &entry.client_entry_id {
             plan.seen

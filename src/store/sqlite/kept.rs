@@ -32,6 +32,9 @@ pub(super) struct KeptSession {
     /// The last append that stored something, if one did since the row
     /// was last written.
     pub(super) appended_at: Option<Millis>,
+    /// When its newest entry was said (none yet: `None`); a later entry
+    /// may not be said before it.
+    pub(super) newest: Option<Millis>,
 }
 
 /// A session's open segment: its counts as the appends left them.

@@ -22,7 +22,8 @@ pub(super) const SEGMENT_FROM: &str = "segments s JOIN sessions x ON x.id = s.se
      LEFT JOIN summaries m ON m.segment_id = s.id";
 
 /// An entry's columns, over `entries`.
-pub(super) const ENTRY_COLUMNS: &str = "seq, client_entry_id, role, content, tokens, created_at";
+pub(super) const ENTRY_COLUMNS: &str = "seq, client_entry_id, role, content, tokens, created_at, \
+     coalesce(occurred_at, created_at), name, metadata";
 
 /// A decoded row: the outer error is SQLite's, the inner one says the
 /// stored data makes no sense.
@@ -100,5 +101,11 @@ pub(super) fn entry(r: &Row<'_>) -> Decoded<Entry> {
         content: r.get(3)?,
         tokens: r.get(4)?,
         created_at: Millis(r.get(5)?),
+        occurred_at: Millis(r.get(6)?),
+        name: r.get(7)?,
+        metadata: match crate::store::decode_metadata(r.get::<_, Option<String>>(8)?.as_deref()) {
+            Ok(m) => m,
+            Err(e) => return Ok(Err(e)),
+        },
     }))
 }

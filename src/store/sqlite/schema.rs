@@ -548,6 +548,15 @@ CREATE TRIGGER embeddings_gone AFTER DELETE ON embeddings BEGIN
     DELETE FROM vectors_gone WHERE seq < (SELECT seq FROM vector_clock WHERE id = 1) - 100000;
 END;
 "#,
+    r#"
+-- Time and speakers: when an entry was said (NULL: when it was stored,
+-- created_at, as for every entry before this and most live ones, so a
+-- live append spends no bytes on it), who said it, and its metadata (a
+-- JSON object, NULL when empty). Columns added without a rewrite.
+ALTER TABLE entries ADD COLUMN occurred_at INTEGER;
+ALTER TABLE entries ADD COLUMN name TEXT;
+ALTER TABLE entries ADD COLUMN metadata TEXT;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

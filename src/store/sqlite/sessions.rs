@@ -528,6 +528,7 @@ fn append_tx(
     // already stored still answers.
     let mut added_bytes = 0u64;
     let appended_before = existing.as_ref().and_then(|s| s.appended_at);
+    let mut newest = existing.as_ref().and_then(|s| s.newest);
     let (session_id, mut next_seq, mut next_ordinal, mut open, subject) = match existing {
         Some(s) => {
             if let Some(requested) = subject
@@ -564,8 +565,8 @@ fn append_tx(
     };
 
     let mut insert_entry = conn.prepare_cached(
-        "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, created_at, \
+         occurred_at, name, metadata) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     // Prepared when first needed: most appends carry no idempotency keys
     // and go to a segment already open.
@@ -616,6 +617,18 @@ fn append_tx(
                 continue;
             }
         }
+        let occurred = crate::store::occurred(index, entry.occurred_at, newest, now)?;
+        if let Some(seg) = open
+            .as_mut()
+            .filter(|_| newest.is_some_and(|last| policy.is_gap(last, occurred)))
+        {
+            // The conversation's own clock says a new sitting begins here.
+            seg.save(conn)?;
+            close_segment_tx(conn, seg.id, now)?;
+            outcome.closed_segment_ids.push(seg.id);
+            open = None;
+        }
+        newest = Some(occurred);
         let seq = next_seq;
         // The search index names an entry (session_id << 32) | seq
         // (schema.rs): a seq past 32 bits would name another's.
@@ -627,9 +640,7 @@ fn append_tx(
         }
         next_seq += 1;
         stored_any = true;
-        added_bytes += (entry.content.len() + entry.client_entry_id.as_ref().map_or(0, String::len))
-            as u64
-            + ROW_OVERHEAD_BYTES;
+        added_bytes += crate::store::stored_bytes(&entry) + ROW_OVERHEAD_BYTES;
         let tokens = estimate_tokens(&entry.content);
         insert_entry.execute(params![
             session_id,
@@ -638,7 +649,10 @@ fn append_tx(
             entry.role.code(),
             entry.content,
             tokens,
-            now.0
+            now.0,
+            (occurred != now).then_some(occurred.0),
+            entry.name,
+            crate::store::encode_metadata(&entry.metadata),
         ])?;
         fts::queue(
             conn,
@@ -717,6 +731,7 @@ fn append_tx(
         } else {
             appended_before
         },
+        newest,
     };
     kept.put(tenant, name, session, stored, added_bytes);
     Ok(outcome)
@@ -739,7 +754,9 @@ fn read_start(
              (SELECT entry_count FROM segments WHERE id = x.open_segment_id), \
              (SELECT token_estimate FROM segments WHERE id = x.open_segment_id), \
              (SELECT last_seq FROM segments WHERE id = x.open_segment_id), \
-             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1), x.subject \
+             (SELECT stored_bytes FROM tenant_usage WHERE tenant = ?1), x.subject, \
+             (SELECT coalesce(e.occurred_at, e.created_at) FROM entries e \
+             WHERE e.session_id = x.id ORDER BY e.seq DESC LIMIT 1) \
              FROM sessions x WHERE x.tenant = ?1 AND x.name = ?2",
         )?
         .query_row(params![tenant, name], |r| {
@@ -764,6 +781,7 @@ fn read_start(
                     open,
                     subject: r.get(8)?,
                     appended_at: None,
+                    newest: r.get::<_, Option<i64>>(9)?.map(Millis),
                 }),
                 None => None,
             };

@@ -11,6 +11,7 @@ use crate::store::tests::{entries, session};
 const POLICY: SegmentPolicy = SegmentPolicy {
     max_entries: 1,
     max_tokens: 1_000_000,
+    max_gap: None,
 };
 
 async fn open() -> (tempfile::TempDir, Sqlite) {
@@ -476,6 +477,7 @@ fn policy(max_entries: u32) -> SegmentPolicy {
     SegmentPolicy {
         max_entries,
         max_tokens: 1_000_000,
+        max_gap: None,
     }
 }
 

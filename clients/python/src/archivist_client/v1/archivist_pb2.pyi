@@ -73,28 +73,54 @@ SEARCH_LEG_LEXICAL: SearchLeg
 SEARCH_LEG_SEMANTIC: SearchLeg
 
 class NewEntry(_message.Message):
-    __slots__ = ("client_entry_id", "role", "content")
+    __slots__ = ("client_entry_id", "role", "content", "occurred_at", "name", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CLIENT_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     client_entry_id: str
     role: Role
     content: str
-    def __init__(self, client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ...) -> None: ...
+    occurred_at: _timestamp_pb2.Timestamp
+    name: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Entry(_message.Message):
-    __slots__ = ("seq", "client_entry_id", "role", "content", "created_at")
+    __slots__ = ("seq", "client_entry_id", "role", "content", "created_at", "occurred_at", "name", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SEQ_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     seq: int
     client_entry_id: str
     role: Role
     content: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, seq: _Optional[int] = ..., client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    occurred_at: _timestamp_pb2.Timestamp
+    name: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, seq: _Optional[int] = ..., client_entry_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., content: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., name: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AppendEntriesRequest(_message.Message):
     __slots__ = ("session_id", "entries", "subject")

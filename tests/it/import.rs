@@ -1,0 +1,185 @@
+//! `archivist import` through the real binary: a two-person history of
+//! several days comes in with its own times and speakers, cut where its
+//! days are; a second run stores nothing new; a bad line stops it naming
+//! the line and field with every earlier batch kept and nothing of its own.
+
+use std::time::Duration;
+
+use archivist::pb;
+
+use crate::harness::TestServer;
+use crate::operator::{Ran, archivist};
+
+/// `archivist import --server ADDRESS ARGS FILE`.
+async fn import(server: &TestServer, file: &std::path::Path, args: &[&str]) -> Ran {
+    let address = format!("http://{}", server.addr);
+    let path = file.to_string_lossy().into_owned();
+    let mut all = vec!["import", "--server", address.as_str()];
+    all.extend_from_slice(args);
+    all.push(&path);
+    archivist(&all, &[("ARCHIVIST_TOKEN", None)], None).await
+}
+
+/// Three days of a chat between Tom and Maya, two lines a day, the key
+/// moved on the last day; `session` is the session of every line.
+fn history(session: &str) -> Vec<String> {
+    let days = [
+        ("2023-11-13", "The spare key is under the flowerpot."),
+        ("2023-11-14", "The boiler man comes on Thursday."),
+        ("2023-11-16", "I moved the spare key to Mrs Lindqvist."),
+    ];
+    let mut lines = Vec::new();
+    for (day, said) in days {
+        lines.push(format!(
+            r#"{{"session_id":"{session}","subject":"user:tom","role":"user","name":"Tom","content":"{said}","occurred_at":"{day}T08:55:00Z","metadata":{{"source":"export"}}}}"#
+        ));
+        lines.push(format!(
+            r#"{{"session_id":"{session}","subject":"user:tom","role":"assistant","name":"Maya","content":"Noted.","occurred_at":"{day}T08:56:00Z"}}"#
+        ));
+    }
+    lines
+}
+
+fn write(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write");
+    path
+}
+
+async fn entries(server: &TestServer, session: &str) -> Vec<pb::Entry> {
+    server
+        .client
+        .clone()
+        .list_entries(pb::ListEntriesRequest {
+            session_id: session.to_owned(),
+            after_seq: 0,
+            page_size: 100,
+        })
+        .await
+        .map(|r| r.into_inner().entries)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_is_imported_as_it_happened_once_however_often_it_runs() {
+    let server = TestServer::start_with(|c| {
+        c.segment.max_entries = 1000;
+        c.segment.max_gap = Some(Duration::from_secs(6 * 3600));
+    })
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = write(dir.path(), "chat.jsonl", &history("tom-chat"));
+
+    // A dry run checks and sends nothing.
+    let dry = import(&server, &file, &["--dry-run"]).await;
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert!(dry.stderr.contains("checked 6 lines"), "{}", dry.stderr);
+    assert!(entries(&server, "tom-chat").await.is_empty());
+
+    let first = import(&server, &file, &["--batch", "4", "--json"]).await;
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let summary = first.json();
+    assert_eq!(summary["lines"], 6);
+    assert_eq!(summary["stored"], 6);
+    assert_eq!(summary["already_present"], 0);
+    assert_eq!(summary["sessions"], 1);
+    let stored = entries(&server, "tom-chat").await;
+    let said: Vec<(&str, &str, i64)> = stored
+        .iter()
+        .map(|e| {
+            (
+                e.name.as_str(),
+                e.content.as_str(),
+                e.occurred_at.as_ref().map_or(0, |t| t.seconds),
+            )
+        })
+        .collect();
+    assert_eq!(
+        said[0],
+        (
+            "Tom",
+            "The spare key is under the flowerpot.",
+            1_699_865_700
+        )
+    );
+    assert_eq!(said[5].0, "Maya");
+    assert_eq!(
+        stored[0].metadata.get("source").map(String::as_str),
+        Some("export")
+    );
+    // Cut by its own days: three segments of two.
+    let segments = server
+        .client
+        .clone()
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: "tom-chat".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("segments")
+        .into_inner()
+        .segments;
+    let ranges: Vec<(u64, u64)> = segments.iter().map(|s| (s.first_seq, s.last_seq)).collect();
+    assert_eq!(ranges, [(1, 2), (3, 4), (5, 6)]);
+
+    // Again: nothing new.
+    let again = import(&server, &file, &[]).await;
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("0 entries stored, 6 already present"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(entries(&server, "tom-chat").await.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_line_stops_the_import_naming_it_and_keeps_every_earlier_batch() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    // Line 5 goes back in time: the server refuses its batch (lines 5-6
+    // with batches of two), the batches before it stay.
+    let mut lines = history("s1");
+    lines[4] = lines[4].replace("2023-11-16T08:55", "2023-11-01T08:55");
+    let file = write(dir.path(), "backwards.jsonl", &lines);
+    let ran = import(&server, &file, &["--batch", "2"]).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains("line 5: occurred_at"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("OCCURRED_OUT_OF_ORDER"),
+        "{}",
+        ran.stderr
+    );
+    let kept: Vec<String> = entries(&server, "s1")
+        .await
+        .into_iter()
+        .map(|e| e.content)
+        .collect();
+    assert_eq!(kept.len(), 4, "{kept:?}");
+
+    // A line the client can read as wrong: named with its field, nothing
+    // of its batch sent (line 3 is in the batch of lines 3-4).
+    let mut lines = history("s2");
+    lines[3] = r#"{"session_id":"s2","role":"boss","content":"x"}"#.to_owned();
+    let file = write(dir.path(), "role.jsonl", &lines);
+    let ran = import(&server, &file, &["--batch", "2"]).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains("line 4: role"), "{}", ran.stderr);
+    assert_eq!(entries(&server, "s2").await.len(), 2);
+
+    // A dry run names every bad line and sends nothing.
+    let mut lines = history("s3");
+    lines[1] = "{not json".to_owned();
+    lines[2] = r#"{"session_id":"s3","role":"user","content":"x","when":"now"}"#.to_owned();
+    let file = write(dir.path(), "many.jsonl", &lines);
+    let ran = import(&server, &file, &["--dry-run"]).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    assert!(ran.stderr.contains("line 2:"), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("line 3: unknown field `when`"),
+        "{}",
+        ran.stderr
+    );
+    assert!(entries(&server, "s3").await.is_empty());
+}
