@@ -1141,11 +1141,15 @@ async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_on
     }
 }
 
+/// A search's budget in these tests: far above what any of them takes,
+/// so that only a search that cannot end would reach it.
+pub(super) const SEARCH_BUDGET: Duration = Duration::from_secs(60);
+
 /// The texts of a search's hits, best first.
 pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
     let query = crate::search::query::Query::parse(q).expect("query");
     store
-        .search(t, scope, &query, 10)
+        .search(t, scope, &query, 10, SEARCH_BUDGET)
         .await
         .expect("search")
         .into_iter()
@@ -1296,6 +1300,7 @@ async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() 
                 &all,
                 &crate::search::query::Query::parse("nidaros").expect("query"),
                 10,
+                SEARCH_BUDGET,
             )
             .await
             .expect("search");
@@ -1472,7 +1477,7 @@ async fn hostile_queries_are_words_on_every_backend() {
         ] {
             let query = crate::search::query::Query::parse(q).expect("query");
             store
-                .search(&t, &SearchScope::default(), &query, 10)
+                .search(&t, &SearchScope::default(), &query, 10, SEARCH_BUDGET)
                 .await
                 .unwrap_or_else(|e| panic!("{q:?}: {e}"));
         }
