@@ -364,7 +364,7 @@ mod tests {
 
     #[test]
     fn words_past_the_cap_are_ignored_and_a_long_phrase_is_cut() {
-        let hostile = format!("\"{}\" tail", "b a ".repeat(1023));
+        let hostile = format!("\"{}\" tail", "b a ".repeat(1020));
         let q = Query::parse(&hostile).unwrap();
         assert_eq!(
             q.all.len(),

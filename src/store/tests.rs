@@ -1185,6 +1185,40 @@ async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() 
     }
 }
 
+/// A search's budget is the store's own bound, on every backend: with
+/// none left the search is stopped, with enough the same search answers.
+#[tokio::test]
+async fn a_search_past_its_budget_is_too_costly_and_within_it_answers() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        // Every text a candidate of the phrase, none a match.
+        let texts: Vec<String> = (0..2000)
+            .map(|i| format!("{}u{i}", "a b c ".repeat(100)))
+            .collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        store
+            .append(&t, &session("c"), entries(&texts), POLICY, 0)
+            .await
+            .expect("append");
+        let query = crate::search::query::Query::parse(&format!("\"{}\" zz", "b a ".repeat(32)))
+            .expect("query");
+        let stopped = store
+            .search(&t, &all, &query, 10, Duration::ZERO)
+            .await
+            .expect_err("no budget left");
+        assert!(
+            matches!(stopped, StoreError::SearchTooCostly),
+            "{stopped:?}"
+        );
+        let hits = store
+            .search(&t, &all, &query, 10, SEARCH_BUDGET)
+            .await
+            .expect("search within its budget");
+        assert!(hits.is_empty(), "{hits:?}");
+    }
+}
+
 #[tokio::test]
 async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() {
     for (_db, store) in stores().await {
