@@ -28,6 +28,9 @@ fn bound(deadline: Instant) -> Result<String, StoreError> {
     if left == 0 {
         return Err(StoreError::SearchTooCostly);
     }
+    // The setting's range ends at i32::MAX ms (24 days; the budget may be
+    // set up to 30).
+    let left = left.min(i32::MAX as u128);
     // A plan for each call's values, as the semantic leg's: a generic plan
     // of a cached statement cannot see which filters are off.
     Ok(format!(
