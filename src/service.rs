@@ -93,6 +93,8 @@ pub(crate) struct Service {
     recent_tokens: u32,
     flush_ceiling: Duration,
     flush_concurrency: usize,
+    /// The most one search's statements may take (`search.budget`).
+    search_budget: Duration,
 }
 
 /// A page of a listing (segments by id, entries by seq) and the key to
@@ -144,6 +146,7 @@ impl Service {
             recent_tokens: config.context.recent_tokens,
             flush_ceiling: config.flush.ceiling,
             flush_concurrency: (config.reconciler.concurrency as usize).max(1),
+            search_budget: config.search.budget,
         }
     }
 
@@ -228,7 +231,11 @@ impl Service {
         let mut legs = Vec::new();
         let mut ran = Vec::new();
         if mode != SearchMode::Semantic {
-            legs.push(self.store.search(tenant, scope, query, fetch).await?);
+            legs.push(
+                self.store
+                    .search(tenant, scope, query, fetch, self.search_budget)
+                    .await?,
+            );
             ran.push(Leg::Lexical);
         }
         let mut embedded_share = 0.0;

@@ -263,12 +263,25 @@ pub enum BackendKind {
 }
 
 /// Search's lexical index.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SearchConfig {
     /// How texts and queries are cut into terms. A change re-indexes every
     /// text in the background.
     pub language: SearchLanguage,
+    /// The most time one search's statements may take together, past
+    /// which it is stopped and answered `SEARCH_TOO_COSTLY`.
+    #[serde(with = "duration")]
+    pub budget: Duration,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            language: SearchLanguage::default(),
+            budget: Duration::from_secs(2),
+        }
+    }
 }
 
 /// The lexical index's language.

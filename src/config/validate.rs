@@ -266,6 +266,9 @@ impl Config {
         if self.health.probe_interval.is_zero() {
             return invalid("health.probe_interval", "must be longer than zero");
         }
+        if self.search.budget.is_zero() {
+            return invalid("search.budget", "must be longer than zero");
+        }
         let longest = crate::failure::LONGEST_WAIT;
         for (key, d) in [
             ("segment.max_idle", self.segment.max_idle),
@@ -287,6 +290,7 @@ impl Config {
             ("limits.request_timeout", self.limits.request_timeout),
             ("limits.idle_timeout", self.limits.idle_timeout),
             ("health.probe_interval", self.health.probe_interval),
+            ("search.budget", self.search.budget),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

@@ -4,6 +4,18 @@
 //! not common, the exclusions kept) after it. Each
 //! backend runs one leg (`search_leg`) with every filter inside it, before
 //! its limit, and says which terms are common (`common_terms`).
+//!
+//! A search's bound lives here, so that every caller has it: all its
+//! statements (the probe and both legs) share one deadline, its budget from
+//! when it began. Each backend stops its statement at the deadline
+//! (`SearchTooCostly`) and as soon as the caller's future is dropped (a
+//! client gone, a deadline of its own): a search left behind runs on no
+//! longer than it takes the engine to notice, and holds no read
+//! transaction (on SQLite, what keeps an erasure's text in the log).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{Backend, Store, StoreError};
 use crate::model::{Millis, Role, SegmentId, SessionName, Subject, Tenant};
@@ -113,19 +125,22 @@ fn key(h: &SearchHit) -> (&str, Option<SegmentId>, u64) {
 }
 
 impl Store {
-    /// The tenant's best `limit` hits for `query` within `scope`.
+    /// The tenant's best `limit` hits for `query` within `scope`, or
+    /// `SearchTooCostly` once its statements have taken `budget`.
     pub(crate) async fn search(
         &self,
         tenant: &Tenant,
         scope: &SearchScope,
         query: &Query,
         limit: u32,
+        budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
+        let deadline = Instant::now() + budget;
         // Which terms are common is asked only where it can matter: a
         // query of one term is run as it is.
         let terms: Vec<Term> = query.positive().cloned().collect();
         let common: Vec<Term> = if terms.len() > 1 {
-            let flags = self.common_terms(tenant, &terms).await?;
+            let flags = self.common_terms(tenant, &terms, deadline).await?;
             terms
                 .into_iter()
                 .zip(flags)
@@ -147,14 +162,14 @@ impl Store {
             None => (query.clone(), false),
         };
         let mut hits = self
-            .search_leg(tenant, scope, &strict, limit, weighed)
+            .search_leg(tenant, scope, &strict, limit, weighed, deadline)
             .await?;
         if hits.len() < limit as usize
             && let Some(relaxed) = query.relaxed(&is_common)
             && relaxed != strict
         {
             let more = self
-                .search_leg(tenant, scope, &relaxed, limit, true)
+                .search_leg(tenant, scope, &relaxed, limit, true, deadline)
                 .await?;
             for h in more {
                 if hits.len() == limit as usize {
@@ -176,12 +191,18 @@ impl Store {
         query: &Query,
         limit: u32,
         weighed: bool,
+        deadline: Instant,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        on_backend!(self, b => b.search(tenant, scope, query, limit, weighed).await)
+        on_backend!(self, b => b.search(tenant, scope, query, limit, weighed, deadline).await)
     }
 
-    async fn common_terms(&self, tenant: &Tenant, terms: &[Term]) -> Result<Vec<bool>, StoreError> {
-        on_backend!(self, b => b.common_terms(tenant, terms).await)
+    async fn common_terms(
+        &self,
+        tenant: &Tenant,
+        terms: &[Term],
+        deadline: Instant,
+    ) -> Result<Vec<bool>, StoreError> {
+        on_backend!(self, b => b.common_terms(tenant, terms, deadline).await)
     }
 }
 

@@ -1260,11 +1260,15 @@ async fn sessions_list_by_subject_and_a_subject_is_erased_whole_in_its_tenant_on
     }
 }
 
+/// A search's budget in these tests: far above what any of them takes,
+/// so that only a search that cannot end would reach it.
+pub(super) const SEARCH_BUDGET: Duration = Duration::from_secs(60);
+
 /// The texts of a search's hits, best first.
 pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &str) -> Vec<String> {
     let query = crate::search::query::Query::parse(q).expect("query");
     store
-        .search(t, scope, &query, 10)
+        .search(t, scope, &query, 10, SEARCH_BUDGET)
         .await
         .expect("search")
         .into_iter()
@@ -1297,6 +1301,40 @@ async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() 
         let hits = found(&store, &t, &all, "my plan for the day").await;
         let newest: Vec<String> = filler.iter().rev().take(10).cloned().collect();
         assert_eq!(hits, newest);
+    }
+}
+
+/// A search's budget is the store's own bound, on every backend: with
+/// none left the search is stopped, with enough the same search answers.
+#[tokio::test]
+async fn a_search_past_its_budget_is_too_costly_and_within_it_answers() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        // Every text a candidate of the phrase, none a match.
+        let texts: Vec<String> = (0..2000)
+            .map(|i| format!("{}u{i}", "a b c ".repeat(100)))
+            .collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        store
+            .append(&t, &session("c"), entries(&texts), POLICY, 0)
+            .await
+            .expect("append");
+        let query = crate::search::query::Query::parse(&format!("\"{}\" zz", "b a ".repeat(32)))
+            .expect("query");
+        let stopped = store
+            .search(&t, &all, &query, 10, Duration::ZERO)
+            .await
+            .expect_err("no budget left");
+        assert!(
+            matches!(stopped, StoreError::SearchTooCostly),
+            "{stopped:?}"
+        );
+        let hits = store
+            .search(&t, &all, &query, 10, SEARCH_BUDGET)
+            .await
+            .expect("search within its budget");
+        assert!(hits.is_empty(), "{hits:?}");
     }
 }
 
@@ -1415,6 +1453,7 @@ async fn search_finds_planted_facts_in_scope_and_never_erased_or_foreign_text() 
                 &all,
                 &crate::search::query::Query::parse("nidaros").expect("query"),
                 10,
+                SEARCH_BUDGET,
             )
             .await
             .expect("search");
@@ -1591,7 +1630,7 @@ async fn hostile_queries_are_words_on_every_backend() {
         ] {
             let query = crate::search::query::Query::parse(q).expect("query");
             store
-                .search(&t, &SearchScope::default(), &query, 10)
+                .search(&t, &SearchScope::default(), &query, 10, SEARCH_BUDGET)
                 .await
                 .unwrap_or_else(|e| panic!("{q:?}: {e}"));
         }

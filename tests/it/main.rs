@@ -19,6 +19,7 @@ mod provider;
 mod reconciler;
 mod replicas;
 mod search;
+mod search_bounds;
 mod search_cli;
 mod security;
 mod segments;

@@ -2,19 +2,66 @@
 //! (schema.rs) matched by `websearch_to_tsquery` over our own rendering of
 //! the query (search/query.rs), ranked by `ts_rank`, with the filters
 //! applied before the limit; and the probe that finds common terms.
+//!
+//! Both run in a transaction whose `statement_timeout` is what is left of
+//! the search's budget (the server cancels the statement at its deadline:
+//! `SearchTooCostly`), and a caller that goes away mid-statement has it
+//! cancelled too: its connection is dropped inside the transaction, which
+//! sends the server a cancel request (`Conn`).
 
+use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::{Postgres, transact, unsigned};
+use super::{Conn, Postgres, transact, unsigned};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term};
 use crate::store::StoreError;
 use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
 
-/// The work bound of one search statement on PostgreSQL, in milliseconds:
-/// past it the statement is cancelled and the answer is `SearchTooCostly`.
-const STATEMENT_TIMEOUT_MS: u32 = 2000;
+/// The settings of a search's transaction: the statements' timeout, what
+/// is left until `deadline` (none left: `SearchTooCostly` without asking).
+fn bound(deadline: Instant) -> Result<String, StoreError> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis();
+    if left == 0 {
+        return Err(StoreError::SearchTooCostly);
+    }
+    // The setting's range ends at i32::MAX ms (24 days; the budget may be
+    // set up to 30).
+    let left = left.min(i32::MAX as u128);
+    // A plan for each call's values, as the semantic leg's: a generic plan
+    // of a cached statement cannot see which filters are off.
+    Ok(format!(
+        "SET LOCAL statement_timeout = {left}; SET LOCAL plan_cache_mode = force_custom_plan"
+    ))
+}
+
+/// A statement's error, `SearchTooCostly` when its timeout cancelled it.
+fn costly(e: tokio_postgres::Error) -> StoreError {
+    if e.code() == Some(&SqlState::QUERY_CANCELED) {
+        StoreError::SearchTooCostly
+    } else {
+        e.into()
+    }
+}
+
+/// Runs `body` on `client` in a transaction bounded by `deadline`, the
+/// settings pipelined with the body's first statement.
+async fn bounded<T>(
+    client: &Conn,
+    deadline: Instant,
+    body: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let setting = bound(deadline)?;
+    let body = async {
+        let (set, result) = tokio::join!(client.batch_execute(&setting), body);
+        set?;
+        result
+    };
+    transact(client, body).await
+}
 
 /// $10: rank by weight (`ts_rank`), or (only common words to go by) newest
 /// first.
@@ -107,46 +154,31 @@ impl Postgres {
         query: &Query,
         limit: u32,
         weighed: bool,
+        deadline: Instant,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(LEG).await?;
         let values = ScopeValues::new(tenant, scope);
         let text = query.websearch();
         let limit = i64::from(limit);
-        // A plan for each call's values, as the semantic leg's: a generic
-        // plan of this cached statement cannot see which filters are off.
-        let setting = format!(
-            "SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-             SET LOCAL plan_cache_mode = force_custom_plan"
-        );
         // Pipelined: BEGIN, the bound and the search go out together.
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&text];
         params.extend_from_slice(&values.params());
         params.extend_from_slice(&[&limit, &weighed]);
-        let body = async {
-            let (set, rows) = tokio::join!(
-                client.batch_execute(&setting),
-                client.query(&stmt, params.as_slice())
-            );
-            set?;
-            rows.map_err(|e| {
-                if e.code() == Some(&SqlState::QUERY_CANCELED) {
-                    StoreError::SearchTooCostly
-                } else {
-                    e.into()
-                }
-            })
-        };
-        let rows = transact(&client, body).await?;
+        let rows = bounded(&client, deadline, async {
+            client.query(&stmt, params.as_slice()).await.map_err(costly)
+        })
+        .await?;
         rows.iter().map(hit).collect()
     }
 
     /// Whether each term is in at least `COMMON_DOCS` of the tenant's
-    /// entries (counting stops there), on one connection.
+    /// entries (counting stops there), in one bounded transaction.
     pub(crate) async fn common_terms(
         &self,
         tenant: &Tenant,
         terms: &[Term],
+        deadline: Instant,
     ) -> Result<Vec<bool>, StoreError> {
         let client = self.client().await?;
         let stmt = client
@@ -156,20 +188,24 @@ impl Postgres {
                  AND x.tenant = $2 LIMIT $3) c",
             )
             .await?;
-        let mut common = Vec::with_capacity(terms.len());
-        for term in terms {
-            let single = Query {
-                all: vec![vec![term.clone()]],
-                none: Vec::new(),
-            };
-            let row = client
-                .query_one(
-                    &stmt,
-                    &[&single.websearch(), &tenant.0, &i64::from(COMMON_DOCS)],
-                )
-                .await?;
-            common.push(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS));
-        }
-        Ok(common)
+        bounded(&client, deadline, async {
+            let mut common = Vec::with_capacity(terms.len());
+            for term in terms {
+                let single = Query {
+                    all: vec![vec![term.clone()]],
+                    none: Vec::new(),
+                };
+                let row = client
+                    .query_one(
+                        &stmt,
+                        &[&single.websearch(), &tenant.0, &i64::from(COMMON_DOCS)],
+                    )
+                    .await
+                    .map_err(costly)?;
+                common.push(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS));
+            }
+            Ok(common)
+        })
+        .await
     }
 }

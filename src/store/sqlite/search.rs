@@ -2,11 +2,25 @@
 //! bm25, with the filters applied before the limit; and the probe that
 //! finds common terms. A session being erased (its entries still going, in
 //! batches) is gone to search as to every other read.
+//!
+//! Each runs as a bounded read (`read_bounded`): stopped at the search's
+//! deadline, and as soon as its caller's future is dropped. The progress
+//! handler alone cannot do that: FTS5 walks a phrase's candidates inside
+//! one step of the engine, where it is not called (`"b a b a …"` of 1,023
+//! words ran 9 s past a bound of 200 million instructions). An interrupt
+//! is seen there all the same: FTS5 reads each page of its index through a
+//! statement of its own, and every statement stops at its first step once
+//! interrupted (about 15 ms after the interrupt, measured on such a walk).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::types::ToSql;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, InterruptHandle, params};
+use tokio::time::Instant;
 
-use super::{Sqlite, fts};
+use super::{Sqlite, fts, lock};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term, fts5_term};
 use crate::store::StoreError;
@@ -18,9 +32,23 @@ use crate::store::search::{CANDIDATES, COMMON_DOCS, SearchHit, SearchScope};
 const STEPS_PER_CALL: i32 = 10_000;
 const MAX_CALLS: u32 = 20_000;
 
+/// How often a stopped read is interrupted again while it runs: an
+/// interrupt that lands between two statements is lost (SQLite clears it
+/// when the next one starts).
+const INTERRUPT_AGAIN: Duration = Duration::from_millis(50);
+
 /// Runs `f` with the work bound set, and clears it after.
 pub(super) fn bounded<T>(
     conn: &mut Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    bounded_by(conn, None, f)
+}
+
+/// `bounded`, and stopped by `stop` too.
+fn bounded_by<T>(
+    conn: &mut Connection,
+    stop: Option<Arc<Stop>>,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let mut calls = 0u32;
@@ -28,7 +56,7 @@ pub(super) fn bounded<T>(
         STEPS_PER_CALL,
         Some(move || {
             calls += 1;
-            calls > MAX_CALLS
+            calls > MAX_CALLS || stop.as_ref().is_some_and(|s| s.stopped())
         }),
     )?;
     let result = f(conn);
@@ -45,6 +73,85 @@ pub(super) fn bounded<T>(
         }
         other => other,
     })
+}
+
+/// What stops a read from another thread: the search's deadline, or its
+/// caller gone.
+#[derive(Default)]
+struct Stop {
+    stopped: AtomicBool,
+    /// The connection's interrupt while the read runs on it; None before
+    /// and after, so that no stop reaches a connection back in the pool.
+    running: Mutex<Option<InterruptHandle>>,
+}
+
+impl Stop {
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Marks the read stopped and interrupts it if it runs; whether it ran.
+    fn interrupt(&self) -> bool {
+        self.stopped.store(true, Ordering::SeqCst);
+        match lock(&self.running).as_ref() {
+            Some(running) => {
+                running.interrupt();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops the read: at once, and again every `INTERRUPT_AGAIN` while it
+    /// runs. A read not begun yet is refused when it begins.
+    fn stop(self: &Arc<Self>) {
+        if !self.interrupt() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let stop = self.clone();
+            runtime.spawn(async move {
+                loop {
+                    tokio::time::sleep(INTERRUPT_AGAIN).await;
+                    if !stop.interrupt() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+
+    /// Runs `f` on `conn` as the read this stops, unless it is stopped.
+    fn run<T>(
+        self: &Arc<Self>,
+        conn: &mut Connection,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        {
+            let mut running = lock(&self.running);
+            if self.stopped() {
+                return Err(StoreError::SearchTooCostly);
+            }
+            *running = Some(conn.get_interrupt_handle());
+        }
+        let result = bounded_by(conn, Some(self.clone()), f);
+        *lock(&self.running) = None;
+        match result {
+            // An interrupt can surface as another error (FTS5's own).
+            Err(_) if self.stopped() => Err(StoreError::SearchTooCostly),
+            other => other,
+        }
+    }
+}
+
+/// Stops its read when dropped: with the future that awaits the read
+/// (a caller gone), or after it (then there is nothing left to stop).
+struct StopOnDrop(Arc<Stop>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 /// The filters of a search over entries (`e`, of session `x`), every one
@@ -182,6 +289,29 @@ pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
 }
 
 impl Sqlite {
+    /// `read` under the work bound, stopped (`SearchTooCostly`) at
+    /// `deadline` and as soon as this future is dropped.
+    async fn read_bounded<T, F>(&self, deadline: Instant, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let stop = Arc::new(Stop::default());
+        let _on_drop = StopOnDrop(stop.clone());
+        let runs = stop.clone();
+        let read = self.read_mut(move |conn| runs.run(conn, f));
+        tokio::pin!(read);
+        tokio::select! {
+            biased;
+            done = &mut read => done,
+            () = tokio::time::sleep_until(deadline) => {
+                stop.stop();
+                // Awaited: the read transaction has ended when this answers.
+                read.await
+            }
+        }
+    }
+
     pub(crate) async fn search(
         &self,
         tenant: &Tenant,
@@ -189,22 +319,21 @@ impl Sqlite {
         query: &Query,
         limit: u32,
         weighed: bool,
+        deadline: Instant,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let matching = query.fts5();
         let values = ScopeValues::new(tenant, scope)?;
         let tenant = tenant.0.clone();
-        self.read_mut(move |conn| {
+        self.read_bounded(deadline, move |conn| {
             // A tenant with nothing indexed yet has no table.
             let Some(k) = fts::table_of(conn, &tenant)? else {
                 return Ok(Vec::new());
             };
             let sql = LEG.replace("{table}", &fts::name(k));
-            bounded(conn, |conn| {
-                let mut stmt = conn.prepare_cached(&sql)?;
-                let params = values.params(&matching, &[&limit, &CANDIDATES, &weighed]);
-                let rows = stmt.query_map(params.as_slice(), row)?;
-                Ok(rows.collect::<Result<_, _>>()?)
-            })
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let params = values.params(&matching, &[&limit, &CANDIDATES, &weighed]);
+            let rows = stmt.query_map(params.as_slice(), row)?;
+            Ok(rows.collect::<Result<_, _>>()?)
         })
         .await
     }
@@ -215,28 +344,27 @@ impl Sqlite {
         &self,
         tenant: &Tenant,
         terms: &[Term],
+        deadline: Instant,
     ) -> Result<Vec<bool>, StoreError> {
         let matching: Vec<String> = terms
             .iter()
             .map(|t| format!("body : {}", fts5_term(t)))
             .collect();
         let tenant = tenant.0.clone();
-        self.read_mut(move |conn| {
+        self.read_bounded(deadline, move |conn| {
             let Some(k) = fts::table_of(conn, &tenant)? else {
                 return Ok(vec![false; matching.len()]);
             };
             let table = fts::name(k);
-            bounded(conn, |conn| {
-                let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ?1 LIMIT ?2)"
-                ))?;
-                let mut common = Vec::with_capacity(matching.len());
-                for m in &matching {
-                    let n: u32 = stmt.query_row(params![m, COMMON_DOCS], |r| r.get(0))?;
-                    common.push(n >= COMMON_DOCS);
-                }
-                Ok(common)
-            })
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ?1 LIMIT ?2)"
+            ))?;
+            let mut common = Vec::with_capacity(matching.len());
+            for m in &matching {
+                let n: u32 = stmt.query_row(params![m, COMMON_DOCS], |r| r.get(0))?;
+                common.push(n >= COMMON_DOCS);
+            }
+            Ok(common)
         })
         .await
     }

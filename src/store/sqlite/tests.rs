@@ -225,7 +225,14 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         let store = &store;
         async move {
             store
-                .search(&Tenant::default(), &scope, &query, 10, true)
+                .search(
+                    &Tenant::default(),
+                    &scope,
+                    &query,
+                    10,
+                    true,
+                    tokio::time::Instant::now() + crate::store::tests::SEARCH_BUDGET,
+                )
                 .await
                 .expect("search")
                 .into_iter()

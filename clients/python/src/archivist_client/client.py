@@ -800,7 +800,8 @@ class Client(_Base):
 
         `query` is web-search syntax: words, `"a phrase"`, `or` between
         alternatives, `-word` to exclude (at most 4096 bytes; terms past the
-        32nd are ignored). The scope is `session_ids` (these sessions), or
+        32nd and words past the 64th are ignored). The scope is
+        `session_ids` (these sessions), or
         `subject` (that subject's sessions; with both, those of the named
         sessions that are the subject's), or neither: every session of the
         caller's tenant. `after` / `before` (timezone-aware datetimes) keep
