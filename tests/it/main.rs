@@ -14,6 +14,7 @@ mod hostile;
 mod lifecycle;
 mod logs;
 mod operator;
+mod pool_cache;
 mod provider;
 mod reconciler;
 mod replicas;

@@ -108,7 +108,7 @@ impl Postgres {
         limit: u32,
         weighed: bool,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let stmt = client.prepare_cached(LEG).await?;
         let values = ScopeValues::new(tenant, scope);
         let text = query.websearch();
@@ -148,7 +148,7 @@ impl Postgres {
         tenant: &Tenant,
         terms: &[Term],
     ) -> Result<Vec<bool>, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let stmt = client
             .prepare_cached(
                 "SELECT count(*) FROM (SELECT 1 FROM entries e JOIN sessions x ON x.id = e.session_id \
