@@ -712,8 +712,17 @@ impl super::Sqlite {
     /// The tenant's cache: its slots and how many of them are dead.
     /// (Looked at without counting as a search of the tenant.)
     pub(super) fn cached_vectors(&self, tenant: &str) -> Option<(usize, usize)> {
-        let tenants = self.inner.vectors.tenants.lock().expect("tenants");
-        let c = read(&tenants.get(tenant)?.cache);
+        let t = self
+            .inner
+            .vectors
+            .tenants
+            .lock()
+            .expect("tenants")
+            .get(tenant)?
+            .clone();
+        // Not under the tenants' lock: a load holding its cache's lock
+        // may be waiting for that one.
+        let c = read(&t.cache);
         c.as_ref().map(|c| (c.slots.len(), c.dead))
     }
 
