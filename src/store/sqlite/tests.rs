@@ -984,7 +984,10 @@ async fn two_loads_at_once_never_hold_more_than_the_budget() {
         let (store, g) = (store.clone(), g.clone());
         async move { nearest(&store, "large", &g).await }
     });
-    loading.await.expect("the large load began");
+    tokio::time::timeout(std::time::Duration::from_secs(60), loading)
+        .await
+        .expect("the large load began")
+        .expect("the large load began");
     assert_eq!(store.vector_bytes(), 6 * 88);
     // Meanwhile the smaller tenant finds no room: its search scans in SQL.
     assert_eq!(nearest(&store, "small", &g).await, "e 2");
