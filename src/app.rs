@@ -20,7 +20,7 @@ use crate::provider::embed::Embedder;
 use crate::provider::{Provider, ProviderSetupError};
 use crate::reconciler::Reconciler;
 use crate::service::Service;
-use crate::store::{Durability, Migrated, OpenMode, Store, StoreError};
+use crate::store::{Connections, Durability, Migrated, OpenMode, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -154,7 +154,12 @@ impl App {
         let store = match config.storage.backend {
             BackendKind::Sqlite => Store::open_as(&config.data_dir, durability, mode).await?,
             BackendKind::Postgres => {
-                Store::open_postgres(&postgres_url(config)?, mode, durability).await?
+                let connections = Connections {
+                    reads: config.storage.read_connections as usize,
+                    writes: config.storage.write_connections as usize,
+                };
+                Store::open_postgres_with(&postgres_url(config)?, mode, durability, connections)
+                    .await?
             }
         };
         // Refused here, by name, rather than at the first vector stored: a

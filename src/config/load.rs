@@ -376,6 +376,14 @@ ceiling = "15s"
                 "[health]\nprobe_interval = \"0s\"\n",
                 "health.probe_interval",
             ),
+            (
+                "[storage]\nread_connections = 0\n",
+                "storage.read_connections",
+            ),
+            (
+                "[storage]\nwrite_connections = 1001\n",
+                "storage.write_connections",
+            ),
         ] {
             let (_f, o) = file(text);
             let e = load(&o, env(&[])).expect_err(key);

@@ -192,7 +192,7 @@ pub struct ContextConfig {
     pub recent_tokens: u32,
 }
 
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StorageConfig {
     /// What an acknowledged write survives (SQLite; PostgreSQL follows the
@@ -207,6 +207,26 @@ pub struct StorageConfig {
     /// that a password stays out of files (`DATABASE_URL`, say; not an
     /// `ARCHIVIST_*` one, which are settings).
     pub url_env: String,
+    /// PostgreSQL: connections for the reads callers ask for that may cost
+    /// (Search, GetContext, listings); more such reads at once wait for
+    /// one, and are refused (RESOURCE_EXHAUSTED) after 10 s.
+    pub read_connections: u32,
+    /// PostgreSQL: connections for everything else but appends (which have
+    /// one, two with `durability = "power"`, of their own).
+    pub write_connections: u32,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            durability: DurabilityConfig::default(),
+            backend: BackendKind::default(),
+            url: String::new(),
+            url_env: String::new(),
+            read_connections: 8,
+            write_connections: 8,
+        }
+    }
 }
 
 /// The URL is never shown: it may carry a password.
@@ -224,6 +244,8 @@ impl std::fmt::Debug for StorageConfig {
                 },
             )
             .field("url_env", &self.url_env)
+            .field("read_connections", &self.read_connections)
+            .field("write_connections", &self.write_connections)
             .finish()
     }
 }

@@ -49,6 +49,14 @@ impl Config {
         if self.limits.max_context_tokens == 0 {
             return invalid("limits.max_context_tokens", "must be at least 1");
         }
+        for (key, connections) in [
+            ("storage.read_connections", self.storage.read_connections),
+            ("storage.write_connections", self.storage.write_connections),
+        ] {
+            if !(1..=1000).contains(&connections) {
+                return invalid(key, "must be 1 to 1000");
+            }
+        }
         if self.limits.max_connections == 0 {
             return invalid("limits.max_connections", "must be at least 1");
         }

@@ -172,7 +172,9 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Unreachable(_) | StoreError::Connect { .. } => {
             (Code::Unavailable, "STORAGE_UNAVAILABLE", Vec::new())
         }
-        StoreError::Busy => (Code::ResourceExhausted, "OVERLOADED", Vec::new()),
+        StoreError::Busy | StoreError::ReadsBusy => {
+            (Code::ResourceExhausted, "OVERLOADED", Vec::new())
+        }
         StoreError::SearchTooCostly => (Code::ResourceExhausted, "SEARCH_TOO_COSTLY", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,

@@ -126,6 +126,10 @@ pub enum StoreError {
     NotCommitted(#[source] BackendError),
     #[error("the store's write queue is full")]
     Busy,
+    #[error(
+        "every database connection for reads stayed busy while this read waited; try again shortly"
+    )]
+    ReadsBusy,
     #[error("the disk holding the database is full")]
     Full(#[source] BackendError),
     #[error("{} would store {wanted} bytes, over its cap of {limit}", tenant_label(.tenant))]
@@ -371,6 +375,27 @@ pub(crate) enum Durability {
     Power,
 }
 
+/// The connections a PostgreSQL store opens at most, by what they are
+/// for (the append writers have theirs besides): `storage.read_connections`
+/// and `storage.write_connections`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Connections {
+    /// For the reads callers ask for that may cost.
+    pub(crate) reads: usize,
+    /// For everything else.
+    pub(crate) writes: usize,
+}
+
+impl Default for Connections {
+    fn default() -> Connections {
+        let storage = crate::config::StorageConfig::default();
+        Connections {
+            reads: storage.read_connections as usize,
+            writes: storage.write_connections as usize,
+        }
+    }
+}
+
 /// How a run opens the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub(crate) enum OpenMode {
@@ -574,8 +599,20 @@ impl Store {
         mode: OpenMode,
         durability: Durability,
     ) -> Result<Store, StoreError> {
+        Store::open_postgres_with(url, mode, durability, Connections::default()).await
+    }
+
+    /// As `open_postgres`, with at most `connections`.
+    pub(crate) async fn open_postgres_with(
+        url: &str,
+        mode: OpenMode,
+        durability: Durability,
+        connections: Connections,
+    ) -> Result<Store, StoreError> {
         Ok(Store {
-            backend: Backend::Postgres(postgres::Postgres::open(url, mode, durability).await?),
+            backend: Backend::Postgres(
+                postgres::Postgres::open(url, mode, durability, connections).await?,
+            ),
         })
     }
 

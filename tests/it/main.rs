@@ -15,6 +15,7 @@ mod import;
 mod lifecycle;
 mod logs;
 mod operator;
+mod pool_cache;
 mod provider;
 mod reconciler;
 mod replicas;

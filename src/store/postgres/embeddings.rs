@@ -521,7 +521,7 @@ impl Postgres {
         query: Vec<f32>,
         limit: u32,
     ) -> Result<SemanticLeg, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let known = client
             .prepare_cached("SELECT id, dimensions FROM embedding_generations WHERE name = $1")
             .await?;

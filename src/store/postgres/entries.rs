@@ -20,7 +20,7 @@ impl Postgres {
         limit: u32,
         max_bytes: usize,
     ) -> Result<(Vec<Entry>, bool), StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         // One statement, so one snapshot: an erasure is seen whole or not
         // at all. A session with nothing after `after` is one row of
         // NULLs; no row at all, no such session (for this tenant).

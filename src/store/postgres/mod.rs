@@ -49,7 +49,17 @@
 //! transaction is aborted" (an unbiased join polls its futures in turn
 //! from a rotating start, and returns whichever error it sees first).
 //!
-//! A connection is taken from the pool as a [`Conn`]: one dropped inside a
+//! Connections come from three pools, so that no kind of work can take
+//! the connections another needs: the append writers' own (one connection
+//! each, used by nothing else); the reads callers ask for that may cost
+//! (Search, GetContext, the listings, the transcript, backlogs), at most
+//! `storage.read_connections` at once, further ones queueing for up to
+//! `POOL_WAIT` and then refused as `ReadsBusy`; and everything else
+//! (claims and what passes write, closing, erasure, point reads), at most
+//! `storage.write_connections`. However many costly reads run, appends and
+//! passes still get their connections.
+//!
+//! A connection is taken from a pool as a [`Conn`]: one dropped inside a
 //! transaction (its future cancelled between BEGIN and COMMIT) is closed,
 //! never handed to the next caller.
 //!
@@ -90,14 +100,12 @@ use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use super::{Durability, FullSeen, OpenMode, StoreError};
+use super::{Connections, Durability, FullSeen, OpenMode, StoreError};
 
 pub(crate) use notes::{Heard, Notes};
 
-/// Connections one process keeps open at most.
-const POOL_SIZE: usize = 16;
 /// How long a caller waits for a free connection before the store says
-/// the database cannot be reached.
+/// the database cannot be reached (or, for a read, that reads are busy).
 const POOL_WAIT: Duration = Duration::from_secs(10);
 /// How long a new connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -224,7 +232,10 @@ pub(super) struct Postgres {
 }
 
 struct Inner {
+    /// Writes and whatever else is not a costly read.
     pool: Pool,
+    /// The reads callers ask for that may cost (see the module doc).
+    reads: Pool,
     config: tokio_postgres::Config,
     /// Where the database is, without a password, for messages.
     target: String,
@@ -256,7 +267,12 @@ struct Connecting {
 }
 
 impl Connecting {
-    fn new(url: &str, durability: Durability) -> Result<Connecting, StoreError> {
+    /// Another pool of up to `size` connections to the same database.
+    fn pool(&self, size: usize) -> Result<Pool, StoreError> {
+        new_pool(&self.connect_config, size).map_err(|e| connect_error(&self.target, e))
+    }
+
+    fn new(url: &str, durability: Durability, size: usize) -> Result<Connecting, StoreError> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| StoreError::Connect {
             target: "(a storage URL that does not parse; not shown, it may hold a password)"
                 .to_owned(),
@@ -275,26 +291,34 @@ impl Connecting {
             };
             connect_config.options(options);
         }
-        let manager = Manager::from_config(
-            connect_config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|e| connect_error(&target, e))?;
+        let pool = new_pool(&connect_config, size).map_err(|e| connect_error(&target, e))?;
         Ok(Connecting {
             pool,
             connect_config,
             target,
         })
     }
+}
+
+/// A pool of up to `size` connections made with `config`, connecting
+/// when first asked.
+fn new_pool(
+    config: &tokio_postgres::Config,
+    size: usize,
+) -> Result<Pool, deadpool_postgres::BuildError> {
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .build()
 }
 
 impl Postgres {
@@ -306,12 +330,15 @@ impl Postgres {
         url: &str,
         mode: OpenMode,
         durability: Durability,
+        connections: Connections,
     ) -> Result<Postgres, StoreError> {
+        let connecting = Connecting::new(url, durability, connections.writes.max(1))?;
+        let reads = connecting.pool(connections.reads.max(1))?;
         let Connecting {
             pool,
             connect_config,
             target,
-        } = Connecting::new(url, durability)?;
+        } = connecting;
         {
             let mut client = pool.get().await.map_err(|e| connect_error(&target, e))?;
             match mode {
@@ -341,14 +368,18 @@ impl Postgres {
         } else {
             let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
             let rx = Arc::new(tokio::sync::Mutex::new(rx));
+            // The writers' own connections, which nothing else can take.
+            let appends = new_pool(&connect_config, writers(durability))
+                .map_err(|e| connect_error(&target, e))?;
             for _ in 0..writers(durability) {
-                tokio::spawn(writer::writer(pool.clone(), rx.clone()));
+                tokio::spawn(writer::writer(appends.clone(), rx.clone()));
             }
             Some(tx)
         };
         Ok(Postgres {
             inner: Arc::new(Inner {
                 pool,
+                reads,
                 config: connect_config,
                 target,
                 appends,
@@ -366,7 +397,7 @@ impl Postgres {
         url: &str,
         durability: Durability,
     ) -> Result<(String, i64, usize), StoreError> {
-        let Connecting { pool, target, .. } = Connecting::new(url, durability)?;
+        let Connecting { pool, target, .. } = Connecting::new(url, durability, 1)?;
         let mut client = pool.get().await.map_err(|e| connect_error(&target, e))?;
         let from = schema::migrate(&mut client).await?;
         Ok((target, from, schema::known()))
@@ -377,9 +408,23 @@ impl Postgres {
         &self.inner.target
     }
 
-    /// A pooled connection.
+    /// A pooled connection for writes, and for reads that cost little.
     async fn client(&self) -> Result<Conn, StoreError> {
         Ok(Conn::new(self.inner.pool.get().await?))
+    }
+
+    /// A pooled connection for a read a caller asked for that may cost
+    /// (see the module doc): from a pool of its own, so that however many
+    /// run, writes keep theirs. Past `POOL_WAIT` waiting for one, the
+    /// read is refused as `ReadsBusy`.
+    async fn reader(&self) -> Result<Conn, StoreError> {
+        match self.inner.reads.get().await {
+            Ok(object) => Ok(Conn::new(object)),
+            Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {
+                Err(StoreError::ReadsBusy)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Refuses a write on a store opened read-only.

@@ -156,7 +156,7 @@ impl Postgres {
         weighed: bool,
         deadline: Instant,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let stmt = client.prepare_cached(LEG).await?;
         let values = ScopeValues::new(tenant, scope);
         let text = query.websearch();
@@ -180,7 +180,7 @@ impl Postgres {
         terms: &[Term],
         deadline: Instant,
     ) -> Result<Vec<bool>, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let stmt = client
             .prepare_cached(
                 "SELECT count(*) FROM (SELECT 1 FROM entries e JOIN sessions x ON x.id = e.session_id \

@@ -226,7 +226,7 @@ impl Postgres {
         limit: u32,
         max_bytes: usize,
     ) -> Result<(Vec<Segment>, bool), StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let (clause, mut values) = filter_clause(&tenant.0, &filter);
         values.push(Box::new(signed(after)));
         values.push(Box::new(i64::from(limit)));
@@ -280,7 +280,7 @@ impl Postgres {
         session: &SessionName,
         max_bytes: usize,
     ) -> Result<(Vec<Segment>, bool), StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let Some(id) = session_id(&client, &tenant.0, session.as_str()).await? else {
             return Err(StoreError::SessionNotFound(session.as_str().to_owned()));
         };
@@ -317,7 +317,7 @@ impl Postgres {
         session: &SessionName,
         budget: Budget,
     ) -> Result<Context, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let tenant = tenant.0.clone();
         let session = session.as_str().to_owned();
         tokio::task::spawn_blocking(move || {
@@ -357,7 +357,7 @@ impl Postgres {
         if self.writable().is_ok() {
             self.fold_counts().await?;
         }
-        let client = self.client().await?;
+        let client = self.reader().await?;
         let tenant = tenant.map(|t| t.0.clone());
         let mut backlog = Backlog::default();
         // Counts from the kept totals and the deltas not folded in yet; the

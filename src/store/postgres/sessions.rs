@@ -144,7 +144,7 @@ impl Postgres {
         after: Option<SessionName>,
         limit: u32,
     ) -> Result<Vec<SessionInfo>, StoreError> {
-        let client = self.client().await?;
+        let client = self.reader().await?;
         // Through the (tenant, name) index, or the (tenant, subject, name)
         // one: two statements, so that each is planned for its own.
         let sql = match subject {

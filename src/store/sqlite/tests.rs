@@ -915,3 +915,95 @@ async fn the_vector_cache_follows_another_process_and_every_deletion() {
     );
     assert_eq!(server.cached_vectors(&t.0), Some((2, 0)));
 }
+
+/// Appends `texts` to session `s` of `tenant`, each its own segment.
+async fn append_as(store: &Sqlite, tenant: &str, texts: &[&str]) {
+    store
+        .append(
+            &Tenant(tenant.to_owned()),
+            &session("s"),
+            entries(texts),
+            POLICY,
+            0,
+        )
+        .await
+        .expect("append");
+}
+
+/// Two tenants' vectors (2 dimensions: 88 bytes each in a cache): `small`
+/// has 2, `large` 6; a budget of 600 bytes holds either alone, not both.
+async fn two_tenants() -> (tempfile::TempDir, Sqlite, crate::model::Generation) {
+    let (dir, store) = open().await;
+    append_as(&store, "small", &["e 1", "e 2"]).await;
+    append_as(&store, "large", &["e 1", "e 2", "e 3", "e 4", "e 5", "e 6"]).await;
+    let g = crate::model::Generation::new("m", 2);
+    embed_all(&store, &g, nearer_the_larger).await;
+    store.set_vector_budget(600);
+    (dir, store, g)
+}
+
+async fn nearest(store: &Sqlite, tenant: &str, g: &crate::model::Generation) -> String {
+    let leg = store
+        .semantic_leg(
+            &Tenant(tenant.to_owned()),
+            &crate::store::search::SearchScope::default(),
+            g,
+            vec![1.0, 0.0],
+            1,
+        )
+        .await
+        .expect("leg");
+    leg.hits.first().map(|h| h.text.clone()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn one_tenants_searches_never_evict_a_smaller_working_cache() {
+    let (_dir, store, g) = two_tenants().await;
+    assert_eq!(nearest(&store, "small", &g).await, "e 2");
+    assert_eq!(store.cached_vectors("small"), Some((2, 0)));
+    for _ in 0..3 {
+        // The larger tenant's search does not fit beside the smaller
+        // one's cache, and does not push it out: it scans in SQL, and
+        // finds the same.
+        assert_eq!(nearest(&store, "large", &g).await, "e 6");
+        assert_eq!(store.cached_vectors("small"), Some((2, 0)));
+        assert_eq!(store.cached_vectors("large"), None);
+        assert_eq!(nearest(&store, "small", &g).await, "e 2");
+    }
+    assert!(store.vector_bytes() <= 600, "{}", store.vector_bytes());
+}
+
+#[tokio::test]
+async fn two_loads_at_once_never_hold_more_than_the_budget() {
+    let (_dir, store, g) = two_tenants().await;
+    // The larger tenant's load is held once it has reserved its bytes.
+    let (entered, loading) = tokio::sync::oneshot::channel::<()>();
+    let entered = std::sync::Mutex::new(Some(entered));
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = std::sync::Mutex::new(released);
+    store.before_vector_load(move |tenant| {
+        if tenant == "large"
+            && let Some(entered) = entered.lock().expect("lock").take()
+        {
+            let _ = entered.send(());
+            let _ = released.lock().expect("lock").recv();
+        }
+    });
+    let large = tokio::spawn({
+        let (store, g) = (store.clone(), g.clone());
+        async move { nearest(&store, "large", &g).await }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(60), loading)
+        .await
+        .expect("the large load began")
+        .expect("the large load began");
+    assert_eq!(store.vector_bytes(), 6 * 88);
+    // Meanwhile the smaller tenant finds no room: its search scans in SQL.
+    assert_eq!(nearest(&store, "small", &g).await, "e 2");
+    assert_eq!(store.cached_vectors("small"), None);
+    assert!(store.vector_bytes() <= 600, "{}", store.vector_bytes());
+    release.send(()).expect("release");
+    assert_eq!(large.await.expect("large"), "e 6");
+    assert_eq!(store.cached_vectors("large"), Some((6, 0)));
+    assert!(store.vector_bytes() <= 600, "{}", store.vector_bytes());
+}

@@ -16,8 +16,16 @@
 //!
 //! Memory: 4 bytes × dimensions per vector (1.5 KiB at 384) and about 80
 //! bytes of slot and index beside it; all tenants' caches together stay
-//! within `BUDGET_BYTES`, the least recently searched dropped first, and a
-//! tenant whose generation alone is larger is searched by the SQL scan.
+//! within `BUDGET_BYTES`. A load first counts the tenant's vectors (its
+//! sessions lead every loading statement, so neither the count nor the
+//! load reads, or takes time from, another tenant's vectors) and reserves
+//! their bytes before it reads them, so loads at once cannot together pass
+//! the budget. Room is made by dropping other caches, the least recently
+//! searched first, but only caches at least as large as the one coming
+//! in, or not searched for `STALE_SEARCHES` searches: a tenant's search
+//! never pushes a smaller working cache out, so two tenants cannot evict
+//! each other on every call. A cache that cannot be admitted (or a tenant
+//! whose generation alone is past the budget) is searched by the SQL scan.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -43,6 +51,10 @@ const WINDOW: i64 = 100_000;
 /// compacted away.
 const DEAD_SHARE: usize = 4;
 const MIN_DEAD: usize = 1024;
+/// A cache not searched during this many searches (of any tenant) is no
+/// longer anyone's working set: any cache coming in may drop it, even a
+/// larger one.
+const STALE_SEARCHES: u64 = 1000;
 
 /// One text's vector, as the filters see it.
 #[derive(Clone, Copy, Debug)]
@@ -195,11 +207,15 @@ impl Cache {
 #[derive(Default)]
 struct Tenanted {
     cache: RwLock<Option<Cache>>,
-    /// What its cache holds, for the budget.
+    /// What the budget counts for it: what its cache holds, or while it
+    /// loads, what it reserved. Raised only by `Vectors::admit`.
     bytes: AtomicUsize,
     /// When it was last searched (a counter), for eviction.
     used: AtomicU64,
 }
+
+#[cfg(test)]
+type LoadHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// Every tenant's cache (one per store).
 pub(super) struct Vectors {
@@ -207,6 +223,10 @@ pub(super) struct Vectors {
     ticks: AtomicU64,
     /// `BUDGET_BYTES`, but for tests.
     budget: AtomicUsize,
+    /// Called with the tenant once a load has reserved its bytes, before
+    /// it reads them (tests hold a load there).
+    #[cfg(test)]
+    before_load: Mutex<Option<LoadHook>>,
 }
 
 impl Default for Vectors {
@@ -215,9 +235,21 @@ impl Default for Vectors {
             tenants: Mutex::default(),
             ticks: AtomicU64::default(),
             budget: AtomicUsize::new(BUDGET_BYTES),
+            #[cfg(test)]
+            before_load: Mutex::default(),
         }
     }
 }
+
+/// How many vectors of the tenant and generation (?1 generation, ?2
+/// tenant) there are, and their largest length; through the tenant's
+/// sessions (the `(tenant, name)` index), then each session's vectors
+/// (`embeddings_in_scope`): CROSS JOIN keeps that order, so no other
+/// tenant's vector is read.
+const COUNT: &str = "\
+    SELECT count(*), max(length(v.vector)) / 4 \
+    FROM sessions x CROSS JOIN embeddings v \
+    WHERE x.tenant = ?2 AND v.generation = ?1 AND v.session_id = x.id";
 
 /// The vectors of the tenant and generation (?1 generation, ?2 tenant)
 /// with what the filters read, stored after tick ?3: entries, then
@@ -235,17 +267,19 @@ const CHANGED: &str = "\
     WHERE v.generation = ?1 AND v.seq > ?3 AND v.doc < 0 AND x.id = v.session_id \
     AND x.tenant = ?2 AND g.id = -v.doc AND s.segment_id = g.id";
 
-/// As `CHANGED`, every one (a first load): the tenant's sessions lead.
+/// As `CHANGED`, every one (a first load): the tenant's sessions lead, as
+/// in `COUNT` (a plain JOIN let the planner start from the generation's
+/// vectors, every tenant's).
 const ALL: &str = "\
     SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, e.created_at, e.role, 0 \
-    FROM sessions x JOIN embeddings v ON v.generation = ?1 AND v.session_id = x.id \
-    JOIN entries e ON e.session_id = v.session_id AND e.seq = (v.doc & 4294967295) \
-    WHERE x.tenant = ?2 AND v.doc > 0 \
+    FROM sessions x CROSS JOIN embeddings v CROSS JOIN entries e \
+    WHERE x.tenant = ?2 AND v.generation = ?1 AND v.session_id = x.id AND v.doc > 0 \
+    AND e.session_id = v.session_id AND e.seq = (v.doc & 4294967295) \
     UNION ALL \
     SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, s.created_at, 0, g.level \
-    FROM sessions x JOIN embeddings v ON v.generation = ?1 AND v.session_id = x.id \
-    JOIN segments g ON g.id = -v.doc JOIN summaries s ON s.segment_id = g.id \
-    WHERE x.tenant = ?2 AND v.doc < 0";
+    FROM sessions x CROSS JOIN embeddings v CROSS JOIN segments g CROSS JOIN summaries s \
+    WHERE x.tenant = ?2 AND v.generation = ?1 AND v.session_id = x.id AND v.doc < 0 \
+    AND g.id = -v.doc AND s.segment_id = g.id";
 
 /// The scope's sessions (?1 tenant, ?2 subject, ?3 names), erased ones
 /// left out.
@@ -315,31 +349,56 @@ impl Vectors {
         t
     }
 
-    /// Makes room for `need` bytes beside `keep`'s cache, dropping the
-    /// least recently searched other caches; false when it cannot.
-    fn make_room(&self, keep: &Arc<Tenanted>, need: usize) -> bool {
+    /// Lets `t` count `need` bytes in all (a reservation before its load,
+    /// or its cache once grown), making room by dropping other caches, the
+    /// least recently searched first, among those it may drop: larger than
+    /// `need` (so neither of two caches of one size drops the other), or
+    /// stale. False, with nothing dropped and `t`'s count
+    /// unchanged, when that cannot make room. A cache being searched or
+    /// loaded (its lock held) is never dropped; one loading counts what it
+    /// reserved.
+    fn admit(&self, t: &Arc<Tenanted>, need: usize) -> bool {
         let budget = self.budget.load(Ordering::Relaxed);
         if need > budget {
             return false;
         }
+        // Held throughout: every raise of a count is decided under it, so
+        // two admissions never both count on the same room.
         let tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
-        let mut others: Vec<&Arc<Tenanted>> = tenants
+        let now = self.ticks.load(Ordering::Relaxed);
+        let mut others: Vec<(&Arc<Tenanted>, usize)> = tenants
             .values()
-            .filter(|t| !Arc::ptr_eq(t, keep) && t.bytes.load(Ordering::Relaxed) > 0)
+            .filter(|o| !Arc::ptr_eq(o, t))
+            .map(|o| (o, o.bytes.load(Ordering::Relaxed)))
+            .filter(|&(_, bytes)| bytes > 0)
             .collect();
-        others.sort_by_key(|t| t.used.load(Ordering::Relaxed));
-        let mut held: usize = others.iter().map(|t| t.bytes.load(Ordering::Relaxed)).sum();
-        for t in others {
-            if held + need <= budget {
-                break;
+        let held: usize = others.iter().map(|&(_, bytes)| bytes).sum();
+        let mut over = (held + need).saturating_sub(budget);
+        if over > 0 {
+            others.retain(|&(o, bytes)| {
+                bytes > need || now.saturating_sub(o.used.load(Ordering::Relaxed)) > STALE_SEARCHES
+            });
+            others.sort_by_key(|&(o, _)| o.used.load(Ordering::Relaxed));
+            let mut dropped = Vec::new();
+            for (o, bytes) in others {
+                if over == 0 {
+                    break;
+                }
+                if let Ok(guard) = o.cache.try_write() {
+                    dropped.push((o, guard));
+                    over = over.saturating_sub(bytes);
+                }
             }
-            // One being searched now keeps its cache this time.
-            if let Ok(mut c) = t.cache.try_write() {
-                *c = None;
-                held -= t.bytes.swap(0, Ordering::Relaxed);
+            if over > 0 {
+                return false;
+            }
+            for (o, mut guard) in dropped {
+                *guard = None;
+                o.bytes.store(0, Ordering::Relaxed);
             }
         }
-        held + need <= budget
+        t.bytes.store(need, Ordering::Relaxed);
+        true
     }
 
     /// Brings the tenant's cache of `generation` up to tick `clock` (the
@@ -360,29 +419,43 @@ impl Vectors {
             *guard = None;
             t.bytes.store(0, Ordering::Relaxed);
             let (count, dims): (i64, Option<i64>) = conn
-                .prepare_cached(
-                    "SELECT count(*), max(length(v.vector)) / 4 FROM sessions x \
-                     JOIN embeddings v ON v.generation = ?1 AND v.session_id = x.id \
-                     WHERE x.tenant = ?2",
-                )?
+                .prepare_cached(COUNT)?
                 .query_row(params![generation, tenant], |r| Ok((r.get(0)?, r.get(1)?)))?;
             let count = usize::try_from(count).unwrap_or(usize::MAX);
             let dims = dims.and_then(|d| usize::try_from(d).ok()).unwrap_or(0);
             let need = count.saturating_mul(dims.saturating_mul(4).saturating_add(SLOT_BYTES));
-            if !self.make_room(t, need) {
+            // Reserved before a byte is read: a load beside this one sees
+            // the room as taken.
+            if !self.admit(t, need) {
                 return Ok(false);
             }
-            let mut cache = Cache::new(generation, clock);
-            cache.data.reserve(count.saturating_mul(dims));
-            cache.slots.reserve(count);
-            let mut stmt = conn.prepare_cached(ALL)?;
-            let mut rows = stmt.query(params![generation, tenant])?;
-            while let Some(r) = rows.next()? {
-                cache.add(loaded(r)?)?;
+            #[cfg(test)]
+            if let Some(hook) = self
+                .before_load
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                hook(tenant);
             }
-            t.bytes.store(cache.bytes(), Ordering::Relaxed);
-            *guard = Some(cache);
-            return Ok(true);
+            let cache = load(conn, generation, tenant, clock, count, dims);
+            let fits = match &cache {
+                // The load reads, in the count's snapshot, no more than
+                // was counted; should it, it is admitted again.
+                Ok(c) => c.bytes() <= need || self.admit(t, c.bytes()),
+                Err(_) => false,
+            };
+            match cache {
+                Ok(c) if fits => {
+                    t.bytes.store(c.bytes(), Ordering::Relaxed);
+                    *guard = Some(c);
+                    return Ok(true);
+                }
+                other => {
+                    t.bytes.store(0, Ordering::Relaxed);
+                    return other.map(|_| false);
+                }
+            }
         }
         let Some(cache) = guard.as_mut() else {
             return Ok(false);
@@ -427,14 +500,35 @@ impl Vectors {
         cache.clock = clock;
         cache.compact();
         let bytes = cache.bytes();
-        t.bytes.store(bytes, Ordering::Relaxed);
-        if bytes > self.budget.load(Ordering::Relaxed) {
-            *guard = None;
-            t.bytes.store(0, Ordering::Relaxed);
-            return Ok(false);
+        if bytes <= t.bytes.load(Ordering::Relaxed) || self.admit(t, bytes) {
+            t.bytes.store(bytes, Ordering::Relaxed);
+            return Ok(true);
         }
-        Ok(true)
+        *guard = None;
+        t.bytes.store(0, Ordering::Relaxed);
+        Ok(false)
     }
+}
+
+/// Reads the tenant's vectors of `generation` (`count` of up to `dims`
+/// dimensions, as counted) into a new cache at tick `clock`.
+fn load(
+    conn: &Connection,
+    generation: &str,
+    tenant: &str,
+    clock: i64,
+    count: usize,
+    dims: usize,
+) -> Result<Cache, StoreError> {
+    let mut cache = Cache::new(generation, clock);
+    cache.data.reserve(count.saturating_mul(dims));
+    cache.slots.reserve(count);
+    let mut stmt = conn.prepare_cached(ALL)?;
+    let mut rows = stmt.query(params![generation, tenant])?;
+    while let Some(r) = rows.next()? {
+        cache.add(loaded(r)?)?;
+    }
+    Ok(cache)
 }
 
 /// The semantic leg from the cache, in the read transaction of `conn`;
@@ -616,10 +710,36 @@ impl super::Sqlite {
     }
 
     /// The tenant's cache: its slots and how many of them are dead.
+    /// (Looked at without counting as a search of the tenant.)
     pub(super) fn cached_vectors(&self, tenant: &str) -> Option<(usize, usize)> {
-        let t = self.inner.vectors.tenant(tenant);
+        let t = self
+            .inner
+            .vectors
+            .tenants
+            .lock()
+            .expect("tenants")
+            .get(tenant)?
+            .clone();
+        // Not under the tenants' lock: a load holding its cache's lock
+        // may be waiting for that one.
         let c = read(&t.cache);
         c.as_ref().map(|c| (c.slots.len(), c.dead))
+    }
+
+    /// What the budget counts for every tenant together: caches held and
+    /// loads' reservations.
+    pub(super) fn vector_bytes(&self) -> usize {
+        let tenants = self.inner.vectors.tenants.lock().expect("tenants");
+        tenants
+            .values()
+            .map(|t| t.bytes.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Has every load call `hook` with its tenant once it has reserved its
+    /// bytes, before it reads them.
+    pub(super) fn before_vector_load(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        *self.inner.vectors.before_load.lock().expect("hook") = Some(Box::new(hook));
     }
 }
 
@@ -637,6 +757,132 @@ mod tests {
             role: 1,
             level: 0,
         }
+    }
+
+    /// Caches of `bytes` for tenants searched in this order, in a budget
+    /// of 100 bytes.
+    fn holding(caches: &[(&str, usize)]) -> Vectors {
+        let v = Vectors::default();
+        v.budget.store(100, Ordering::Relaxed);
+        for &(tenant, bytes) in caches {
+            let t = v.tenant(tenant);
+            *t.cache.write().expect("lock") = Some(Cache::new("g", 0));
+            t.bytes.store(bytes, Ordering::Relaxed);
+        }
+        v
+    }
+
+    fn held(v: &Vectors, tenant: &str) -> Option<usize> {
+        let t = v.tenants.lock().expect("tenants").get(tenant)?.clone();
+        let cached = read(&t.cache).is_some();
+        cached.then(|| t.bytes.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn a_larger_cache_never_drops_a_smaller_working_one_and_a_smaller_drops_the_oldest_larger() {
+        // Room enough: nothing is dropped.
+        let v = holding(&[("b", 30)]);
+        assert!(v.admit(&v.tenant("a"), 70));
+        assert_eq!(held(&v, "b"), Some(30));
+
+        // A larger one coming in finds no room it may take: nothing
+        // dropped, its count unchanged.
+        let v = holding(&[("b", 30)]);
+        let a = v.tenant("a");
+        assert!(!v.admit(&a, 80));
+        assert_eq!(held(&v, "b"), Some(30));
+        assert_eq!(a.bytes.load(Ordering::Relaxed), 0);
+        // Nor does one of the same size.
+        let v = holding(&[("b", 60)]);
+        assert!(!v.admit(&v.tenant("a"), 60));
+        assert_eq!(held(&v, "b"), Some(60));
+
+        // A smaller one drops the least recently searched larger ones,
+        // only as many as it needs.
+        let v = holding(&[("c", 40), ("d", 40), ("b", 10)]);
+        assert!(v.admit(&v.tenant("a"), 30));
+        assert_eq!(
+            (held(&v, "c"), held(&v, "d"), held(&v, "b"), held(&v, "a")),
+            (None, Some(40), Some(10), None)
+        );
+        assert_eq!(v.tenant("a").bytes.load(Ordering::Relaxed), 30);
+
+        // A cache not searched for STALE_SEARCHES searches is anyone's
+        // (`b` was searched at tick 0; each `tenant` call is a search).
+        let v = holding(&[("b", 30)]);
+        while v.ticks.load(Ordering::Relaxed) < STALE_SEARCHES - 1 {
+            v.tenant("a");
+        }
+        assert!(!v.admit(&v.tenant("a"), 80));
+        assert!(v.admit(&v.tenant("a"), 80));
+        assert_eq!(held(&v, "b"), None);
+    }
+
+    #[test]
+    fn a_load_counts_what_it_reserved_and_is_never_dropped() {
+        let v = holding(&[("a", 80)]);
+        let a = v.tenant("a");
+        // `a` loading: its lock held, its cache not there yet.
+        let mut loading = a.cache.write().expect("lock");
+        *loading = None;
+        assert!(!v.admit(&v.tenant("b"), 30));
+        assert_eq!(a.bytes.load(Ordering::Relaxed), 80);
+        drop(loading);
+        // Searched now (a read lock) it is kept too.
+        *a.cache.write().expect("lock") = Some(Cache::new("g", 0));
+        let searching = read(&a.cache);
+        assert!(!v.admit(&v.tenant("b"), 30));
+        drop(searching);
+        assert!(v.admit(&v.tenant("b"), 30));
+        assert_eq!(held(&v, "a"), None);
+    }
+
+    /// The VM steps a loading statement takes for tenant `b`.
+    fn steps(conn: &Connection, sql: &str) -> i32 {
+        let mut stmt = conn.prepare(sql).expect("prepare");
+        let rows = stmt
+            .query_map(params!["g", "b"], |_| Ok(()))
+            .expect("query")
+            .count();
+        assert!(rows > 0, "{sql}");
+        stmt.get_status(rusqlite::StatementStatus::VmStep)
+    }
+
+    #[test]
+    fn a_load_and_its_count_read_no_other_tenants_vectors() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        super::super::schema::migrate(&mut conn).expect("migrate");
+        let vector = crate::store::embeddings::to_bytes(&[1.0, 0.0]);
+        // Sessions 1..=10 are a's, 11 is b's; b's one vector has its entry.
+        let store = |session: i64, tenant: &str, vectors: i64| {
+            conn.execute(
+                "INSERT OR IGNORE INTO sessions (id, tenant, name, created_at) \
+                 VALUES (?1, ?2, ?3, 0)",
+                params![session, tenant, format!("s{session}")],
+            )
+            .expect("session");
+            for seq in 1..=vectors {
+                conn.execute(
+                    "INSERT INTO embeddings (doc, generation, session_id, vector) \
+                     VALUES (?1, 'g', ?2, ?3)",
+                    params![(session << 32) | seq, session, vector],
+                )
+                .expect("vector");
+            }
+        };
+        store(11, "b", 1);
+        conn.execute(
+            "INSERT INTO entries (session_id, seq, role, content, tokens, created_at) \
+             VALUES (11, 1, 1, 'e', 1, 0)",
+            [],
+        )
+        .expect("entry");
+        let alone = (steps(&conn, COUNT), steps(&conn, ALL));
+        for session in 1..=10 {
+            store(session, "a", 100);
+        }
+        // The same work beside a thousand of another tenant's vectors.
+        assert_eq!((steps(&conn, COUNT), steps(&conn, ALL)), alone);
     }
 
     #[test]
