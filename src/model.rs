@@ -330,6 +330,9 @@ pub struct Segment {
     pub level: u32,
     /// A roll-up's children, oldest first; empty at level 1.
     pub child_ids: Vec<SegmentId>,
+    /// When its first and last entries were said (read with the node).
+    pub first_occurred_at: Option<Millis>,
+    pub last_occurred_at: Option<Millis>,
 }
 
 /// The segment's next state after a pass without a recap.
@@ -379,6 +382,8 @@ pub enum ContextItem {
         first_seq: u64,
         last_seq: u64,
         summary: Summary,
+        /// When the first and last entries it covers were said.
+        said: (Option<Millis>, Option<Millis>),
     },
     Entry(Entry),
 }

@@ -64,6 +64,30 @@ pub(crate) fn count(n: u64, one: &str, many: &str) -> String {
     }
 }
 
+/// A time as a person reads it in a recap, in UTC: the day
+/// (`14 Nov 2023`) and the time of day (`09:12`).
+pub(crate) fn day_and_time(at: crate::model::Millis) -> (String, String) {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = at.0.div_euclid(1000);
+    let (days, of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        format!("{day} {} {year}", MONTHS[(month - 1) as usize]),
+        format!("{:02}:{:02}", of_day / 3600, of_day % 3600 / 60),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +123,23 @@ mod tests {
     #[test]
     fn hex_is_two_lowercase_digits_a_byte() {
         assert_eq!(hex(&[0, 0xab, 0x10]), "00ab10");
+    }
+
+    #[test]
+    fn days_and_times_read_as_a_calendar_does() {
+        use crate::model::Millis;
+        assert_eq!(
+            day_and_time(Millis(0)),
+            ("1 Jan 1970".to_owned(), "00:00".to_owned())
+        );
+        // 2023-11-14T09:12:00Z, and a leap day.
+        assert_eq!(
+            day_and_time(Millis(1_699_953_120_000)),
+            ("14 Nov 2023".to_owned(), "09:12".to_owned())
+        );
+        assert_eq!(
+            day_and_time(Millis(1_709_208_000_000)),
+            ("29 Feb 2024".to_owned(), "12:00".to_owned())
+        );
     }
 }

@@ -196,6 +196,8 @@ pub(crate) fn segment_to_pb(s: Segment) -> pb::Segment {
         closed_at: s.closed_at.map(timestamp),
         level: s.level,
         child_ids: s.child_ids,
+        first_occurred_at: s.first_occurred_at.map(timestamp),
+        last_occurred_at: s.last_occurred_at.map(timestamp),
     }
 }
 
@@ -212,12 +214,15 @@ pub(crate) fn context_to_pb(c: Context) -> pb::GetContextResponse {
                         first_seq,
                         last_seq,
                         summary,
+                        said: (first, last),
                     } => pb::context_item::Item::Summary(pb::ContextSummary {
                         segment_id,
                         level,
                         first_seq,
                         last_seq,
                         summary: Some(summary_to_pb(summary)),
+                        first_occurred_at: first.map(timestamp),
+                        last_occurred_at: last.map(timestamp),
                     }),
                     ContextItem::Entry(e) => pb::context_item::Item::Entry(entry_to_pb(e)),
                 }),

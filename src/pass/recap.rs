@@ -13,12 +13,14 @@ pub(crate) fn plan_chunks(entries: &[Entry], budget: u32) -> Vec<Vec<Entry>> {
     let mut current = Vec::new();
     let mut used = 0u32;
     for entry in entries {
-        for piece in split_entry(entry, budget) {
-            if used.saturating_add(piece.tokens) > budget && !current.is_empty() {
+        let label = crate::provider::label_tokens(entry);
+        for piece in split_entry(entry, budget.saturating_sub(label)) {
+            let cost = piece.tokens.saturating_add(label);
+            if used.saturating_add(cost) > budget && !current.is_empty() {
                 chunks.push(std::mem::take(&mut current));
                 used = 0;
             }
-            used = used.saturating_add(piece.tokens);
+            used = used.saturating_add(cost);
             current.push(piece);
         }
     }

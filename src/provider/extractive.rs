@@ -11,14 +11,14 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Recap;
-use crate::model::{Entry, estimate_tokens};
+use crate::model::{Entry, Millis, estimate_tokens};
 use crate::text::prefix;
 
 pub const NAME: &str = "extractive";
 /// Part of the provider's identity (and fingerprint): kept as it is across
 /// versions of the method, which `PROMPT_VERSION` tells apart.
 pub const MODEL: &str = "extractive-v1";
-pub const PROMPT_VERSION: &str = "extractive-3";
+pub const PROMPT_VERSION: &str = "extractive-4";
 
 /// The most a recap holds, in estimated tokens, whatever the output budget
 /// and whatever its level: about a tenth of a segment of the default size.
@@ -57,7 +57,9 @@ impl Extractive {
         let units: Vec<Unit<'_>> = entries
             .iter()
             .map(|e| Unit {
-                label: Some(e.role.as_str()),
+                label: Some(e.name.as_deref().unwrap_or(e.role.as_str())),
+                at: Some(e.occurred_at),
+                day: None,
                 text: &e.content,
                 group: 0,
             })
@@ -78,13 +80,23 @@ impl Extractive {
             .iter()
             .enumerate()
             .flat_map(|(child, r)| {
+                // Each line carries the day its recap last dated: a line
+                // kept without the one that dated it still says when.
+                let mut day: Option<String> = None;
                 r.content
                     .lines()
                     .filter(|l| l.chars().any(char::is_alphanumeric))
-                    .map(move |line| Unit {
-                        label: None,
-                        text: line.trim(),
-                        group: child,
+                    .map(move |line| {
+                        if let Some(d) = dated(line) {
+                            day = Some(d.to_owned());
+                        }
+                        Unit {
+                            label: None,
+                            at: None,
+                            day: day.clone(),
+                            text: line.trim(),
+                            group: child,
+                        }
                     })
             })
             .collect();
@@ -105,21 +117,73 @@ fn recap(text: String, input_tokens: u32) -> Recap {
 
 /// One message (or one line of a child's recap) of the input.
 struct Unit<'a> {
-    /// The speaker to label a kept line with; None for a line that
-    /// already says it.
+    /// Who said it (its name, else its role), to label a kept line with;
+    /// None for a line of a child's recap, which says it already.
     label: Option<&'a str>,
+    /// When a message was said.
+    at: Option<Millis>,
+    /// The day a child's line was said on, as its recap last dated it.
+    day: Option<String>,
     text: &'a str,
     /// The child it belongs to (a roll-up's); 0 for a transcript.
     group: usize,
 }
 
 impl Unit<'_> {
-    fn line(&self, sentences: &[&str]) -> String {
+    /// The kept line. `last_day` is the day of the line kept before it: a
+    /// line names its day (and time) when it is another, so a recap says
+    /// who and when (`Maya (14 Nov 2023 09:12): ...`) without repeating
+    /// the date on every line of one sitting.
+    fn line(&self, sentences: &[&str], last_day: &mut Option<String>) -> String {
         let body = sentences.join(" ");
-        match self.label {
-            Some(label) => format!("{label}: {body}"),
-            None => body,
+        match (self.label, self.at, &self.day) {
+            (Some(label), Some(at), _) => {
+                let (day, time) = crate::text::day_and_time(at);
+                if last_day.as_deref() == Some(day.as_str()) {
+                    return format!("{label}: {body}");
+                }
+                let line = format!("{label} ({day} {time}): {body}");
+                *last_day = Some(day);
+                line
+            }
+            (Some(label), None, _) => format!("{label}: {body}"),
+            (None, _, Some(day)) if last_day.as_ref() != Some(day) => {
+                *last_day = Some(day.clone());
+                match dated(&body) {
+                    Some(_) => body,
+                    None => with_day(&body, day),
+                }
+            }
+            (None, _, _) => body,
         }
+    }
+}
+
+/// The day of a recap line labelled `Speaker (14 Nov 2023 09:12): ...`.
+fn dated(line: &str) -> Option<&str> {
+    let (label, _) = line.split_once("): ")?;
+    let (_, stamp) = label.rsplit_once(" (")?;
+    let (day, time) = stamp.rsplit_once(' ')?;
+    let looks = time.len() == 5
+        && time.as_bytes()[2] == b':'
+        && day.split(' ').count() == 3
+        && day
+            .split(' ')
+            .next()
+            .is_some_and(|d| d.parse::<u8>().is_ok());
+    (looks && label.len() <= 100).then_some(day)
+}
+
+/// A recap line given its day: `Tom: ...` becomes `Tom (14 Nov 2023):
+/// ...`, a line with no speaker `(14 Nov 2023) ...`.
+fn with_day(line: &str, day: &str) -> String {
+    match line.split_once(": ") {
+        Some((speaker, rest))
+            if !speaker.is_empty() && speaker.len() <= 64 && !speaker.contains(['(', ':']) =>
+        {
+            format!("{speaker} ({day}): {rest}")
+        }
+        _ => format!("({day}) {line}"),
     }
 }
 
@@ -188,6 +252,9 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         // opens a line costs its label too.
         let cost = match opened.contains(&s.unit) {
             true => estimate_tokens(s.text).saturating_sub(3),
+            // The first line's label carries its day and time too (a
+            // segment seldom spans two days: `segment.max_gap`).
+            false if opened.is_empty() && units[s.unit].at.is_some() => estimate_tokens(s.text) + 6,
             false => estimate_tokens(s.text) + 2,
         };
         let text = match (used + cost > target, chosen.is_empty()) {
@@ -196,7 +263,7 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
             // The best sentence alone is over the target (a pasted log, a
             // wall of text with no full stop): what fits of it, so that no
             // recap, and no roll-up above it, is larger than the target.
-            (true, true) => prefix(s.text, target.saturating_sub(8) as usize * 4),
+            (true, true) => prefix(s.text, target.saturating_sub(14) as usize * 4),
         };
         used += cost.min(target);
         opened.insert(s.unit);
@@ -209,10 +276,19 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
         // unit, cut to the budget.
         return units
             .first()
-            .map(|u| u.line(&[prefix(u.text.trim(), target.saturating_sub(8) as usize * 4)]))
+            .map(|u| {
+                u.line(
+                    &[prefix(
+                        u.text.trim(),
+                        target.saturating_sub(14) as usize * 4,
+                    )],
+                    &mut None,
+                )
+            })
             .unwrap_or_default();
     }
     let mut lines = Vec::new();
+    let mut last_day = None;
     let mut k = 0;
     while k < chosen.len() {
         let unit = sentences[chosen[k].0].unit;
@@ -221,7 +297,7 @@ fn pick(units: &[Unit<'_>], target: u32, per_group: bool) -> String {
             parts.push(chosen[k].1);
             k += 1;
         }
-        lines.push(units[unit].line(&parts));
+        lines.push(units[unit].line(&parts, &mut last_day));
     }
     lines.join("\n")
 }
@@ -409,6 +485,14 @@ struct Term {
 /// of three letters or more or holding a digit, stop words and speaker
 /// labels left out.
 fn terms(sentence: &str) -> Vec<Term> {
+    // A recap line's dated label (`Tom (14 Nov 2023 09:12): `) is who and
+    // when, not what: its words and numbers are no terms.
+    let sentence = match dated(sentence) {
+        Some(_) => sentence
+            .split_once("): ")
+            .map_or(sentence, |(_, rest)| rest),
+        None => sentence,
+    };
     let mut out = Vec::new();
     let mut first = true;
     for raw in sentence.split(|c: char| !(c.is_alphanumeric() || "-_.'".contains(c))) {
@@ -833,10 +917,72 @@ mod tests {
     }
 
     #[test]
+    fn recaps_and_roll_ups_say_who_and_when() {
+        const DAY: i64 = 86_400_000;
+        // 14 Nov 2023 09:12 UTC.
+        let monday = 1_699_953_120_000;
+        let said = |seq, name: &str, at: i64, text: &str| Entry {
+            name: Some(name.to_owned()),
+            occurred_at: Millis(at),
+            ..entry(seq, Role::User, text)
+        };
+        let day1 = [
+            said(1, "Maya", monday, "The spare key is under the flowerpot."),
+            said(2, "Tom", monday + 60_000, "My locker code is 4711."),
+        ];
+        let recap1 = Extractive.summarise(&day1, 512);
+        let lines: Vec<&str> = recap1.text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "Maya (14 Nov 2023 09:12): The spare key is under the flowerpot.",
+                "Tom: My locker code is 4711.",
+            ]
+        );
+        let day2 = [said(
+            3,
+            "Tom",
+            monday + DAY,
+            "I moved the key to Mrs Lindqvist.",
+        )];
+        let recap2 = Extractive.summarise(&day2, 512);
+        assert!(
+            recap2.text.starts_with("Tom (15 Nov 2023 09:12): "),
+            "{}",
+            recap2.text
+        );
+        // A roll-up keeps every child's day, even for a line kept without
+        // the one that dated it.
+        let child = |seq, text: &str| Entry {
+            content: text.to_owned(),
+            tokens: estimate_tokens(text),
+            ..entry(seq, Role::Assistant, "")
+        };
+        let undated = "Maya (14 Nov 2023 09:12): Okay.\nTom: My locker code is 4711.";
+        let roll_up =
+            Extractive.summarise_recaps(&[child(1, undated), child(2, &recap2.text)], 512);
+        let lines: Vec<&str> = roll_up.text.lines().collect();
+        assert!(
+            lines.contains(&"Tom (14 Nov 2023): My locker code is 4711."),
+            "{}",
+            roll_up.text
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("Tom (15 Nov 2023 09:12): I moved")),
+            "{}",
+            roll_up.text
+        );
+        // The labels' numbers are no terms: the code still ranks as one.
+        assert!(roll_up.text.contains("4711"));
+    }
+
+    #[test]
     fn never_empty_for_non_empty_input() {
         let entries = vec![entry(1, Role::Tool, "{}")];
         let recap = Extractive.summarise(&entries, 16);
-        assert_eq!(recap.text, "tool: {}");
+        assert_eq!(recap.text, "tool (1 Jan 1970 00:00): {}");
     }
 
     #[test]
@@ -915,7 +1061,7 @@ mod tests {
         let lines: Vec<&str> = recap.text.lines().collect();
         assert!(lines.len() <= 2, "{}", recap.text);
         assert!(
-            lines[0].starts_with("user: ")
+            lines[0].starts_with("user (1 Jan 1970 00:00): ")
                 && lines[0].contains("AF-1742")
                 && lines[0].contains("8812"),
             "{}",
@@ -989,7 +1135,9 @@ mod tests {
             recap.output_tokens
         );
         assert!(
-            recap.text.starts_with("user: Ingrid code K7-4417"),
+            recap
+                .text
+                .starts_with("user (1 Jan 1970 00:00): Ingrid code K7-4417"),
             "{}",
             &recap.text[..40]
         );

@@ -16,6 +16,7 @@ use crate::model::{Entry, Millis, ProviderIdentity, Role, estimate_tokens};
 
 pub use extractive::Extractive;
 pub use openai::OpenAi;
+pub(crate) use prompts::label_tokens;
 
 /// What one attempt summarises.
 #[derive(Clone, Copy, Debug)]

@@ -507,6 +507,7 @@ impl Output {
             first_seq: node.first_seq,
             last_seq: node.last_seq,
             summary,
+            said: (node.first_occurred_at, node.last_occurred_at),
         };
         self.tokens += u64::from(item.tokens());
         self.items.push(item);
@@ -584,6 +585,8 @@ mod tests {
             closed_at: None,
             level,
             child_ids: Vec::new(),
+            first_occurred_at: None,
+            last_occurred_at: None,
         }
     }
 

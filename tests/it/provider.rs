@@ -595,7 +595,7 @@ async fn the_request_is_a_chat_completion_with_the_key_when_one_is_set() {
         body["messages"][1]["content"]
             .as_str()
             .unwrap_or_default()
-            .contains("user: The billing deploy failed")
+            .contains("The billing deploy failed")
     );
 
     // No key set: no Authorization header at all (local servers need none).

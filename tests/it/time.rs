@@ -109,6 +109,47 @@ async fn a_history_comes_in_as_it_happened_and_is_cut_by_its_own_days() {
     // Stored now, said then.
     let created = entries[0].created_at.as_ref().expect("created_at").seconds;
     assert!(created > 1_700_000_000 + 3 * 86_400);
+    // Segments say when their entries were said; the recap says who and
+    // when.
+    let segments = client
+        .list_segments(pb::ListSegmentsRequest {
+            session_id: "chat".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("segments")
+        .into_inner()
+        .segments;
+    let said = |t: &Option<prost_types::Timestamp>| t.as_ref().map_or(0, |t| t.seconds);
+    assert_eq!(
+        (
+            said(&segments[0].first_occurred_at),
+            said(&segments[0].last_occurred_at)
+        ),
+        (1_700_000_000, 1_700_000_090)
+    );
+    let recap_text = {
+        let mut found = None;
+        for _ in 0..100 {
+            let seg = client
+                .get_segment(pb::GetSegmentRequest {
+                    segment_id: segments[0].id,
+                })
+                .await
+                .expect("segment")
+                .into_inner();
+            if let Some(summary) = seg.summary {
+                found = Some(summary.text);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        found.expect("day 1's recap")
+    };
+    assert!(
+        recap_text.starts_with("Tom (14 Nov 2023 22:13): The spare key is under the flowerpot."),
+        "{recap_text}"
+    );
     // A live entry after it has no time of its own: its occurred_at is
     // when it was stored.
     server.append("chat", &["and now, live"]).await;

@@ -14,9 +14,13 @@ pub(super) const SEGMENT_COLUMNS: &str = "s.id, x.name, s.ordinal, s.state, s.fi
      s.last_seq, s.entry_count, s.token_estimate, s.attempts, s.passes, s.next_attempt_at, \
      s.closed_at, s.last_failure, m.text, m.provider, m.model, m.prompt_version, \
      m.input_tokens, m.output_tokens, m.created_at, s.level, \
-     ARRAY(SELECT c.id FROM segments c WHERE c.parent_id = s.id ORDER BY c.ordinal)";
+     ARRAY(SELECT c.id FROM segments c WHERE c.parent_id = s.id ORDER BY c.ordinal), \
+     (SELECT coalesce(e.occurred_at, e.created_at) FROM entries e \
+      WHERE e.session_id = s.session_id AND e.seq = s.first_seq), \
+     (SELECT coalesce(e.occurred_at, e.created_at) FROM entries e \
+      WHERE e.session_id = s.session_id AND e.seq = s.last_seq)";
 /// How many columns `SEGMENT_COLUMNS` names.
-pub(super) const SEGMENT_COLUMN_COUNT: usize = 22;
+pub(super) const SEGMENT_COLUMN_COUNT: usize = 24;
 pub(super) const SEGMENT_FROM: &str = "segments s JOIN sessions x ON x.id = s.session_id \
      LEFT JOIN summaries m ON m.segment_id = s.id";
 
@@ -70,6 +74,8 @@ pub(super) fn segment(r: &Row) -> Result<Segment, StoreError> {
         closed_at: r.try_get::<_, Option<i64>>(11)?.map(Millis),
         level: unsigned(r.try_get(20)?, "level")?,
         child_ids,
+        first_occurred_at: r.try_get::<_, Option<i64>>(22)?.map(Millis),
+        last_occurred_at: r.try_get::<_, Option<i64>>(23)?.map(Millis),
     })
 }
 

@@ -287,7 +287,7 @@ class Failure(_message.Message):
     def __init__(self, transport: _Optional[_Union[Failure.Transport, _Mapping]] = ..., timeout: _Optional[_Union[Failure.Timeout, _Mapping]] = ..., unavailable: _Optional[_Union[Failure.Unavailable, _Mapping]] = ..., rate_limited: _Optional[_Union[Failure.RateLimited, _Mapping]] = ..., quota_exhausted: _Optional[_Union[Failure.QuotaExhausted, _Mapping]] = ..., unauthorized: _Optional[_Union[Failure.Unauthorized, _Mapping]] = ..., unknown_model: _Optional[_Union[Failure.UnknownModel, _Mapping]] = ..., invalid_request: _Optional[_Union[Failure.InvalidRequest, _Mapping]] = ..., malformed_response: _Optional[_Union[Failure.MalformedResponse, _Mapping]] = ..., cancelled: _Optional[_Union[Failure.Cancelled, _Mapping]] = ..., budget_exhausted: _Optional[_Union[Failure.BudgetExhausted, _Mapping]] = ..., store: _Optional[_Union[Failure.Store, _Mapping]] = ..., retryable: _Optional[bool] = ..., causes: _Optional[_Iterable[str]] = ..., attempts: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., http_status: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., hint: _Optional[str] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at", "level", "child_ids")
+    __slots__ = ("id", "session_id", "ordinal", "state", "first_seq", "last_seq", "entry_count", "summary", "attempts", "passes", "last_failure", "next_attempt_at", "closed_at", "level", "child_ids", "first_occurred_at", "last_occurred_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,8 @@ class Segment(_message.Message):
     CLOSED_AT_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     CHILD_IDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     id: int
     session_id: str
     ordinal: int
@@ -318,7 +320,9 @@ class Segment(_message.Message):
     closed_at: _timestamp_pb2.Timestamp
     level: int
     child_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., entry_count: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., attempts: _Optional[int] = ..., passes: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level: _Optional[int] = ..., child_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    first_occurred_at: _timestamp_pb2.Timestamp
+    last_occurred_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., session_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., state: _Optional[_Union[SegmentState, str]] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., entry_count: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., attempts: _Optional[int] = ..., passes: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., closed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., level: _Optional[int] = ..., child_ids: _Optional[_Iterable[int]] = ..., first_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListSegmentsRequest(_message.Message):
     __slots__ = ("session_id", "states", "page_size", "page_token", "levels")
@@ -351,18 +355,22 @@ class GetContextRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class ContextSummary(_message.Message):
-    __slots__ = ("segment_id", "first_seq", "last_seq", "summary", "level")
+    __slots__ = ("segment_id", "first_seq", "last_seq", "summary", "level", "first_occurred_at", "last_occurred_at")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     first_seq: int
     last_seq: int
     summary: Summary
     level: int
-    def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., level: _Optional[int] = ...) -> None: ...
+    first_occurred_at: _timestamp_pb2.Timestamp
+    last_occurred_at: _timestamp_pb2.Timestamp
+    def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., level: _Optional[int] = ..., first_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ContextItem(_message.Message):
     __slots__ = ("summary", "entry")
