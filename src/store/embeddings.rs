@@ -76,6 +76,14 @@ impl Store {
     /// Claims up to `limit` owed items that are due and not claimed by a
     /// live worker, oldest debt first, for `lease`; None when none is due.
     /// Items of a session being erased are left alone.
+    ///
+    /// A batch holds the texts of one owner only: the owner of the oldest
+    /// due debt, a tenant and a subject (a tenant's sessions without one
+    /// are one owner). A failed batch's failure, which may quote its texts
+    /// (an embedder echoing its inputs in a 400), is stored on each of its
+    /// items, so it can show a text only to its own owner; erasing a
+    /// session forgets its owner's stored failures (`forget_owner_failures`
+    /// in each backend).
     pub(crate) async fn claim_owed(
         &self,
         owner: &str,

@@ -166,6 +166,23 @@ SELECT (SELECT count(*) FROM embeddings_owed o \
        (SELECT entries_after IS NOT NULL OR summaries_after IS NOT NULL \
         FROM embedding_state WHERE id = 1)";
 
+/// Before the session `$1` is erased (in the erasure's transaction):
+/// forgets the stored failures of every debt of its owner (its tenant and
+/// subject, `Store::claim_owed`), since any of them may quote one of its
+/// texts, and lets go of their claims, so that a batch in flight stores
+/// neither the failure it would write nor vectors (its texts are claimed
+/// again). Locked in doc order, so two erasures of one owner take turns
+/// instead of deadlocking. The class stays: parked debts are still counted
+/// by it.
+pub(super) const FORGET_OWNER_FAILURES: &str = "\
+WITH mine AS (SELECT o.doc FROM embeddings_owed o JOIN sessions y ON y.id = o.session_id \
+    JOIN sessions me ON me.id = $1 AND y.tenant = me.tenant \
+    AND y.subject IS NOT DISTINCT FROM me.subject \
+    WHERE o.last_failure IS NOT NULL OR o.claim_token IS NOT NULL \
+    ORDER BY o.doc FOR UPDATE OF o) \
+UPDATE embeddings_owed o SET last_failure = NULL, claim_owner = NULL, claim_token = NULL, \
+    claim_expires_at = NULL FROM mine WHERE o.doc = mine.doc";
+
 /// A lease as milliseconds.
 fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2)
@@ -228,16 +245,23 @@ impl Postgres {
         let client = self.client().await?;
         let token: i64 = rand::random::<i64>().abs();
         // SKIP LOCKED: a replica never waits on another's claim, nor on an
-        // erasure deleting the debts it would take.
+        // erasure deleting the debts it would take. The batch is of the
+        // owner of the oldest due debt only (`Store::claim_owed` says why).
+        let due = format!(
+            "FROM embeddings_owed o JOIN sessions x ON x.id = o.session_id \
+             WHERE o.state = 0 AND o.next_attempt_at <= {DB_NOW} \
+             AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= {DB_NOW})"
+        );
         let claim = client
             .prepare_cached(&format!(
-                "UPDATE embeddings_owed o SET claim_owner = $1, claim_token = $2, \
+                "WITH first AS (SELECT x.tenant, x.subject {due} \
+                 ORDER BY o.next_attempt_at, o.doc LIMIT 1 FOR UPDATE OF o SKIP LOCKED), \
+                 due AS (SELECT o.doc {due} AND x.tenant = (SELECT tenant FROM first) \
+                 AND x.subject IS NOT DISTINCT FROM (SELECT subject FROM first) \
+                 ORDER BY o.next_attempt_at, o.doc LIMIT $4 FOR UPDATE OF o SKIP LOCKED) \
+                 UPDATE embeddings_owed o SET claim_owner = $1, claim_token = $2, \
                  claim_expires_at = {DB_NOW} + $3 \
-                 FROM (SELECT doc FROM embeddings_owed \
-                 WHERE state = 0 AND next_attempt_at <= {DB_NOW} \
-                 AND (claim_expires_at IS NULL OR claim_expires_at <= {DB_NOW}) \
-                 ORDER BY next_attempt_at, doc LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                 WHERE o.doc = due.doc RETURNING o.doc, o.passes"
+                 FROM due WHERE o.doc = due.doc RETURNING o.doc, o.passes"
             ))
             .await?;
         let rows = client
