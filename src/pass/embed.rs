@@ -535,13 +535,17 @@ impl Source for Embedder {
                  embeddings API and embedding.dimensions; {later}"
             ),
             FailureClass::QuotaExhausted => "the account behind the embedder's key is out of \
-                 quota; the batch is tried again after reconciler.quota_delay"
+                 quota; the batch is tried again after reconciler.quota_delay (`archivist \
+                 session requeue` makes it due now)"
                 .to_owned(),
+            FailureClass::RateLimited => format!(
+                "the embedder at {base_url} is rate limiting; {later}, never before its \
+                 Retry-After (up to 30 days; `archivist session requeue` makes the texts due now)"
+            ),
             FailureClass::Store => {
                 format!("the vectors came back but the database refused to store them; {later}")
             }
-            FailureClass::RateLimited
-            | FailureClass::Transport
+            FailureClass::Transport
             | FailureClass::Timeout
             | FailureClass::Unavailable
             | FailureClass::BudgetExhausted => format!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::search::{SearchHit, SearchScope};
 use super::{Backend, Store, StoreError};
 use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Tenant};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, SessionName, Tenant};
 
 /// A held claim on a batch of owed items.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,10 +115,24 @@ impl Store {
         on_backend!(self, b => b.end_batch(claim, ended).await)
     }
 
-    /// Makes every parked item that failed under an embedder configuration
-    /// other than `fingerprint` due now; returns how many.
+    /// Makes every item parked or put off (not due yet) after a pass that
+    /// failed under an embedder configuration other than `fingerprint` due
+    /// now; returns how many. A Retry-After of the old embedder (up to 30
+    /// days) says nothing of the new one.
     pub(crate) async fn unpark_owed(&self, fingerprint: &str) -> Result<u64, StoreError> {
         on_backend!(self, b => b.unpark_owed(fingerprint).await)
+    }
+
+    /// Makes the tenant's owed items (of `session` only, if given) that
+    /// are not due yet due now, and with `include_parked` the parked ones
+    /// too: RequeueSegments' part for embeddings. Returns how many.
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.requeue_owed(tenant, session, include_parked).await)
     }
 
     /// The length of the generation's vectors, once one is stored.

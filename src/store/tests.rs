@@ -1877,6 +1877,100 @@ async fn a_parked_batch_waits_for_another_embedder_configuration() {
 }
 
 #[tokio::test]
+async fn texts_put_off_by_the_embedder_are_counted_and_a_requeue_or_another_embedder_brings_them_back()
+ {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let (t, other) = (Tenant::default(), Tenant("other".to_owned()));
+        let generation = Generation::new("m", 2);
+        store
+            .append(&t, &session("s"), entries(&["a", "b"]), POLICY, 0)
+            .await
+            .expect("append");
+        let month = Millis::now().saturating_add(Duration::from_secs(30 * 86_400));
+        let put_off = |class| embeddings::EndedBatch {
+            disposition: Disposition::Retry { at: month },
+            attempts: 1,
+            failure: Some(failure(class)),
+            fingerprint: "key-1".to_owned(),
+        };
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        store
+            .end_batch(&batch.claim, put_off(FailureClass::RateLimited))
+            .await
+            .expect("end");
+        let backlog = store
+            .embedding_backlog(Some(&t), &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.deferred), (2, 2));
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        // Another tenant's, or another session's, requeue reaches nothing.
+        assert_eq!(
+            store
+                .requeue_owed(&other, None, true)
+                .await
+                .expect("requeue"),
+            0
+        );
+        assert_eq!(
+            store
+                .requeue_owed(&t, Some(&session("nope")), true)
+                .await
+                .expect("requeue"),
+            0
+        );
+        assert_eq!(
+            store
+                .requeue_owed(&t, Some(&session("s")), false)
+                .await
+                .expect("requeue"),
+            2
+        );
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("due again");
+        // Put off again (out of quota this time): the same embedder
+        // configuration leaves them so, another makes them due.
+        store
+            .end_batch(&batch.claim, put_off(FailureClass::QuotaExhausted))
+            .await
+            .expect("end");
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!(backlog.deferred, 2);
+        assert_eq!(store.unpark_owed("key-1").await.expect("unpark"), 0);
+        assert_eq!(store.unpark_owed("key-2").await.expect("unpark"), 2);
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.deferred), (2, 0));
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_some()
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_semantic_leg_finds_every_hit_within_its_scope_however_many_are_nearer_outside() {
     use crate::model::Generation;
     // Far more texts outside the scope lie nearer the query than the

@@ -56,6 +56,10 @@ impl Embedder {
         server
     }
 
+    fn text_requests(&self) -> usize {
+        self.text_requests.load(Ordering::SeqCst)
+    }
+
     fn query_times(&self) -> Vec<Instant> {
         self.queries.lock().expect("lock").clone()
     }
@@ -405,4 +409,80 @@ async fn a_slow_embedder_holds_neither_every_call_slot_nor_more_queries_than_the
     for h in holding {
         h.await.expect("task").expect("search");
     }
+}
+
+#[tokio::test]
+async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_brings_them_back() {
+    // One 429 with an absurd Retry-After (capped at 30 days), then vectors.
+    let told = Arc::new(AtomicUsize::new(0));
+    let fake = Embedder {
+        answer: Some(Arc::new(move |_: &[String]| {
+            (told.fetch_add(1, Ordering::SeqCst) == 0).then(|| {
+                ResponseTemplate::new(429)
+                    .insert_header("retry-after", "999999999")
+                    .set_body_json(json!({"error": {"message": "slow down"}}))
+            })
+        })),
+        ..Embedder::default()
+    };
+    let embedder = fake.mount().await;
+    let server = TestServer::start_with(|c| embedding(c, &embedder)).await;
+    server.append("s", &["put off"]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            embeddings_of(&server.client).await.deferred == 1
+        })
+        .await,
+        "{:?}",
+        embeddings_of(&server.client).await
+    );
+    let backlog = embeddings_of(&server.client).await;
+    assert_eq!((backlog.pending, backlog.parked), (1, 0));
+    assert!(matches!(
+        backlog.last_failure.and_then(|f| f.kind),
+        Some(pb::failure::Kind::RateLimited(_))
+    ));
+    // Put off: several reconciler rounds ask nothing more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.text_requests(), 1);
+
+    // A requeue of another session makes nothing due; of every session,
+    // the text, which is embedded at once.
+    let requeue = |session: &str| pb::RequeueSegmentsRequest {
+        session_id: session.to_owned(),
+        ..pb::RequeueSegmentsRequest::default()
+    };
+    server.append("other", &["not put off"]).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            embeddings_of(&server.client).await.embedded == 1
+        })
+        .await
+    );
+    let requeued = server
+        .client
+        .clone()
+        .requeue_segments(requeue("other"))
+        .await
+        .expect("requeue")
+        .into_inner();
+    assert_eq!(requeued.embeddings_requeued, 0);
+    let requeued = server
+        .client
+        .clone()
+        .requeue_segments(requeue(""))
+        .await
+        .expect("requeue")
+        .into_inner();
+    assert_eq!((requeued.requeued, requeued.embeddings_requeued), (0, 1));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            embeddings_of(&server.client).await.embedded == 2
+        })
+        .await
+    );
+    let backlog = embeddings_of(&server.client).await;
+    assert_eq!((backlog.pending, backlog.deferred), (0, 0));
+    // The first batch, the other session's, and the one requeued.
+    assert_eq!(fake.text_requests(), 3);
 }

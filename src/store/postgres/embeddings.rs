@@ -22,8 +22,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::{Conn, DB_NOW, Postgres, transact, unsigned};
-use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
+use crate::failure::{Failure, FailureClass};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
 use crate::store::embeddings::{Batch, BatchClaim, EndedBatch, Owed, SemanticLeg};
 use crate::store::search::SearchScope;
 use crate::store::{StoreError, encode_failure};
@@ -450,12 +450,36 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
-                 WHERE state = 1 AND fingerprint IS DISTINCT FROM $1",
-            )
+                 WHERE (state = 1 OR next_attempt_at > {DB_NOW}) \
+                 AND fingerprint IS DISTINCT FROM $1"
+            ))
             .await?;
         Ok(client.execute(&stmt, &[&fingerprint]).await?)
+    }
+
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        self.writable()?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&format!(
+                "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
+                 WHERE ((state = 0 AND next_attempt_at > {DB_NOW}) OR ($3 AND state = 1)) \
+                 AND session_id IN (SELECT id FROM sessions WHERE tenant = $1 \
+                 AND ($2::TEXT IS NULL OR name = $2))"
+            ))
+            .await?;
+        let session = session.map(SessionName::as_str);
+        let n = client
+            .execute(&stmt, &[&tenant.0, &session, &include_parked])
+            .await;
+        self.noting_full(n.map_err(StoreError::from))
     }
 
     pub(crate) async fn generation_dimensions(
@@ -487,6 +511,14 @@ impl Postgres {
         let pending = client
             .prepare_cached(&format!("SELECT count(*) {OWED} AND o.state = 0"))
             .await?;
+        let deferred = client
+            .prepare_cached(&format!(
+                "SELECT count(*) {OWED} AND o.state = 0 AND o.next_attempt_at > {DB_NOW} \
+                 AND o.failure_class IN ('{}', '{}')",
+                FailureClass::RateLimited.as_str(),
+                FailureClass::QuotaExhausted.as_str()
+            ))
+            .await?;
         let parked = client
             .prepare_cached(&format!(
                 "SELECT coalesce(o.failure_class, ''), count(*) {OWED} AND o.state = 1 \
@@ -509,10 +541,11 @@ impl Postgres {
         let name = generation.as_str();
         let by_tenant: [&(dyn ToSql + Sync); 1] = [&tenant];
         let by_generation: [&(dyn ToSql + Sync); 2] = [&tenant, &name];
-        // Pipelined: four reads in one round trip.
-        let (pending, parked, last, embedded) = tokio::try_join!(
+        // Pipelined: five reads in one round trip.
+        let (pending, deferred, parked, last, embedded) = tokio::try_join!(
             biased;
             client.query_one(&pending, &by_tenant),
+            client.query_one(&deferred, &by_tenant),
             client.query(&parked, &by_tenant),
             client.query_opt(&last, &by_tenant),
             client.query_one(&embedded, &by_generation),
@@ -534,6 +567,7 @@ impl Postgres {
             parked_by_class,
             embedded: unsigned(embedded.try_get(0)?, "count")?,
             last_failure,
+            deferred: unsigned(deferred.try_get(0)?, "count")?,
         })
     }
 

@@ -10,8 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::search::{ScopeValues, bounded, entry_filters, row, summary_filters};
 use super::{Sqlite, vectors};
-use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
+use crate::failure::{Failure, FailureClass};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
 use crate::store::embeddings::{
     Batch, BatchClaim, EndedBatch, Owed, SemanticLeg, cosine, from_bytes, to_bytes,
 };
@@ -253,9 +253,31 @@ impl Sqlite {
             Ok(conn
                 .prepare_cached(
                     "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
-                     WHERE state = 1 AND fingerprint IS NOT ?1",
+                     WHERE (state = 1 OR next_attempt_at > ?2) AND fingerprint IS NOT ?1",
                 )?
-                .execute(params![fingerprint])? as u64)
+                .execute(params![fingerprint, Millis::now().0])? as u64)
+        })
+        .await
+    }
+
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.map(|s| s.as_str().to_owned());
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
+                     WHERE ((state = 0 AND next_attempt_at > ?3) OR (?4 AND state = 1)) \
+                     AND session_id IN (SELECT id FROM sessions WHERE tenant = ?1 \
+                     AND (?2 IS NULL OR name = ?2) AND erasing IS NULL)",
+                )?
+                .execute(params![tenant, session, Millis::now().0, include_parked])?
+                as u64)
         })
         .await
     }
@@ -290,6 +312,14 @@ impl Sqlite {
             let pending: u64 = conn
                 .prepare_cached(&format!("SELECT count(*) {OWED} AND o.state = 0"))?
                 .query_row(params![tenant], |r| r.get(0))?;
+            let deferred: u64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) {OWED} AND o.state = 0 AND o.next_attempt_at > ?2 \
+                     AND o.failure_class IN ('{}', '{}')",
+                    FailureClass::RateLimited.as_str(),
+                    FailureClass::QuotaExhausted.as_str()
+                ))?
+                .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
             let parked_by_class: Vec<(String, u64)> = conn
                 .prepare_cached(&format!(
                     "SELECT coalesce(o.failure_class, ''), count(*) {OWED} AND o.state = 1 \
@@ -321,6 +351,7 @@ impl Sqlite {
                 parked_by_class,
                 embedded,
                 last_failure,
+                deferred,
             })
         })
         .await
