@@ -426,7 +426,11 @@ async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_bring
         ..Embedder::default()
     };
     let embedder = fake.mount().await;
-    let server = TestServer::start_with(|c| embedding(c, &embedder)).await;
+    let server = TestServer::start_with(|c| {
+        embedding(c, &embedder);
+        c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
     server.append("s", &["put off"]).await;
     assert!(
         eventually(Duration::from_secs(20), || async {
@@ -442,6 +446,14 @@ async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_bring
         backlog.last_failure.and_then(|f| f.kind),
         Some(pb::failure::Kind::RateLimited(_))
     ));
+    // Where an operator looks: the metrics say so too.
+    let scraped = scrape(&metrics_at(&server).await).await;
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l == "archivist_embeddings{state=\"deferred\"} 1"),
+        "{scraped}"
+    );
     // Put off: several reconciler rounds ask nothing more.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(fake.text_requests(), 1);
@@ -485,4 +497,31 @@ async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_bring
     assert_eq!((backlog.pending, backlog.deferred), (0, 0));
     // The first batch, the other session's, and the one requeued.
     assert_eq!(fake.text_requests(), 3);
+}
+
+/// The address the server's metrics endpoint listens at, from its log line.
+async fn metrics_at(server: &TestServer) -> String {
+    let data_dir = server.data_dir().display().to_string();
+    let logged = || {
+        crate::logs::lines()
+            .into_iter()
+            .find(|l| l.contains("metrics at /metrics") && l.contains(&data_dir))
+    };
+    assert!(eventually(Duration::from_secs(5), || async { logged().is_some() }).await);
+    logged()
+        .unwrap_or_default()
+        .split("metrics=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("address")
+        .to_owned()
+}
+
+async fn scrape(addr: &str) -> String {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body")
 }
