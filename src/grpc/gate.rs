@@ -824,6 +824,28 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_searches_take_their_share_and_give_it_back() {
+        let searches = Arc::new(Searches {
+            limit: 2,
+            busy: Mutex::new(HashMap::new()),
+        });
+        let (a, b) = (Tenant("a".to_owned()), Tenant("b".to_owned()));
+        let first = searches.enter(&a).expect("a turn");
+        let _second = searches.enter(&a).expect("a turn");
+        assert!(searches.enter(&a).is_none(), "over the tenant's share");
+        let other = searches
+            .enter(&b)
+            .expect("another tenant's share is its own");
+        drop(first);
+        assert!(
+            searches.enter(&a).is_some(),
+            "a turn given back is taken again"
+        );
+        drop(other);
+        assert!(!searches.busy.lock().expect("lock").contains_key(&b));
+    }
+
+    #[test]
     fn labels_are_a_fixed_set() {
         assert_eq!(
             method_label("/archivist.v1.Archivist/GetContext"),
