@@ -19,6 +19,7 @@ pub(crate) struct Metrics {
     pass_duration: Histogram,
     tokens: IntCounterVec,
     segments: IntGaugeVec,
+    embeddings: IntGaugeVec,
     oldest_pending_age: Gauge,
     scans: IntCounter,
     sessions_expired: IntCounter,
@@ -106,6 +107,16 @@ impl Metrics {
                 &["state"],
             )
             .expect("valid metric"),
+            embeddings: IntGaugeVec::new(
+                Opts::new(
+                    "embeddings",
+                    "Texts owed or holding a vector of the active embedding generation, by state \
+                     (deferred: of pending, put off by the embedder's Retry-After or quota), at \
+                     the last scrape",
+                ),
+                &["state"],
+            )
+            .expect("valid metric"),
             oldest_pending_age: Gauge::new(
                 "oldest_pending_age_seconds",
                 "Age of the oldest PENDING segment (0 when none)",
@@ -150,6 +161,7 @@ impl Metrics {
             Box::new(m.pass_duration.clone()),
             Box::new(m.tokens.clone()),
             Box::new(m.segments.clone()),
+            Box::new(m.embeddings.clone()),
             Box::new(m.oldest_pending_age.clone()),
             Box::new(m.scans.clone()),
             Box::new(m.sessions_expired.clone()),
@@ -227,6 +239,17 @@ impl Metrics {
                 .with_label_values(&[state])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+        let e = &backlog.embeddings;
+        for (state, n) in [
+            ("pending", e.pending),
+            ("deferred", e.deferred),
+            ("parked", e.parked),
+            ("embedded", e.embedded),
+        ] {
+            self.embeddings
+                .with_label_values(&[state])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         self.oldest_pending_age
             .set(backlog.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()));
         self.breaker_state.set(match breaker {
@@ -268,6 +291,7 @@ mod tests {
             "archivist_pass_duration_seconds_count 1",
             "archivist_provider_tokens_total{direction=\"input\"} 10",
             "archivist_segments{state=\"pending\"} 0",
+            "archivist_embeddings{state=\"deferred\"} 0",
             "archivist_oldest_pending_age_seconds 0",
             "archivist_reconciler_scans_total 1",
             "archivist_breaker_state 1",

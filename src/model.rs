@@ -473,6 +473,9 @@ pub struct EmbeddingBacklog {
     /// The failure of the most recent embedding pass that failed, while
     /// any item it was for is still owed.
     pub last_failure: Option<crate::failure::Failure>,
+    /// Of `pending`: put off past now by the embedder (rate limited, with
+    /// its Retry-After, or out of quota).
+    pub deferred: u64,
 }
 
 /// Which vectors compare with which: the model and the dimensions asked

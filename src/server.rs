@@ -23,6 +23,7 @@ use crate::config::{BackendKind, Config, ProviderKind, RetryConfig};
 use crate::error_chain;
 use crate::grpc::{GrpcService, Incoming, NameRefusals, RecordCalls};
 use crate::metrics::Metrics;
+use crate::pass::embed::Embedding;
 use crate::pass::{ProbeOutcome, Summariser};
 use crate::pb;
 use crate::store::{Store, StoreError};
@@ -127,7 +128,14 @@ pub async fn run_with_key(
     }
     let metrics = match config.metrics.listen {
         Some(at) => Some(
-            metrics_endpoint(at, store.clone(), app.metrics.clone(), app.breaker.clone()).await?,
+            metrics_endpoint(
+                at,
+                store.clone(),
+                app.metrics.clone(),
+                app.breaker.clone(),
+                app.embedding.clone(),
+            )
+            .await?,
         ),
         None => None,
     };
@@ -463,6 +471,7 @@ async fn metrics_endpoint(
     store: Store,
     metrics: Arc<Metrics>,
     breaker: Arc<Breaker>,
+    embedding: Option<Arc<Embedding>>,
 ) -> Result<MetricsEndpoint, ServeError> {
     let listener = TcpListener::bind(at)
         .await
@@ -473,8 +482,15 @@ async fn metrics_endpoint(
             let store = store.clone();
             let metrics = metrics.clone();
             let breaker = breaker.clone();
+            let embedding = embedding.clone();
             async move {
-                let backlog = store.backlog(None).await.unwrap_or_default();
+                let mut backlog = store.backlog(None).await.unwrap_or_default();
+                if let Some(e) = &embedding {
+                    backlog.embeddings = store
+                        .embedding_backlog(None, &e.generation())
+                        .await
+                        .unwrap_or_default();
+                }
                 let body = metrics.render(&backlog, breaker.state());
                 ([("content-type", "text/plain; version=0.0.4")], body)
             }

@@ -492,17 +492,29 @@ impl Service {
         Ok(self.store.context(tenant, session, budget).await?)
     }
 
+    /// Makes the matching segments due now; and, when no segment is named
+    /// and embeddings are on, the texts of the same scope owed an
+    /// embedding that are put off (parked too with `include_parked`).
+    /// How many of each.
     pub(crate) async fn requeue(
         &self,
         tenant: &Tenant,
         session: Option<SessionName>,
         ids: Vec<SegmentId>,
         include_parked: bool,
-    ) -> Result<u64, ServiceError> {
+    ) -> Result<(u64, u64), ServiceError> {
         let mut states = vec![SegmentState::Pending];
         if include_parked {
             states.push(SegmentState::Parked);
         }
+        let owed = match (&self.embedding, ids.is_empty()) {
+            (Some(_), true) => {
+                self.store
+                    .requeue_owed(tenant, session.as_ref(), include_parked)
+                    .await?
+            }
+            _ => 0,
+        };
         let n = self
             .store
             .requeue(
@@ -515,10 +527,10 @@ impl Service {
                 },
             )
             .await?;
-        if n > 0 {
+        if n > 0 || owed > 0 {
             self.wake.notify_one();
         }
-        Ok(n)
+        Ok((n, owed))
     }
 
     /// A page of the tenant's sessions in name order, and the name to

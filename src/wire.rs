@@ -248,6 +248,7 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
             parked_by_class: b.embeddings.parked_by_class.into_iter().collect(),
             embedded: b.embeddings.embedded,
             last_failure: b.embeddings.last_failure.as_ref().map(failure_to_pb),
+            deferred: b.embeddings.deferred,
         }),
     }
 }

@@ -212,6 +212,13 @@ fn print_embedding_backlog(e: &pb::EmbeddingBacklog) {
     println!("embeddings:");
     println!("  embedded: {}", e.embedded);
     println!("  pending: {}", e.pending);
+    if e.deferred > 0 {
+        println!(
+            "    deferred by the embedder (rate limited or out of quota): {}; \
+             `archivist session requeue` makes them due now",
+            e.deferred
+        );
+    }
     println!("  parked: {}", e.parked);
     let mut by_class: Vec<(&String, &u64)> = e.parked_by_class.iter().collect();
     by_class.sort();

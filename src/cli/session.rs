@@ -410,6 +410,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                 .await?
                 .into_inner();
             if resp.requeued == 0
+                && resp.embeddings_requeued == 0
                 && let Some(session) = &session
             {
                 // A requeue of a session that is not there is NOT_FOUND,
@@ -418,7 +419,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             }
             if flags.json {
                 print_json(&wire_json(&resp));
-            } else if resp.requeued == 0 {
+            } else if resp.requeued == 0 && resp.embeddings_requeued == 0 {
                 println!(
                     "nothing to requeue: no matching segment is {}",
                     if include_parked {
@@ -428,9 +429,17 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                     }
                 );
             } else {
+                let mut what = vec![count(resp.requeued, "segment", "segments")];
+                if resp.embeddings_requeued > 0 {
+                    what.push(count(
+                        resp.embeddings_requeued,
+                        "text owed an embedding",
+                        "texts owed an embedding",
+                    ));
+                }
                 println!(
                     "requeued {}; the server takes them up now",
-                    count(resp.requeued, "segment", "segments")
+                    what.join(" and ")
                 );
             }
             Ok(())

@@ -303,6 +303,10 @@ ceiling = "15s"
         for (text, key) in [
             ("[embedding]\nbatch = 0\n", "embedding.batch"),
             ("[embedding]\nreembed_rate = 0\n", "embedding.reembed_rate"),
+            (
+                "[embedding]\nmax_concurrent_queries = 0\n",
+                "embedding.max_concurrent_queries",
+            ),
             ("[embedding]\ndimensions = 100000\n", "embedding.dimensions"),
             (
                 "[embedding]\nkind = \"openai\"\nbase_url = \"ftp://x\"\n",

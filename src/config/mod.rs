@@ -445,6 +445,10 @@ pub struct EmbeddingConfig {
     /// (on average, a reconciler tick's worth at a time) made owed again
     /// for the new generation; fresh texts go first.
     pub reembed_rate: u32,
+    /// Search queries embedded at once; a search over it waits a second
+    /// at most for its turn, then AUTO searches by words and SEMANTIC is
+    /// RESOURCE_EXHAUSTED.
+    pub max_concurrent_queries: u32,
 }
 
 impl EmbeddingConfig {
@@ -464,6 +468,7 @@ impl Default for EmbeddingConfig {
             batch: 32,
             query_model: String::new(),
             reembed_rate: 100,
+            max_concurrent_queries: 8,
         }
     }
 }

@@ -237,6 +237,12 @@ impl Config {
                 "must be at least 1 (texts a second re-embedded after a change of model)",
             );
         }
+        if e.max_concurrent_queries == 0 {
+            return invalid(
+                "embedding.max_concurrent_queries",
+                "must be at least 1 (search queries embedded at once)",
+            );
+        }
         let r = &self.retry;
         if r.max_attempts == 0 {
             return invalid("retry.max_attempts", "must be at least 1");

@@ -23,11 +23,13 @@
 //!   RetryInfo) instead of waiting in a queue that would grow without bound.
 //!   A watch stream holds its slot only until its stream starts: watches
 //!   have a budget of their own (`events.rs`), so however many are open,
-//!   unary calls keep their slots.
+//!   unary calls keep their slots. One tenant's searches (which may wait
+//!   on the embedder) hold half of the slots at most: past that a search
+//!   is refused at once (TOO_MANY_SEARCHES), so other calls keep the rest.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -42,10 +44,13 @@ use super::conn::{CallOnConn, ConnInfo};
 use super::status::ERROR_DOMAIN;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
+use crate::model::Tenant;
 
 const ARCHIVIST_PATH: &str = "/archivist.v1.Archivist/";
 /// The one streaming method, whose stream holds no call slot.
 const WATCH_PATH: &str = "/archivist.v1.Archivist/WatchSession";
+/// The method whose calls may wait on the embedder.
+const SEARCH_PATH: &str = "/archivist.v1.Archivist/Search";
 
 /// What tonic says when a request is over `max_decoding_message_size`.
 const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
@@ -584,11 +589,13 @@ fn overloaded() -> Status {
 /// Caps the archivist calls served at once (it wraps the archivist service
 /// only: health and reflection stay out of the cap, so probes get through
 /// an overload). A call takes its slot once its request is whole (`Whole`
-/// runs first) and holds it until its answer is ready.
+/// runs first) and holds it until its answer is ready. A tenant's searches
+/// take half of the slots at most (`Searches`).
 #[derive(Clone)]
 pub(crate) struct Shed<S> {
     inner: S,
     permits: Arc<Semaphore>,
+    searches: Arc<Searches>,
 }
 
 impl<S> Shed<S> {
@@ -596,8 +603,66 @@ impl<S> Shed<S> {
         Shed {
             inner,
             permits: Arc::new(Semaphore::new(max_concurrent_calls)),
+            searches: Arc::new(Searches {
+                limit: (max_concurrent_calls / 2).max(1),
+                busy: Mutex::new(HashMap::new()),
+            }),
         }
     }
+}
+
+/// The searches each tenant has running: a search waits on the embedder
+/// (its query's vector), so a slow embedder could gather every call slot
+/// in one tenant's searches and refuse everyone's appends. With at most
+/// half the slots each, another tenant, and the same tenant's other calls,
+/// always find slots.
+struct Searches {
+    limit: usize,
+    busy: Mutex<HashMap<Tenant, usize>>,
+}
+
+impl Searches {
+    /// A turn for one more of the tenant's searches; None at its limit.
+    fn enter(self: &Arc<Self>, tenant: &Tenant) -> Option<SearchTurn> {
+        // Poisoned only by a panic while counting, which leaves the count
+        // whole: it is still the count.
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let n = busy.entry(tenant.clone()).or_insert(0);
+        if *n >= self.limit {
+            return None;
+        }
+        *n += 1;
+        Some(SearchTurn {
+            searches: self.clone(),
+            tenant: tenant.clone(),
+        })
+    }
+}
+
+/// One running search of a tenant, counted until it is dropped.
+struct SearchTurn {
+    searches: Arc<Searches>,
+    tenant: Tenant,
+}
+
+impl Drop for SearchTurn {
+    fn drop(&mut self) {
+        let mut busy = self.searches.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = busy.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                busy.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// A call refused at once for a limit of concurrent calls, with a RetryInfo.
+fn shed(reason: &str, message: String, metadata: HashMap<String, String>) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(reason, ERROR_DOMAIN, metadata);
+    details.set_retry_info(Some(Duration::from_millis(100)));
+    Status::with_error_details(Code::ResourceExhausted, message, details)
 }
 
 impl<S: NamedService> NamedService for Shed<S> {
@@ -618,17 +683,37 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-            let mut details = ErrorDetails::new();
-            details.set_error_info("TOO_MANY_CALLS", ERROR_DOMAIN, HashMap::new());
-            details.set_retry_info(Some(Duration::from_millis(100)));
-            let status = Status::with_error_details(
-                Code::ResourceExhausted,
-                "the server is at its limit of concurrent calls; retry shortly",
-                details,
-            );
+        let refuse = |status: Status| -> Self::Future {
             let response = status.into_http::<tonic::body::Body>();
-            return Box::pin(async move { Ok(response) });
+            Box::pin(async move { Ok(response) })
+        };
+        // The authenticator ran first and named the tenant; a call without
+        // one fails in its handler, and takes no search turn here.
+        let search = match request.extensions().get::<Tenant>() {
+            Some(tenant) if request.uri().path() == SEARCH_PATH => {
+                match self.searches.enter(tenant) {
+                    Some(turn) => Some(turn),
+                    None => {
+                        let limit = self.searches.limit;
+                        return refuse(shed(
+                            "TOO_MANY_SEARCHES",
+                            format!(
+                                "this tenant has {limit} searches running, half of the server's \
+                                 concurrent calls (limits.max_concurrent_calls); retry shortly"
+                            ),
+                            HashMap::from([("limit".to_owned(), limit.to_string())]),
+                        ));
+                    }
+                }
+            }
+            _ => None,
+        };
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            return refuse(shed(
+                "TOO_MANY_CALLS",
+                "the server is at its limit of concurrent calls; retry shortly".to_owned(),
+                HashMap::new(),
+            ));
         };
         let stream = request.uri().path() == WATCH_PATH;
         let call = self.inner.call(request);
@@ -645,16 +730,19 @@ where
                 tonic::body::Body::new(Held {
                     body,
                     _permit: permit,
+                    _search: search,
                 })
             }))
         })
     }
 }
 
-/// An answer's body, holding its call's slot until it is dropped.
+/// An answer's body, holding its call's slot (and a search's turn) until
+/// it is dropped.
 struct Held<B> {
     body: B,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _search: Option<SearchTurn>,
 }
 
 impl<B: Body + Unpin> Body for Held<B> {
@@ -733,6 +821,28 @@ mod tests {
         assert!(refusal(&answer("13", "Unexpected EOF decoding stream."), 10).is_some());
         // Our own INTERNAL errors pass untouched.
         assert!(refusal(&answer("13", "the call was not authenticated"), 10).is_none());
+    }
+
+    #[test]
+    fn a_tenants_searches_take_their_share_and_give_it_back() {
+        let searches = Arc::new(Searches {
+            limit: 2,
+            busy: Mutex::new(HashMap::new()),
+        });
+        let (a, b) = (Tenant("a".to_owned()), Tenant("b".to_owned()));
+        let first = searches.enter(&a).expect("a turn");
+        let _second = searches.enter(&a).expect("a turn");
+        assert!(searches.enter(&a).is_none(), "over the tenant's share");
+        let other = searches
+            .enter(&b)
+            .expect("another tenant's share is its own");
+        drop(first);
+        assert!(
+            searches.enter(&a).is_some(),
+            "a turn given back is taken again"
+        );
+        drop(other);
+        assert!(!searches.busy.lock().expect("lock").contains_key(&b));
     }
 
     #[test]

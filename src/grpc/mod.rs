@@ -259,12 +259,15 @@ impl pb::archivist_server::Archivist for GrpcService {
         let tenant = tenant(&request)?;
         let req = request.into_inner();
         let session = parse_requeue(&req)?;
-        let requeued = self
+        let (requeued, embeddings_requeued) = self
             .service
             .requeue(&tenant, session, req.segment_ids, req.include_parked)
             .await
             .map_err(service_status)?;
-        Ok(Response::new(pb::RequeueSegmentsResponse { requeued }))
+        Ok(Response::new(pb::RequeueSegmentsResponse {
+            requeued,
+            embeddings_requeued,
+        }))
     }
 
     async fn get_backlog(

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -88,7 +89,18 @@ pub(crate) struct Embedding {
     reconciler: ReconcilerConfig,
     owner: String,
     cancel: CancellationToken,
+    /// Search queries being embedded (`embedding.max_concurrent_queries`).
+    queries: Semaphore,
+    max_queries: u32,
 }
+
+/// The longest a search waits for its turn to have its query embedded:
+/// past it AUTO searches by words and SEMANTIC is refused, instead of
+/// holding its call slot in a queue behind a slow embedder.
+const QUERY_TURN_WAIT: Duration = Duration::from_secs(1);
+
+/// What a search refused its turn at the embedder is told to wait.
+const QUERY_TURN_RETRY: Duration = Duration::from_secs(1);
 
 impl Embedding {
     pub(crate) fn new(
@@ -113,6 +125,8 @@ impl Embedding {
             reconciler: config.reconciler.clone(),
             owner,
             cancel: CancellationToken::new(),
+            queries: Semaphore::new(config.embedding.max_concurrent_queries as usize),
+            max_queries: config.embedding.max_concurrent_queries,
         })
     }
 
@@ -195,7 +209,17 @@ impl Embedding {
     /// The query's vector for Search: one attempt within
     /// `retry.attempt_timeout`, on the caller's time (a search does not
     /// wait through a retry schedule; AUTO falls back to the lexical leg).
+    /// At most `embedding.max_concurrent_queries` at once: a search that
+    /// has not had its turn within `QUERY_TURN_WAIT` is refused as rate
+    /// limited (a slow embedder would otherwise gather every search, and
+    /// their call slots, in front of it).
     pub(crate) async fn embed_query(&self, query: &str) -> Result<Vec<f32>, ProviderError> {
+        let wait = QUERY_TURN_WAIT.min(self.retry.attempt_timeout);
+        let _turn = match tokio::time::timeout(wait, self.queries.acquire()).await {
+            Ok(Ok(turn)) => turn,
+            // Never closed; and past the wait, refused all the same.
+            Ok(Err(_)) | Err(_) => return Err(no_turn(self.max_queries, wait)),
+        };
         let expected = self
             .store
             .generation_dimensions(&self.generation())
@@ -434,6 +458,23 @@ fn other_length(query_model: &str, got: usize, model: &str, want: usize) -> Prov
     }
 }
 
+/// A query that had no turn at the embedder within `wait`.
+fn no_turn(cap: u32, wait: Duration) -> ProviderError {
+    let detail = format!(
+        "{cap} search queries were being embedded already and none finished within {wait:?} \
+         (embedding.max_concurrent_queries); try again shortly"
+    );
+    ProviderError {
+        provider: crate::provider::embed::NAME,
+        class: FailureClass::RateLimited,
+        http_status: None,
+        retry_after: Some(QUERY_TURN_RETRY),
+        symptom: None,
+        source: detail.clone().into(),
+        detail,
+    }
+}
+
 /// A query's embedding that did not come back in time.
 fn no_answer(timeout: Duration) -> ProviderError {
     ProviderError {
@@ -494,13 +535,17 @@ impl Source for Embedder {
                  embeddings API and embedding.dimensions; {later}"
             ),
             FailureClass::QuotaExhausted => "the account behind the embedder's key is out of \
-                 quota; the batch is tried again after reconciler.quota_delay"
+                 quota; the batch is tried again after reconciler.quota_delay (`archivist \
+                 session requeue` makes it due now)"
                 .to_owned(),
+            FailureClass::RateLimited => format!(
+                "the embedder at {base_url} is rate limiting; {later}, never before its \
+                 Retry-After (up to 30 days; `archivist session requeue` makes the texts due now)"
+            ),
             FailureClass::Store => {
                 format!("the vectors came back but the database refused to store them; {later}")
             }
-            FailureClass::RateLimited
-            | FailureClass::Transport
+            FailureClass::Transport
             | FailureClass::Timeout
             | FailureClass::Unavailable
             | FailureClass::BudgetExhausted => format!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use super::search::{SearchHit, SearchScope};
 use super::{Backend, Store, StoreError};
 use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Tenant};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, SessionName, Tenant};
 
 /// A held claim on a batch of owed items.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +76,14 @@ impl Store {
     /// Claims up to `limit` owed items that are due and not claimed by a
     /// live worker, oldest debt first, for `lease`; None when none is due.
     /// Items of a session being erased are left alone.
+    ///
+    /// A batch holds the texts of one owner only: the owner of the oldest
+    /// due debt, a tenant and a subject (a tenant's sessions without one
+    /// are one owner). A failed batch's failure, which may quote its texts
+    /// (an embedder echoing its inputs in a 400), is stored on each of its
+    /// items, so it can show a text only to its own owner; erasing a
+    /// session forgets its owner's stored failures (`forget_owner_failures`
+    /// in each backend).
     pub(crate) async fn claim_owed(
         &self,
         owner: &str,
@@ -107,10 +115,24 @@ impl Store {
         on_backend!(self, b => b.end_batch(claim, ended).await)
     }
 
-    /// Makes every parked item that failed under an embedder configuration
-    /// other than `fingerprint` due now; returns how many.
+    /// Makes every item parked or put off (not due yet) after a pass that
+    /// failed under an embedder configuration other than `fingerprint` due
+    /// now; returns how many. A Retry-After of the old embedder (up to 30
+    /// days) says nothing of the new one.
     pub(crate) async fn unpark_owed(&self, fingerprint: &str) -> Result<u64, StoreError> {
         on_backend!(self, b => b.unpark_owed(fingerprint).await)
+    }
+
+    /// Makes the tenant's owed items (of `session` only, if given) that
+    /// are not due yet due now, and with `include_parked` the parked ones
+    /// too: RequeueSegments' part for embeddings. Returns how many.
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        on_backend!(self, b => b.requeue_owed(tenant, session, include_parked).await)
     }
 
     /// The length of the generation's vectors, once one is stored.

@@ -1664,25 +1664,169 @@ async fn vector_stores() -> Vec<(Box<dyn Any>, Store)> {
     all
 }
 
-/// Claims every owed item (as one batch) and stores `vector(text)` for
-/// each; returns how many were stored.
+/// Claims every owed item (a batch per owner) and stores `vector(text)`
+/// for each; returns how many were stored.
 async fn embed_all(
     store: &Store,
     generation: &crate::model::Generation,
     vector: impl Fn(&str) -> Vec<f32>,
 ) -> u64 {
-    let Some(batch) = store.claim_owed("w", LEASE, 2000).await.expect("claim") else {
-        return 0;
-    };
-    let vectors = batch
-        .items
-        .iter()
-        .map(|i| (i.doc, vector(&i.text)))
-        .collect();
-    store
-        .store_vectors(&batch.claim, generation, vectors)
-        .await
-        .expect("store")
+    let mut stored = 0;
+    while let Some(batch) = store.claim_owed("w", LEASE, 2000).await.expect("claim") {
+        let vectors = batch
+            .items
+            .iter()
+            .map(|i| (i.doc, vector(&i.text)))
+            .collect();
+        stored += store
+            .store_vectors(&batch.claim, generation, vectors)
+            .await
+            .expect("store");
+    }
+    stored
+}
+
+#[tokio::test]
+async fn a_batch_holds_one_owners_texts_and_erasure_forgets_the_failures_that_may_quote_them() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let generation = Generation::new("m", 2);
+        let (a, b) = (Tenant("a".to_owned()), Tenant("b".to_owned()));
+        let (ada, bob) = (subject("ada"), subject("bob"));
+        // Interleaved, so that a claim in debt order alone would mix them.
+        let owners: [(&Tenant, &str, Option<&Subject>, &str); 6] = [
+            (&a, "a1", None, "a secret"),
+            (&b, "b1", None, "b text"),
+            (&a, "ada1", Some(&ada), "ada's PIN"),
+            (&a, "bob1", Some(&bob), "bob text"),
+            (&a, "a2", None, "a other"),
+            (&a, "ada2", Some(&ada), "ada more"),
+        ];
+        for (t, name, who, text) in owners {
+            store
+                .append_as(t, &session(name), who, entries(&[text]), POLICY, 0)
+                .await
+                .expect("append");
+        }
+        let mut batches: Vec<Vec<String>> = Vec::new();
+        while let Some(batch) = store.claim_owed("w", LEASE, 10).await.expect("claim") {
+            let texts: Vec<String> = batch.items.iter().map(|i| i.text.clone()).collect();
+            // Each batch fails with a failure quoting its texts, as an
+            // embedder echoing its inputs would.
+            let mut quoting = failure(FailureClass::InvalidRequest);
+            quoting.causes = vec![format!("invalid input: {texts:?}")];
+            store
+                .end_batch(
+                    &batch.claim,
+                    embeddings::EndedBatch {
+                        disposition: Disposition::Park,
+                        attempts: 1,
+                        failure: Some(quoting),
+                        fingerprint: "f".to_owned(),
+                    },
+                )
+                .await
+                .expect("end");
+            batches.push(texts);
+        }
+        batches.sort();
+        assert_eq!(
+            batches,
+            vec![
+                vec!["a secret".to_owned(), "a other".to_owned()],
+                vec!["ada's PIN".to_owned(), "ada more".to_owned()],
+                vec!["b text".to_owned()],
+                vec!["bob text".to_owned()],
+            ]
+        );
+        let quoted = |f: Option<Failure>| f.map(|f| f.causes.join(" ")).unwrap_or_default();
+        let b_failure = store
+            .embedding_backlog(Some(&b), &generation)
+            .await
+            .expect("backlog")
+            .last_failure;
+        assert!(quoted(b_failure).contains("b text"));
+
+        // Erasing one session of an owner forgets every failure of that
+        // owner's (which may quote it); other owners' stay.
+        store
+            .delete_session(&a, &session("ada1"))
+            .await
+            .expect("delete");
+        store
+            .delete_session(&a, &session("a1"))
+            .await
+            .expect("delete");
+        let backlog = store
+            .embedding_backlog(Some(&a), &generation)
+            .await
+            .expect("backlog");
+        // ada2, a2 and bob1 are still parked, by class.
+        assert_eq!(backlog.parked, 3);
+        assert_eq!(
+            backlog.parked_by_class,
+            vec![("invalid_request".to_owned(), 3)]
+        );
+        let left = quoted(backlog.last_failure);
+        assert!(left.contains("bob text"), "{left}");
+        for erased in ["ada's PIN", "a secret"] {
+            assert!(!left.contains(erased), "{left}");
+        }
+        let b_failure = store
+            .embedding_backlog(Some(&b), &generation)
+            .await
+            .expect("backlog")
+            .last_failure;
+        assert!(quoted(b_failure).contains("b text"));
+    }
+}
+
+#[tokio::test]
+async fn an_erasure_lets_go_of_its_owners_claims_so_a_batch_in_flight_stores_no_failure() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let generation = Generation::new("m", 2);
+        let t = Tenant::default();
+        for (name, text) in [("gone", "erased text"), ("kept", "kept text")] {
+            store
+                .append(&t, &session(name), entries(&[text]), POLICY, 0)
+                .await
+                .expect("append");
+        }
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        assert_eq!(batch.items.len(), 2);
+        store
+            .delete_session(&t, &session("gone"))
+            .await
+            .expect("delete");
+        let mut quoting = failure(FailureClass::InvalidRequest);
+        quoting.causes = vec!["invalid input: erased text".to_owned()];
+        let ended = embeddings::EndedBatch {
+            disposition: Disposition::Park,
+            attempts: 1,
+            failure: Some(quoting),
+            fingerprint: "f".to_owned(),
+        };
+        assert_eq!(store.end_batch(&batch.claim, ended).await.expect("end"), 0);
+        let backlog = store
+            .embedding_backlog(Some(&t), &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.parked), (1, 0));
+        assert!(backlog.last_failure.is_none());
+        // Its text is claimed again.
+        let again = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("due again");
+        assert_eq!(again.items.len(), 1);
+        assert_eq!(again.items[0].text, "kept text");
+    }
 }
 
 #[tokio::test]
@@ -1887,6 +2031,100 @@ async fn a_parked_batch_waits_for_another_embedder_configuration() {
             .await
             .expect("backlog");
         assert_eq!((backlog.pending, backlog.parked), (2, 0));
+    }
+}
+
+#[tokio::test]
+async fn texts_put_off_by_the_embedder_are_counted_and_a_requeue_or_another_embedder_brings_them_back()
+ {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let (t, other) = (Tenant::default(), Tenant("other".to_owned()));
+        let generation = Generation::new("m", 2);
+        store
+            .append(&t, &session("s"), entries(&["a", "b"]), POLICY, 0)
+            .await
+            .expect("append");
+        let month = Millis::now().saturating_add(Duration::from_secs(30 * 86_400));
+        let put_off = |class| embeddings::EndedBatch {
+            disposition: Disposition::Retry { at: month },
+            attempts: 1,
+            failure: Some(failure(class)),
+            fingerprint: "key-1".to_owned(),
+        };
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("a batch");
+        store
+            .end_batch(&batch.claim, put_off(FailureClass::RateLimited))
+            .await
+            .expect("end");
+        let backlog = store
+            .embedding_backlog(Some(&t), &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.deferred), (2, 2));
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        // Another tenant's, or another session's, requeue reaches nothing.
+        assert_eq!(
+            store
+                .requeue_owed(&other, None, true)
+                .await
+                .expect("requeue"),
+            0
+        );
+        assert_eq!(
+            store
+                .requeue_owed(&t, Some(&session("nope")), true)
+                .await
+                .expect("requeue"),
+            0
+        );
+        assert_eq!(
+            store
+                .requeue_owed(&t, Some(&session("s")), false)
+                .await
+                .expect("requeue"),
+            2
+        );
+        let batch = store
+            .claim_owed("w", LEASE, 10)
+            .await
+            .expect("claim")
+            .expect("due again");
+        // Put off again (out of quota this time): the same embedder
+        // configuration leaves them so, another makes them due.
+        store
+            .end_batch(&batch.claim, put_off(FailureClass::QuotaExhausted))
+            .await
+            .expect("end");
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!(backlog.deferred, 2);
+        assert_eq!(store.unpark_owed("key-1").await.expect("unpark"), 0);
+        assert_eq!(store.unpark_owed("key-2").await.expect("unpark"), 2);
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.deferred), (2, 0));
+        assert!(
+            store
+                .claim_owed("w", LEASE, 10)
+                .await
+                .expect("claim")
+                .is_some()
+        );
     }
 }
 

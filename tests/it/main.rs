@@ -4,6 +4,7 @@
 mod backfill;
 mod binary;
 mod context;
+mod embed_tenancy;
 mod embeddings;
 mod entries;
 mod erasure;

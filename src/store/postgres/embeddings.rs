@@ -22,8 +22,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::{Conn, DB_NOW, Postgres, transact, unsigned};
-use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
+use crate::failure::{Failure, FailureClass};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
 use crate::store::embeddings::{Batch, BatchClaim, EndedBatch, Owed, SemanticLeg};
 use crate::store::search::SearchScope;
 use crate::store::{StoreError, encode_failure};
@@ -166,6 +166,23 @@ SELECT (SELECT count(*) FROM embeddings_owed o \
        (SELECT entries_after IS NOT NULL OR summaries_after IS NOT NULL \
         FROM embedding_state WHERE id = 1)";
 
+/// Before the session `$1` is erased (in the erasure's transaction):
+/// forgets the stored failures of every debt of its owner (its tenant and
+/// subject, `Store::claim_owed`), since any of them may quote one of its
+/// texts, and lets go of their claims, so that a batch in flight stores
+/// neither the failure it would write nor vectors (its texts are claimed
+/// again). Locked in doc order, so two erasures of one owner take turns
+/// instead of deadlocking. The class stays: parked debts are still counted
+/// by it.
+pub(super) const FORGET_OWNER_FAILURES: &str = "\
+WITH mine AS (SELECT o.doc FROM embeddings_owed o JOIN sessions y ON y.id = o.session_id \
+    JOIN sessions me ON me.id = $1 AND y.tenant = me.tenant \
+    AND y.subject IS NOT DISTINCT FROM me.subject \
+    WHERE o.last_failure IS NOT NULL OR o.claim_token IS NOT NULL \
+    ORDER BY o.doc FOR UPDATE OF o) \
+UPDATE embeddings_owed o SET last_failure = NULL, claim_owner = NULL, claim_token = NULL, \
+    claim_expires_at = NULL FROM mine WHERE o.doc = mine.doc";
+
 /// A lease as milliseconds.
 fn lease_ms(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2)
@@ -228,16 +245,23 @@ impl Postgres {
         let client = self.client().await?;
         let token: i64 = rand::random::<i64>().abs();
         // SKIP LOCKED: a replica never waits on another's claim, nor on an
-        // erasure deleting the debts it would take.
+        // erasure deleting the debts it would take. The batch is of the
+        // owner of the oldest due debt only (`Store::claim_owed` says why).
+        let due = format!(
+            "FROM embeddings_owed o JOIN sessions x ON x.id = o.session_id \
+             WHERE o.state = 0 AND o.next_attempt_at <= {DB_NOW} \
+             AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= {DB_NOW})"
+        );
         let claim = client
             .prepare_cached(&format!(
-                "UPDATE embeddings_owed o SET claim_owner = $1, claim_token = $2, \
+                "WITH first AS (SELECT x.tenant, x.subject {due} \
+                 ORDER BY o.next_attempt_at, o.doc LIMIT 1 FOR UPDATE OF o SKIP LOCKED), \
+                 due AS (SELECT o.doc {due} AND x.tenant = (SELECT tenant FROM first) \
+                 AND x.subject IS NOT DISTINCT FROM (SELECT subject FROM first) \
+                 ORDER BY o.next_attempt_at, o.doc LIMIT $4 FOR UPDATE OF o SKIP LOCKED) \
+                 UPDATE embeddings_owed o SET claim_owner = $1, claim_token = $2, \
                  claim_expires_at = {DB_NOW} + $3 \
-                 FROM (SELECT doc FROM embeddings_owed \
-                 WHERE state = 0 AND next_attempt_at <= {DB_NOW} \
-                 AND (claim_expires_at IS NULL OR claim_expires_at <= {DB_NOW}) \
-                 ORDER BY next_attempt_at, doc LIMIT $4 FOR UPDATE SKIP LOCKED) due \
-                 WHERE o.doc = due.doc RETURNING o.doc, o.passes"
+                 FROM due WHERE o.doc = due.doc RETURNING o.doc, o.passes"
             ))
             .await?;
         let rows = client
@@ -426,12 +450,36 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
-                 WHERE state = 1 AND fingerprint IS DISTINCT FROM $1",
-            )
+                 WHERE (state = 1 OR next_attempt_at > {DB_NOW}) \
+                 AND fingerprint IS DISTINCT FROM $1"
+            ))
             .await?;
         Ok(client.execute(&stmt, &[&fingerprint]).await?)
+    }
+
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        self.writable()?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&format!(
+                "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
+                 WHERE ((state = 0 AND next_attempt_at > {DB_NOW}) OR ($3 AND state = 1)) \
+                 AND session_id IN (SELECT id FROM sessions WHERE tenant = $1 \
+                 AND ($2::TEXT IS NULL OR name = $2))"
+            ))
+            .await?;
+        let session = session.map(SessionName::as_str);
+        let n = client
+            .execute(&stmt, &[&tenant.0, &session, &include_parked])
+            .await;
+        self.noting_full(n.map_err(StoreError::from))
     }
 
     pub(crate) async fn generation_dimensions(
@@ -463,6 +511,14 @@ impl Postgres {
         let pending = client
             .prepare_cached(&format!("SELECT count(*) {OWED} AND o.state = 0"))
             .await?;
+        let deferred = client
+            .prepare_cached(&format!(
+                "SELECT count(*) {OWED} AND o.state = 0 AND o.next_attempt_at > {DB_NOW} \
+                 AND o.failure_class IN ('{}', '{}')",
+                FailureClass::RateLimited.as_str(),
+                FailureClass::QuotaExhausted.as_str()
+            ))
+            .await?;
         let parked = client
             .prepare_cached(&format!(
                 "SELECT coalesce(o.failure_class, ''), count(*) {OWED} AND o.state = 1 \
@@ -485,10 +541,11 @@ impl Postgres {
         let name = generation.as_str();
         let by_tenant: [&(dyn ToSql + Sync); 1] = [&tenant];
         let by_generation: [&(dyn ToSql + Sync); 2] = [&tenant, &name];
-        // Pipelined: four reads in one round trip.
-        let (pending, parked, last, embedded) = tokio::try_join!(
+        // Pipelined: five reads in one round trip.
+        let (pending, deferred, parked, last, embedded) = tokio::try_join!(
             biased;
             client.query_one(&pending, &by_tenant),
+            client.query_one(&deferred, &by_tenant),
             client.query(&parked, &by_tenant),
             client.query_opt(&last, &by_tenant),
             client.query_one(&embedded, &by_generation),
@@ -510,6 +567,7 @@ impl Postgres {
             parked_by_class,
             embedded: unsigned(embedded.try_get(0)?, "count")?,
             last_failure,
+            deferred: unsigned(deferred.try_get(0)?, "count")?,
         })
     }
 

@@ -2,7 +2,8 @@
 //! subject (DeleteSubject) and those idle past retention (expiry). Each erasure locks the tenant's usage row and the
 //! session's row, then its nodes, and deletes summaries, segments, entries,
 //! what they were owed of embeddings and their vectors, and the session,
-//! and its bytes from the tenant's count.
+//! and its bytes from the tenant's count; the stored embedding failures of
+//! its owner's other debts, which may quote its texts, are forgotten.
 //!
 //! One transaction however large the session, unlike SQLite's batches
 //! (`sqlite/sessions.rs`): PostgreSQL has no single writer, and under MVCC
@@ -58,6 +59,9 @@ async fn erase_tx(
     // The debts before the vectors (postgres/embeddings.rs): a batch
     // settling some of them is waited for here, and the vectors it stored
     // are then seen, and deleted, by the next statement.
+    let forget = client
+        .prepare_cached(super::embeddings::FORGET_OWNER_FAILURES)
+        .await?;
     let owed = client
         .prepare_cached("DELETE FROM embeddings_owed WHERE session_id = $1")
         .await?;
@@ -68,13 +72,14 @@ async fn erase_tx(
         .prepare_cached("DELETE FROM sessions WHERE id = $1")
         .await?;
     // One round trip; the server runs them in this order.
-    let (_, counted, _, segments, _, _, _, _) = tokio::try_join!(
+    let (_, counted, _, segments, _, _, _, _, _) = tokio::try_join!(
         biased;
         async { client.query(&lock, &[&id]).await },
         async { client.query_one(&count, &[&id, &overhead]).await },
         async { client.execute(&summaries, &[&id]).await },
         async { client.execute(&segments, &[&id]).await },
         async { client.execute(&entries, &[&id]).await },
+        async { client.execute(&forget, &[&id]).await },
         async { client.execute(&owed, &[&id]).await },
         async { client.execute(&vectors, &[&id]).await },
         async { client.execute(&session, &[&id]).await },

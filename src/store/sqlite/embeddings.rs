@@ -10,8 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::search::{ScopeValues, bounded, entry_filters, row, summary_filters};
 use super::{Sqlite, vectors};
-use crate::failure::Failure;
-use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, Tenant};
+use crate::failure::{Failure, FailureClass};
+use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
 use crate::store::embeddings::{
     Batch, BatchClaim, EndedBatch, Owed, SemanticLeg, cosine, from_bytes, to_bytes,
 };
@@ -35,6 +35,31 @@ const SCOPE_VECTORS: &str = concat!(
      WHERE ",
     summary_filters!()
 );
+
+/// The debts due at ?1 and not claimed by a live worker, with their
+/// session (`x`); erasing sessions' are left alone.
+const DUE: &str = "FROM embeddings_owed o JOIN sessions x ON x.id = o.session_id \
+                   WHERE o.state = 0 AND o.next_attempt_at <= ?1 AND x.erasing IS NULL \
+                   AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= ?1)";
+
+/// Before the session `id` is erased (in the erasure's transaction, while
+/// the session still names its subject): forgets the stored failures of
+/// every debt of its owner (its tenant and subject, `Store::claim_owed`),
+/// since any of them may quote one of its texts, and lets go of their
+/// claims, so that a batch in flight stores neither the failure it would
+/// write nor vectors (its texts are claimed again). The class stays, so
+/// parked debts are still counted by it.
+pub(super) fn forget_owner_failures(conn: &Connection, id: i64) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE embeddings_owed SET last_failure = NULL, claim_owner = NULL, \
+         claim_token = NULL, claim_expires_at = NULL \
+         WHERE session_id IN (SELECT y.id FROM sessions me JOIN sessions y \
+         ON y.tenant = me.tenant AND y.subject IS me.subject WHERE me.id = ?1) \
+         AND (last_failure IS NOT NULL OR claim_token IS NOT NULL)",
+    )?
+    .execute([id])?;
+    Ok(())
+}
 
 /// The text a document names: an entry's content or a summary's text.
 fn text_of(conn: &Connection, doc: i64) -> Result<Option<String>, StoreError> {
@@ -82,17 +107,34 @@ impl Sqlite {
         self.write(move |conn| {
             let now = Millis::now();
             let token: i64 = rand::random::<i64>().abs();
+            // The owner of the oldest due debt; the batch is of its texts
+            // only (`Store::claim_owed` says why).
+            let first: Option<(String, Option<String>)> = conn
+                .prepare_cached(&format!(
+                    "SELECT x.tenant, x.subject {DUE} ORDER BY o.next_attempt_at, o.doc LIMIT 1"
+                ))?
+                .query_row(params![now.0], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((tenant, subject)) = first else {
+                return Ok(None);
+            };
             let claimed: Vec<(i64, u32)> = conn
-                .prepare_cached(
-                    "UPDATE embeddings_owed SET claim_owner = ?1, claim_token = ?2, \
-                     claim_expires_at = ?3 WHERE doc IN (SELECT o.doc FROM embeddings_owed o \
-                     JOIN sessions x ON x.id = o.session_id \
-                     WHERE o.state = 0 AND o.next_attempt_at <= ?4 AND x.erasing IS NULL \
-                     AND (o.claim_expires_at IS NULL OR o.claim_expires_at <= ?4) \
-                     ORDER BY o.next_attempt_at, o.doc LIMIT ?5) RETURNING doc, passes",
-                )?
+                .prepare_cached(&format!(
+                    "UPDATE embeddings_owed SET claim_owner = ?2, claim_token = ?3, \
+                     claim_expires_at = ?4 WHERE doc IN (SELECT o.doc {DUE} \
+                     AND x.tenant = ?6 AND x.subject IS ?7 \
+                     ORDER BY o.next_attempt_at, o.doc LIMIT ?5) RETURNING doc, passes"
+                ))?
                 .query_map(
-                    params![owner, token, now.saturating_add(lease).0, now.0, limit],
+                    params![
+                        now.0,
+                        owner,
+                        token,
+                        now.saturating_add(lease).0,
+                        limit,
+                        tenant,
+                        subject
+                    ],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )?
                 .collect::<Result<_, _>>()?;
@@ -211,9 +253,31 @@ impl Sqlite {
             Ok(conn
                 .prepare_cached(
                     "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
-                     WHERE state = 1 AND fingerprint IS NOT ?1",
+                     WHERE (state = 1 OR next_attempt_at > ?2) AND fingerprint IS NOT ?1",
                 )?
-                .execute(params![fingerprint])? as u64)
+                .execute(params![fingerprint, Millis::now().0])? as u64)
+        })
+        .await
+    }
+
+    pub(crate) async fn requeue_owed(
+        &self,
+        tenant: &Tenant,
+        session: Option<&SessionName>,
+        include_parked: bool,
+    ) -> Result<u64, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.map(|s| s.as_str().to_owned());
+        self.write(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "UPDATE embeddings_owed SET state = 0, next_attempt_at = 0 \
+                     WHERE ((state = 0 AND next_attempt_at > ?3) OR (?4 AND state = 1)) \
+                     AND session_id IN (SELECT id FROM sessions WHERE tenant = ?1 \
+                     AND (?2 IS NULL OR name = ?2) AND erasing IS NULL)",
+                )?
+                .execute(params![tenant, session, Millis::now().0, include_parked])?
+                as u64)
         })
         .await
     }
@@ -248,6 +312,14 @@ impl Sqlite {
             let pending: u64 = conn
                 .prepare_cached(&format!("SELECT count(*) {OWED} AND o.state = 0"))?
                 .query_row(params![tenant], |r| r.get(0))?;
+            let deferred: u64 = conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) {OWED} AND o.state = 0 AND o.next_attempt_at > ?2 \
+                     AND o.failure_class IN ('{}', '{}')",
+                    FailureClass::RateLimited.as_str(),
+                    FailureClass::QuotaExhausted.as_str()
+                ))?
+                .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
             let parked_by_class: Vec<(String, u64)> = conn
                 .prepare_cached(&format!(
                     "SELECT coalesce(o.failure_class, ''), count(*) {OWED} AND o.state = 1 \
@@ -279,6 +351,7 @@ impl Sqlite {
                 parked_by_class,
                 embedded,
                 last_failure,
+                deferred,
             })
         })
         .await

@@ -68,6 +68,7 @@ fn tombstone_tx(
     let segments = conn
         .prepare_cached("DELETE FROM segments WHERE session_id = ?1")?
         .execute([id])? as u64;
+    super::embeddings::forget_owner_failures(conn, id)?;
     // A NUL never passes SessionName's check, and the id keeps it unique.
     conn.prepare_cached(
         "UPDATE sessions SET name = char(0) || 'erasing:' || id, erasing = 1, \

@@ -401,10 +401,12 @@ class RequeueSegmentsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[int]] = ..., include_parked: _Optional[bool] = ...) -> None: ...
 
 class RequeueSegmentsResponse(_message.Message):
-    __slots__ = ("requeued",)
+    __slots__ = ("requeued", "embeddings_requeued")
     REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_REQUEUED_FIELD_NUMBER: _ClassVar[int]
     requeued: int
-    def __init__(self, requeued: _Optional[int] = ...) -> None: ...
+    embeddings_requeued: int
+    def __init__(self, requeued: _Optional[int] = ..., embeddings_requeued: _Optional[int] = ...) -> None: ...
 
 class GetBacklogRequest(_message.Message):
     __slots__ = ()
@@ -478,7 +480,7 @@ class Backlog(_message.Message):
     def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ..., embeddings: _Optional[_Union[EmbeddingBacklog, _Mapping]] = ...) -> None: ...
 
 class EmbeddingBacklog(_message.Message):
-    __slots__ = ("pending", "parked", "parked_by_class", "embedded", "last_failure")
+    __slots__ = ("pending", "parked", "parked_by_class", "embedded", "last_failure", "deferred")
     class ParkedByClassEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -491,12 +493,14 @@ class EmbeddingBacklog(_message.Message):
     PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDED_FIELD_NUMBER: _ClassVar[int]
     LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
     pending: int
     parked: int
     parked_by_class: _containers.ScalarMap[str, int]
     embedded: int
     last_failure: Failure
-    def __init__(self, pending: _Optional[int] = ..., parked: _Optional[int] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., embedded: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+    deferred: int
+    def __init__(self, pending: _Optional[int] = ..., parked: _Optional[int] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., embedded: _Optional[int] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., deferred: _Optional[int] = ...) -> None: ...
 
 class DeleteSessionRequest(_message.Message):
     __slots__ = ("session_id",)
