@@ -2,7 +2,9 @@
 //! default) keeps an MCP session per client that sent `initialize`: at
 //! most `--max-sessions` at once, each closed after `--session-idle`
 //! without a message, so a flood of handshakes cannot grow the process
-//! without bound.
+//! without bound. `--stateless` answers each POST on its own, no
+//! handshake or session id needed, as plain JSON when the client accepts
+//! it and as an SSE stream when it accepts only that.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -14,6 +16,7 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Method, StatusCode, header};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +32,8 @@ const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 pub(super) struct HttpOptions {
     /// Answer anyone who reaches the port, whatever `Host` they name.
     pub(super) open: bool,
+    /// Answer each POST on its own, without MCP sessions.
+    pub(super) stateless: bool,
     /// The most MCP sessions open at once.
     pub(super) max_sessions: usize,
     /// How long a session may go without a message before it is closed.
@@ -36,6 +41,13 @@ pub(super) struct HttpOptions {
 }
 
 type Service = StreamableHttpService<Archivist, LocalSessionManager>;
+type OneShot = StreamableHttpService<Archivist, NeverSessionManager>;
+
+/// The stateless endpoint: the same tools answered as JSON or as SSE.
+struct Stateless {
+    json: OneShot,
+    sse: OneShot,
+}
 
 /// What every request to the stateful endpoint shares.
 struct Stateful {
@@ -66,6 +78,51 @@ pub(super) async fn serve(backend: Arc<Backend>, addr: SocketAddr, opts: HttpOpt
     if opts.open {
         config = config.disable_allowed_hosts();
     }
+    let router = match opts.stateless {
+        true => stateless_router(backend, config),
+        false => stateful_router(backend, config, &opts),
+    };
+    // Tests and scripts read the address from this line.
+    eprintln!("archivist mcp is serving at http://{local}/mcp");
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            stop.cancel();
+        })
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: the MCP HTTP server stopped: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn stateless_router(backend: Arc<Backend>, config: StreamableHttpServerConfig) -> axum::Router {
+    let config = config.with_legacy_session_mode(false);
+    let service = |json: bool| {
+        let backend = backend.clone();
+        StreamableHttpService::new(
+            move || Ok(Archivist::new(backend.clone())),
+            Arc::new(NeverSessionManager::default()),
+            config.clone().with_json_response(json),
+        )
+    };
+    let state = Arc::new(Stateless {
+        json: service(true),
+        sse: service(false),
+    });
+    axum::Router::new()
+        .route("/mcp", axum::routing::any(stateless))
+        .with_state(state)
+}
+
+fn stateful_router(
+    backend: Arc<Backend>,
+    config: StreamableHttpServerConfig,
+    opts: &HttpOptions,
+) -> axum::Router {
     let mut sessions = LocalSessionManager::default();
     let mut session_config = SessionConfig::default();
     session_config.keep_alive = Some(opts.session_idle);
@@ -82,24 +139,69 @@ pub(super) async fn serve(backend: Arc<Backend>, addr: SocketAddr, opts: HttpOpt
         session_idle: opts.session_idle,
         opening: tokio::sync::Mutex::new(()),
     });
-    let router = axum::Router::new()
+    axum::Router::new()
         .route("/mcp", axum::routing::any(stateful))
-        .with_state(state);
-    // Tests and scripts read the address from this line.
-    eprintln!("archivist mcp is serving at http://{local}/mcp");
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            stop.cancel();
-        })
-        .await;
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: the MCP HTTP server stopped: {e}");
-            ExitCode::FAILURE
+        .with_state(state)
+}
+
+/// One request to the stateless endpoint. The SDK insists a POST accept
+/// both JSON and SSE; a generic JSON-RPC client often sends neither, so
+/// the answer's form is chosen here from what the client accepts (JSON
+/// first, no Accept meaning anything) and the SDK told it may use both.
+async fn stateless(State(state): State<Arc<Stateless>>, mut request: Request) -> Response {
+    if request.method() != Method::POST {
+        return state.json.handle(request).await.into_response();
+    }
+    let (json, sse) = accepted(request.headers());
+    let service = match (json, sse) {
+        (true, _) => &state.json,
+        (false, true) => &state.sse,
+        (false, false) => {
+            return (
+                StatusCode::NOT_ACCEPTABLE,
+                "Not Acceptable: this endpoint answers application/json or text/event-stream",
+            )
+                .into_response();
+        }
+    };
+    request.headers_mut().insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    service.handle(request).await.into_response()
+}
+
+/// Whether the client accepts JSON, and SSE: no Accept header accepts
+/// anything (RFC 9110), as do wildcards; `q=0` refuses.
+fn accepted(headers: &http::HeaderMap) -> (bool, bool) {
+    let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+    if values.peek().is_none() {
+        return (true, true);
+    }
+    let (mut json, mut sse) = (false, false);
+    let ranges = values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    for range in ranges {
+        let mut parts = range.split(';').map(str::trim);
+        let essence = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let refused = parts.any(|p| {
+            p.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("q")
+                    && v.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
+            })
+        });
+        if refused {
+            continue;
+        }
+        match essence.as_str() {
+            "*/*" => (json, sse) = (true, true),
+            "application/*" | "application/json" => json = true,
+            "text/*" | "text/event-stream" => sse = true,
+            _ => {}
         }
     }
+    (json, sse)
 }
 
 /// One request to the stateful endpoint: a handshake counted against the
@@ -167,4 +269,32 @@ fn sessions_full(state: &Stateful, id: Option<&Value>) -> Response {
     );
     headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(values: &[&str]) -> (bool, bool) {
+        let mut headers = http::HeaderMap::new();
+        for v in values {
+            headers.append(header::ACCEPT, HeaderValue::from_str(v).expect("header"));
+        }
+        accepted(&headers)
+    }
+
+    #[test]
+    fn what_a_client_accepts_picks_the_answers_form() {
+        assert_eq!(accept(&[]), (true, true));
+        assert_eq!(accept(&["application/json"]), (true, false));
+        assert_eq!(accept(&["text/event-stream"]), (false, true));
+        assert_eq!(accept(&["Application/JSON; charset=utf-8"]), (true, false));
+        assert_eq!(
+            accept(&["application/json, text/event-stream"]),
+            (true, true)
+        );
+        assert_eq!(accept(&["text/html", "*/*;q=0.1"]), (true, true));
+        assert_eq!(accept(&["application/json;q=0", "text/*"]), (false, true));
+        assert_eq!(accept(&["text/html"]), (false, false));
+    }
 }

@@ -69,6 +69,12 @@ pub struct McpArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024,
           value_parser = clap::value_parser!(u32).range(MIN_ANSWER_BYTES as i64..))]
     pub max_answer_bytes: u32,
+    /// With --listen: answer each POST on its own, with no `initialize` or
+    /// session id needed, as plain JSON when the client accepts it (SSE
+    /// when it accepts only that). Without it, MCP sessions as the spec's
+    /// streamable HTTP keeps them.
+    #[arg(long, requires = "listen")]
+    pub stateless: bool,
     /// With --listen: the most MCP sessions open at once; a handshake past
     /// it is refused (HTTP 503) until one closes or expires.
     #[arg(long, value_name = "N", default_value_t = 256,
@@ -146,6 +152,7 @@ pub async fn run(args: McpArgs) -> ExitCode {
         Some(addr) => {
             let opts = http::HttpOptions {
                 open: args.insecure_open,
+                stateless: args.stateless,
                 max_sessions: args.max_sessions as usize,
                 session_idle: args.session_idle,
             };

@@ -1,11 +1,13 @@
-"""`archivist mcp` driven by a real MCP client, the `mcp` SDK, over stdio and
-over streamable HTTP, in front of the real `archivist serve`: the tools and
+"""`archivist mcp` driven by real MCP clients in front of the real
+`archivist serve`: the `mcp` SDK over stdio, over streamable HTTP and over
+stateless HTTP (`--stateless`), and a generic JSON-RPC client (one POST a
+call, accepting only JSON, no handshake) over stateless HTTP. The tools and
 their schemas, each tool's round trip, the typed errors that reach the
 model whole, and the bounds (arguments, answer size, forget off by default).
 
 Every test runs once per transport: `connect` starts `archivist mcp` as the
 host would (a child on stdio, or a process listening on a port) and yields
-a connected `mcp.Client`."""
+a connected client."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from support import (
     KEY_ENV,
     SECRET_KEY,
     ArchivistServer,
+    JsonRpcClient,
     McpHttpServer,
     clean_env,
     completion,
@@ -44,7 +47,7 @@ TOKEN_A = "mcp-tenant-a-token-7d2e"
 TOKEN_B = "mcp-tenant-b-token-93c1"
 
 
-@pytest.fixture(params=["stdio", "http"])
+@pytest.fixture(params=["stdio", "http", "stateless", "jsonrpc"])
 def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -68,9 +71,15 @@ def connect(archivist_bin: Path, transport: str) -> Iterator[Connect]:
             # ARCHIVIST_* of the shell running the tests leaks in.
             target = StdioServerParameters(command=str(archivist_bin), args=args, env=env)
         else:
+            if transport in ("stateless", "jsonrpc"):
+                args.append("--stateless")
             http = McpHttpServer(archivist_bin, args, env).start()
             started.append(http)
             target = http.url
+        if transport == "jsonrpc":
+            async with JsonRpcClient(target) as raw:
+                yield raw
+            return
         async with Client(target, mode=mode) as client:
             yield client
 
@@ -124,10 +133,12 @@ def failed(result: Any) -> dict[str, Any]:
     return error
 
 
-async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Connect) -> None:
+async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Connect, transport: str) -> None:
     async with connect(url(server)) as client:
-        assert client.server_info is not None and client.server_info.name == "archivist"
-        assert "remember" in (client.instructions or "")
+        # The generic client makes no handshake, so it is told neither.
+        if transport != "jsonrpc":
+            assert client.server_info is not None and client.server_info.name == "archivist"
+            assert "remember" in (client.instructions or "")
         tools = {t.name: t for t in (await client.list_tools()).tools}
         # forget is not offered without --allow-forget.
         assert list(tools) == ["remember", "recall", "context", "list_sessions"]

@@ -1,13 +1,15 @@
 """`archivist mcp --listen` spoken to as raw HTTP, the way a generic
-JSON-RPC client or an attacker does: the bound on stateful sessions (a
-flood of `initialize` cannot grow the process without bound), sessions
-that close or expire making room again."""
+JSON-RPC client or an attacker does: `--stateless` answering each POST on
+its own (no handshake, no session id, plain JSON when accepted); the bound
+on stateful sessions (a flood of `initialize` cannot grow the process
+without bound), sessions that close or expire making room again."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,3 +156,60 @@ def test_a_session_must_be_allowed_some_idle_time(archivist_bin: Path) -> None:
     )
     assert done.returncode == 64, done
     assert "some idle time" in done.stderr
+
+
+def call(name: str, arguments: dict[str, Any], id: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+
+
+def test_stateless_answers_a_generic_json_rpc_client(mcp_http) -> None:
+    """Issue 41: a harness's generic MCP adapter POSTs JSON-RPC accepting
+    only JSON and never sends `initialize`. Stateful, that is 406 and then
+    400 (no session id); `--stateless` answers each POST as plain JSON,
+    with no session, and a tool error is still `isError` with the Failure."""
+    session = f"raw-{uuid.uuid4().hex[:12]}"
+    stateful = Raw(mcp_http().url)
+    remember = call("remember", {"session_id": session, "messages": [{"role": "user", "content": "raw one"}]})
+    assert stateful.post(remember, accept="application/json")[0] == 406
+    assert stateful.post(remember)[0] == 400
+    stateful.close()
+
+    raw = Raw(mcp_http("--stateless").url)
+    status, headers, body = raw.post(remember, accept="application/json")
+    assert status == 200, body
+    assert headers["content-type"].startswith("application/json")
+    assert "mcp-session-id" not in headers
+    answer = json.loads(body)
+    assert answer["id"] == 1
+    assert answer["result"]["structuredContent"]["stored"][0]["seq"] == 1
+    assert answer["result"].get("isError") is not True
+
+    # No Accept at all means anything: JSON.
+    status, headers, body = raw.post(
+        call("context", {"session_id": session}, id=2), accept=None
+    )
+    assert status == 200 and headers["content-type"].startswith("application/json")
+    [item] = json.loads(body)["result"]["structuredContent"]["items"]
+    assert item["content"] == "raw one"
+
+    # A client that accepts only SSE gets its answer as an SSE event.
+    status, headers, body = raw.post(call("list_sessions", {}, id=3), accept="text/event-stream")
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    [answer] = messages(headers, body)
+    assert session in [s["session_id"] for s in answer["result"]["structuredContent"]["sessions"]]
+
+    # Neither: refused, saying what it answers.
+    status, _, body = raw.post(call("list_sessions", {}, id=4), accept="text/html")
+    assert status == 406 and b"application/json or text/event-stream" in body
+
+    # A tool error is a result with isError and the structured error.
+    status, _, body = raw.post(call("context", {"session_id": "no such session!"}, id=5), accept="application/json")
+    result = json.loads(body)["result"]
+    assert status == 200 and result["isError"] is True
+    assert result["structuredContent"]["error"]["code"] == "INVALID_ARGUMENT"
+
+    # The handshake still works for clients that send it, and changes nothing.
+    status, headers, body = raw.post(initialize(6), accept="application/json")
+    assert status == 200 and "mcp-session-id" not in headers
+    assert json.loads(body)["result"]["serverInfo"]["name"] == "archivist"
+    raw.close()
