@@ -84,9 +84,11 @@ pub(super) struct MessageArg {
 pub(super) struct RememberArgs {
     /// The session (one conversation's memory) to add to: 1 to 128
     /// characters of letters, digits and . _ : -. A new id starts a new
-    /// session.
+    /// session. Without it, the subject's session of the day
+    /// (<subject>:<YYYY-MM-DD>, in UTC), or without a subject the day's
+    /// (<YYYY-MM-DD>); the answer names it.
     #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
-    pub session_id: String,
+    pub session_id: Option<String>,
     /// What to remember, oldest first: 1 to 100 messages.
     #[schemars(length(min = 1, max = 100))]
     pub messages: Vec<MessageArg>,
@@ -182,6 +184,16 @@ pub(super) struct ForgetArgs {
     pub session_id: String,
 }
 
+/// `forget_subject`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(deny_unknown_fields)]
+pub(super) struct ForgetSubjectArgs {
+    /// The subject whose every session is erased, with everything
+    /// remembered in them.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    pub subject: String,
+}
+
 /// A tool's arguments, read from the JSON a call sent.
 pub(super) trait FromArgs: Sized {
     /// Every field the tool takes: any other is a violation.
@@ -204,7 +216,7 @@ impl FromArgs for RememberArgs {
     const FIELDS: &'static [&'static str] = &["session_id", "messages", "subject"];
 
     fn read(r: &mut Reader) -> Option<Self> {
-        let session_id = r.session_id("session_id");
+        let session_id = r.opt_session_id("session_id");
         let messages = r.array("messages", 1, MAX_MESSAGES).map(|items| {
             items
                 .into_iter()
@@ -328,6 +340,21 @@ impl FromArgs for RecallArgs {
     }
 }
 
+impl FromArgs for ForgetSubjectArgs {
+    const FIELDS: &'static [&'static str] = &["subject"];
+
+    fn read(r: &mut Reader) -> Option<Self> {
+        let subject = match r.subject("subject")? {
+            Some(subject) => subject,
+            None => {
+                r.bad("subject", "required");
+                return None;
+            }
+        };
+        Some(ForgetSubjectArgs { subject })
+    }
+}
+
 impl FromArgs for ForgetArgs {
     const FIELDS: &'static [&'static str] = &["session_id"];
 
@@ -420,6 +447,13 @@ impl Reader {
     }
 
     /// An optional subject.
+    fn opt_session_id(&mut self, field: &str) -> Option<Option<String>> {
+        match self.object.get(field).is_none_or(Value::is_null) {
+            true => Some(None),
+            false => self.session_id(field).map(Some),
+        }
+    }
+
     fn subject(&mut self, field: &str) -> Option<Option<String>> {
         let raw = self.opt_string(field, usize::MAX)?;
         match raw.as_deref().map(Subject::parse) {
@@ -748,7 +782,7 @@ mod tests {
             ],
         })))
         .expect("good arguments");
-        assert_eq!(args.session_id, "agent-1");
+        assert_eq!(args.session_id.as_deref(), Some("agent-1"));
         assert_eq!(args.messages.len(), 2);
         assert_eq!(args.messages[0].role, RoleArg::User);
         assert_eq!(args.messages[1].client_entry_id.as_deref(), Some("t2"));
@@ -814,7 +848,7 @@ mod tests {
     #[test]
     fn missing_arguments_are_required_ones() {
         let violations = RememberArgs::parse(None).expect_err("nothing given");
-        assert_eq!(fields(&violations), ["session_id", "messages"]);
+        assert_eq!(fields(&violations), ["messages"]);
         assert!(violations.iter().all(|v| v.description == "required"));
         let too_many: Vec<Value> = (0..=MAX_MESSAGES)
             .map(|i| json!({"role": "user", "content": format!("m{i}")}))

@@ -142,20 +142,21 @@ impl ToolError {
     }
 
     /// `forget` on a server started without `--allow-forget`.
-    pub(super) fn forget_disabled() -> ToolError {
+    pub(super) fn forget_disabled(tool: &str) -> ToolError {
         ToolError(Box::new(Report {
             origin: Origin::Tool,
             code: "PERMISSION_DENIED",
             reason: Some("FORGET_DISABLED".to_owned()),
-            message: "forget is turned off: this MCP server was started without --allow-forget"
-                .to_owned(),
+            message: format!(
+                "{tool} is turned off: this MCP server was started without --allow-forget"
+            ),
             retryable: false,
             retry_after_seconds: None,
             metadata: BTreeMap::new(),
             violations: Vec::new(),
             causes: Vec::new(),
             failure: None,
-            what_to_do: "Nothing was erased. Erasing a session needs a person to start `archivist mcp` with --allow-forget; do not retry.".to_owned(),
+            what_to_do: "Nothing was erased. Erasing needs a person to start `archivist mcp` with --allow-forget; do not retry.".to_owned(),
         }))
     }
 

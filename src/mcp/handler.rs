@@ -17,7 +17,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use super::args::FromArgs;
 use super::error::ToolError;
 use super::recall::{self, RECALL};
-use super::tools::{self, CONTEXT, FORGET, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
+use super::tools::{self, CONTEXT, FORGET, FORGET_SUBJECT, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
 use crate::client::{Client, ClientOptions, connect_with};
 
 /// The connection to archivist and what every call is bounded by.
@@ -87,6 +87,7 @@ impl Backend {
             CONTEXT => tools::context(self, args).await,
             LIST_SESSIONS => tools::list_sessions(self, args).await,
             FORGET => tools::forget(self, args).await,
+            FORGET_SUBJECT => tools::forget_subject(self, args).await,
             other => {
                 let offered: Vec<&str> = self.tools.iter().map(|t| t.name.as_ref()).collect();
                 Err(ToolError::no_such_tool(other, &offered))

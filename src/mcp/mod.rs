@@ -6,11 +6,13 @@
 //! reached as the terminal client reaches it (`--server`, TLS, the
 //! tenant's token from `ARCHIVIST_TOKEN`).
 //!
-//! Tools: `remember` (AppendEntries), `recall` (Search), `context`
-//! (GetContext within a budget), `list_sessions` (ListSessions) and, only
-//! when started with `--allow-forget`, `forget` (DeleteSession): without
-//! the flag it is not listed, and a call naming it anyway is refused with
-//! a tool error saying which flag would allow it.
+//! Tools: `remember` (AppendEntries; without a session, the subject's
+//! session of the day), `recall` (Search), `context` (GetContext within a
+//! budget), `list_sessions` (ListSessions) and, only when started with
+//! `--allow-forget`, `forget` (DeleteSession) and `forget_subject`
+//! (DeleteSubject): without the flag they are not listed, and a call
+//! naming one anyway is refused with a tool error saying which flag would
+//! allow it.
 //!
 //! What holds for every call: arguments are checked here, every bad field
 //! named, before anything is sent (`args.rs`); every failure is a tool
@@ -56,8 +58,9 @@ pub struct McpArgs {
     /// or HOST:PORT; port 0 picks a free one, printed at start-up).
     #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
     pub listen: Option<SocketAddr>,
-    /// Offer the `forget` tool, which erases a session for good. Without
-    /// it `forget` is not listed and a call to it is refused.
+    /// Offer the `forget` and `forget_subject` tools, which erase a session
+    /// or a subject's every session for good. Without it they are not
+    /// listed and a call to them is refused.
     #[arg(long)]
     pub allow_forget: bool,
     /// The longest one call to archivist may take ("30s", "2m").

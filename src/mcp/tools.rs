@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::answer::{Cut, Room, cost, quoted, shorten, success};
 use super::args::{
-    ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ListSessionsArgs, RecallArgs,
-    RememberArgs,
+    ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ForgetSubjectArgs,
+    ListSessionsArgs, RecallArgs, RememberArgs,
 };
 use super::error::{FailureReport, ToolError, failure_report};
 use super::handler::Backend;
@@ -26,10 +26,11 @@ pub(super) const REMEMBER: &str = "remember";
 pub(super) const CONTEXT: &str = "context";
 pub(super) const LIST_SESSIONS: &str = "list_sessions";
 pub(super) const FORGET: &str = "forget";
+pub(super) const FORGET_SUBJECT: &str = "forget_subject";
 
 /// What the server tells a model about itself at the handshake.
 pub(super) const INSTRUCTIONS: &str = "archivist is a long-term memory that keeps what was said across conversations. \
-`remember` stores messages in a session (one per conversation or topic; reuse its session_id later to continue it). \
+`remember` stores messages in a session (one per conversation or topic; reuse its session_id later to continue it; without one, the subject's session of the day). \
 `context` reads a session back within a token budget: recaps of older history, the newest messages verbatim. \
 `recall` searches every session (or some, or one subject's) for what was said, best first. \
 `list_sessions` finds earlier sessions. \
@@ -39,7 +40,8 @@ A failed call is a tool error whose structured content says the code, whether it
 const REMEMBER_DESCRIPTION: &str = "Store messages in long-term memory, to be recalled in later conversations. \
 Use it for what should outlive this conversation: what the user said, decided or prefers, facts learned, your own conclusions. \
 Messages are kept verbatim and durably (an acknowledged message is never lost) and recapped in the background. \
-Use one session_id per conversation or per topic, and the same id again later to add to that memory; a subject (whose memory it is: a user, a customer) set on a session's first remember lets list_sessions find its sessions. \
+Use one session_id per conversation or per topic, and the same id again later to add to that memory; a subject (whose memory it is: a user, a customer) set on a session's first remember lets list_sessions and recall find its sessions. \
+Without a session_id the messages go to the subject's session of the day (<subject>:<YYYY-MM-DD>, UTC), or the day's without a subject; the answer names it. \
 A client_entry_id on each message makes a retry safe: the same id and text are stored once.";
 
 const CONTEXT_DESCRIPTION: &str = "Read back what a session remembers, sized for your prompt: recaps of older history and the newest messages verbatim, oldest first, within max_tokens (default 2000). \
@@ -51,6 +53,9 @@ Use it to find the session_id of an earlier conversation. Pages: pass next_page_
 
 const FORGET_DESCRIPTION: &str = "Erase a session for good: every message, recap and record of it. It cannot be undone. \
 Only when the user asks for it to be forgotten.";
+
+const FORGET_SUBJECT_DESCRIPTION: &str = "Erase everything remembered of a subject for good: every session given that subject, with every message and recap in them. It cannot be undone. \
+Only when the user asks for their memory (or a customer's) to be forgotten or reset.";
 
 /// Every tool this server offers: `forget` only when allowed.
 pub(super) fn tools(allow_forget: bool) -> Vec<Tool> {
@@ -78,16 +83,26 @@ pub(super) fn tools(allow_forget: bool) -> Vec<Tool> {
         tools.push(
             tool::<ForgetArgs, ForgetOutput>(FORGET, FORGET_DESCRIPTION)
                 .with_title("Forget a session")
-                .with_annotations(
-                    ToolAnnotations::new()
-                        .read_only(false)
-                        .destructive(true)
-                        .idempotent(true)
-                        .open_world(false),
-                ),
+                .with_annotations(destructive()),
+        );
+        tools.push(
+            tool::<ForgetSubjectArgs, ForgetSubjectOutput>(
+                FORGET_SUBJECT,
+                FORGET_SUBJECT_DESCRIPTION,
+            )
+            .with_title("Forget a subject")
+            .with_annotations(destructive()),
         );
     }
     tools
+}
+
+fn destructive() -> ToolAnnotations {
+    ToolAnnotations::new()
+        .read_only(false)
+        .destructive(true)
+        .idempotent(true)
+        .open_world(false)
 }
 
 fn read_only() -> ToolAnnotations {
@@ -140,6 +155,10 @@ fn unwrapped(schema: &JsonObject) -> JsonObject {
 #[derive(Clone, Debug, Serialize, JsonSchema)]
 pub(super) struct RememberOutput {
     pub session_id: String,
+    /// The call named no session_id: session_id is the subject's (or the
+    /// day's) session of the day.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub session_of_the_day: bool,
     /// One per message sent, in order.
     pub stored: Vec<StoredEntry>,
     /// The segment now open, when one is.
@@ -252,6 +271,15 @@ pub(super) struct SessionSummary {
     pub last_append_at: Option<String>,
 }
 
+/// `forget_subject`'s answer.
+#[derive(Clone, Debug, Serialize, JsonSchema)]
+pub(super) struct ForgetSubjectOutput {
+    pub subject: String,
+    pub sessions_deleted: u64,
+    pub entries_deleted: u64,
+    pub segments_deleted: u64,
+}
+
 /// `forget`'s answer.
 #[derive(Clone, Debug, Serialize, JsonSchema)]
 pub(super) struct ForgetOutput {
@@ -265,8 +293,13 @@ pub(super) async fn remember(
     args: Option<JsonObject>,
 ) -> Result<CallToolResult, ToolError> {
     let args = backend.parse::<RememberArgs>(args)?;
+    let of_the_day = args.session_id.is_none();
+    let session_id = match &args.session_id {
+        Some(id) => id.clone(),
+        None => session_of_the_day(args.subject.as_deref(), std::time::SystemTime::now()),
+    };
     let request = pb::AppendEntriesRequest {
-        session_id: args.session_id.clone(),
+        session_id: session_id.clone(),
         entries: args
             .messages
             .iter()
@@ -285,7 +318,8 @@ pub(super) async fn remember(
         .map_err(|s| backend.status(&s, REMEMBER))?
         .into_inner();
     let out = RememberOutput {
-        session_id: args.session_id,
+        session_id,
+        session_of_the_day: of_the_day,
         stored: resp
             .entries
             .iter()
@@ -309,6 +343,16 @@ pub(super) async fn remember(
         (Some(lo), Some(hi)) => text.push_str(&format!(" (seq {lo} to {hi}).")),
         _ => text.push('.'),
     }
+    if of_the_day {
+        text.push_str(&match &args.subject {
+            Some(subject) => {
+                format!(" No session_id was given: this is subject {subject}'s session of the day.")
+            }
+            None => {
+                " No session_id or subject was given: this is the session of the day.".to_owned()
+            }
+        });
+    }
     let duplicates = out.stored.iter().filter(|e| e.duplicate).count() as u64;
     if duplicates > 0 {
         text.push_str(&format!(
@@ -320,6 +364,34 @@ pub(super) async fn remember(
         text.push_str(" A stretch of the session closed; its recap is written in the background.");
     }
     Ok(success(text, &out))
+}
+
+/// The session a `remember` without a session_id goes to: the subject's
+/// of the day, `<subject>:<YYYY-MM-DD>` (UTC), or `<YYYY-MM-DD>` without a
+/// subject. A session id takes no `@` (a subject may) and 128 characters
+/// at most (a subject 256): `@` becomes `_`, and a subject too long keeps
+/// its start and a hash of the whole. Two subjects that map to one name
+/// share no memory: a session's subject is fixed by its first remember,
+/// and the server refuses another.
+fn session_of_the_day(subject: Option<&str>, now: std::time::SystemTime) -> String {
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let day = stamp.get(..10).unwrap_or(&stamp);
+    let Some(subject) = subject else {
+        return day.to_owned();
+    };
+    // Room for the subject: 128 less ":YYYY-MM-DD".
+    const ROOM: usize = 128 - 11;
+    let mut name: String = subject
+        .chars()
+        .map(|c| if c == '@' { '_' } else { c })
+        .collect();
+    if name.len() > ROOM {
+        use sha2::{Digest, Sha256};
+        let digest = crate::text::hex(&Sha256::digest(subject.as_bytes()));
+        // Subjects are ASCII, so bytes are characters.
+        name = format!("{}-{}", crate::text::prefix(&name, ROOM - 9), &digest[..8]);
+    }
+    format!("{name}:{day}")
 }
 
 pub(super) async fn context(
@@ -683,12 +755,44 @@ fn session_line(s: &SessionSummary) -> String {
     line
 }
 
+pub(super) async fn forget_subject(
+    backend: &Backend,
+    args: Option<JsonObject>,
+) -> Result<CallToolResult, ToolError> {
+    if !backend.allow_forget {
+        return Err(ToolError::forget_disabled(FORGET_SUBJECT));
+    }
+    let args = backend.parse::<ForgetSubjectArgs>(args)?;
+    let mut client = backend.client().await?;
+    let resp = client
+        .delete_subject(backend.request(pb::DeleteSubjectRequest {
+            subject: args.subject.clone(),
+        }))
+        .await
+        .map_err(|s| backend.status(&s, FORGET_SUBJECT))?
+        .into_inner();
+    let out = ForgetSubjectOutput {
+        subject: args.subject,
+        sessions_deleted: resp.sessions_deleted,
+        entries_deleted: resp.entries_deleted,
+        segments_deleted: resp.segments_deleted,
+    };
+    let text = format!(
+        "Forgot subject {}: {}, {} and {} erased.",
+        out.subject,
+        count(out.sessions_deleted, "session", "sessions"),
+        count(out.entries_deleted, "message", "messages"),
+        count(out.segments_deleted, "segment", "segments"),
+    );
+    Ok(success(text, &out))
+}
+
 pub(super) async fn forget(
     backend: &Backend,
     args: Option<JsonObject>,
 ) -> Result<CallToolResult, ToolError> {
     if !backend.allow_forget {
-        return Err(ToolError::forget_disabled());
+        return Err(ToolError::forget_disabled(FORGET));
     }
     let args = backend.parse::<ForgetArgs>(args)?;
     let mut client = backend.client().await?;
@@ -734,8 +838,35 @@ mod tests {
         );
         assert_eq!(
             names(tools(true)),
-            [REMEMBER, RECALL, CONTEXT, LIST_SESSIONS, FORGET]
+            [
+                REMEMBER,
+                RECALL,
+                CONTEXT,
+                LIST_SESSIONS,
+                FORGET,
+                FORGET_SUBJECT
+            ]
         );
+    }
+
+    #[test]
+    fn the_session_of_the_day_is_a_valid_session_id() {
+        let at = humantime::parse_rfc3339("2026-12-04T23:59:59Z").expect("time");
+        assert_eq!(session_of_the_day(None, at), "2026-12-04");
+        assert_eq!(session_of_the_day(Some("ada"), at), "ada:2026-12-04");
+        assert_eq!(
+            session_of_the_day(Some("ada@example.com"), at),
+            "ada_example.com:2026-12-04"
+        );
+        let long = "a".repeat(256);
+        let name = session_of_the_day(Some(&long), at);
+        assert_eq!(name.len(), 128, "{name}");
+        assert!(name.ends_with(":2026-12-04"), "{name}");
+        assert_ne!(name, session_of_the_day(Some(&"a".repeat(255)), at));
+        for subject in [None, Some("ada@example.com"), Some(long.as_str())] {
+            let name = session_of_the_day(subject, at);
+            assert!(crate::model::SessionName::parse(&name).is_ok(), "{name}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ a connected client."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import json
 import socket
@@ -146,7 +147,8 @@ async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Co
         assert "long-term memory" in (remember.description or "")
         schema = remember.input_schema
         assert schema["type"] == "object" and schema["additionalProperties"] is False
-        assert schema["required"] == ["session_id", "messages"]
+        # Without a session_id, the subject's session of the day.
+        assert schema["required"] == ["messages"]
         assert schema["properties"]["messages"]["maxItems"] == 100
         # Descriptions read as paragraphs, not as the wrapped doc comments
         # they come from.
@@ -477,6 +479,56 @@ async def test_a_subject_is_kept_and_finds_its_sessions(start_server, connect: C
         assert [i["content"] for i in memory["items"]] == ["I am ada@example.com"]
 
 
+def today() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+async def test_remember_without_a_session_uses_the_subjects_session_of_the_day(
+    start_server, connect: Connect
+) -> None:
+    """Issue 41: most memory tools scope by user only. Without a
+    session_id, remember stores into the subject's session of the day (or
+    the day's without a subject) and names it."""
+    server = start_server()
+    async with connect(url(server)) as client:
+        days = {today()}
+        first = await client.call_tool("remember", {
+            "subject": "ada@example.com",
+            "messages": [{"role": "user", "content": "I prefer tea."}],
+        })
+        second = ok(await client.call_tool("remember", {
+            "subject": "ada@example.com",
+            "messages": [{"role": "user", "content": "And no sugar."}],
+        }))
+        days.add(today())
+        stored = ok(first)
+        session = stored["session_id"]
+        assert session in {f"ada_example.com:{day}" for day in days}, stored
+        assert stored["session_of_the_day"] is True
+        assert text(first) == (
+            f"Remembered 1 message in session {session} (seq 1). "
+            "No session_id was given: this is subject ada@example.com's session of the day."
+        )
+        assert (second["session_id"], second["stored"][0]["seq"]) == (session, 2)
+        listed = ok(await client.call_tool("list_sessions", {"subject": "ada@example.com"}))
+        assert [s["session_id"] for s in listed["sessions"]] == [session]
+        memory = ok(await client.call_tool("context", {"session_id": session}))
+        assert [i["content"] for i in memory["items"]] == ["I prefer tea.", "And no sugar."]
+        found = ok(await client.call_tool("recall", {"query": "sugar", "subject": "ada@example.com"}))
+        assert [h["session_id"] for h in found["hits"]] == [session]
+
+        # Neither session nor subject: the day's session.
+        result = await client.call_tool("remember", {"messages": [{"role": "user", "content": "a note"}]})
+        anonymous = ok(result)
+        assert anonymous["session_id"] in {today(), *days}
+        assert "No session_id or subject was given" in text(result)
+        # A named session is as before, and says nothing of a day.
+        named = ok(await client.call_tool("remember", {
+            "session_id": "named-one", "messages": [{"role": "user", "content": "named"}],
+        }))
+        assert "session_of_the_day" not in named
+
+
 async def test_forget_is_refused_without_the_flag(server, connect: Connect) -> None:
     session = new_session()
     async with connect(url(server)) as client:
@@ -489,9 +541,45 @@ async def test_forget_is_refused_without_the_flag(server, connect: Connect) -> N
         )
         assert error["retryable"] is False
         assert "--allow-forget" in error["message"] and "--allow-forget" in error["what_to_do"]
+        error = failed(await client.call_tool("forget_subject", {"subject": "anyone"}))
+        assert (error["code"], error["reason"]) == ("PERMISSION_DENIED", "FORGET_DISABLED")
+        assert "forget_subject is turned off" in error["message"]
         # Nothing was erased.
         memory = ok(await client.call_tool("context", {"session_id": session}))
         assert [i["content"] for i in memory["items"]] == ["keep me"]
+
+
+async def test_forget_subject_resets_a_subjects_memory(start_server, connect: Connect) -> None:
+    """A reset: every session of one subject erased, another's kept."""
+    server = start_server()
+    kept = new_session()
+    async with connect(url(server), "--allow-forget") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert tools["forget_subject"].annotations.destructive_hint is True
+        assert tools["forget_subject"].input_schema["required"] == ["subject"]
+        for session in [new_session(), None]:
+            ok(await client.call_tool("remember", {
+                **({"session_id": session} if session else {}),
+                "subject": "carol",
+                "messages": [{"role": "user", "content": "carol likes zeppelins"}],
+            }))
+        ok(await client.call_tool("remember", {
+            "session_id": kept, "subject": "dave",
+            "messages": [{"role": "user", "content": "dave likes zeppelins"}],
+        }))
+        result = await client.call_tool("forget_subject", {"subject": "carol"})
+        erased = ok(result)
+        assert erased["subject"] == "carol"
+        assert (erased["sessions_deleted"], erased["entries_deleted"]) == (2, 2)
+        assert text(result).startswith("Forgot subject carol: 2 sessions, 2 messages and ")
+        assert ok(await client.call_tool("list_sessions", {"subject": "carol"}))["sessions"] == []
+        found = ok(await client.call_tool("recall", {"query": "zeppelins"}))
+        assert [h["text"] for h in found["hits"]] == ["dave likes zeppelins"]
+        # A subject with nothing left: nothing to erase, and not an error.
+        again = ok(await client.call_tool("forget_subject", {"subject": "carol"}))
+        assert again["sessions_deleted"] == 0
+        error = failed(await client.call_tool("forget_subject", {}))
+        assert error["code"] == "INVALID_ARGUMENT"
 
 
 async def test_forget_erases_with_the_flag(server, connect: Connect) -> None:
