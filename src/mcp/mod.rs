@@ -18,8 +18,10 @@
 //! named, before anything is sent (`args.rs`); every failure is a tool
 //! error carrying the gRPC code and reason, retryability and its delay,
 //! the causes and a recap's `Failure`, in text and in structured content
-//! (`error.rs`); an answer stays within `--max-answer-bytes`, cut with a
-//! note (`answer.rs`); and nothing a caller sends or a server does ends
+//! (`error.rs`); an answer stays within `--max-answer-bytes` (`context`
+//! asks for a cover zoomed out to fit; otherwise cut with a note,
+//! `answer.rs`); stored text is quoted so it cannot forge a line of an
+//! answer; and nothing a caller sends or a server does ends
 //! the process: an archivist that went away is a retryable error until it
 //! is back. `tools.rs` holds the tools (`recall.rs` the search),
 //! `handler.rs` the MCP handler and the shared connection, `http.rs` the

@@ -394,91 +394,152 @@ fn session_of_the_day(subject: Option<&str>, now: std::time::SystemTime) -> Stri
     format!("{name}:{day}")
 }
 
+/// How many times `context` asks again for a smaller cover before it
+/// gives up zooming out and leaves the oldest items out instead.
+const MAX_ZOOMS: u32 = 8;
+
 pub(super) async fn context(
     backend: &Backend,
     args: Option<JsonObject>,
 ) -> Result<CallToolResult, ToolError> {
     let args = backend.parse::<ContextArgs>(args)?;
     let asked = args.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
-    // A budget the answer cap cannot carry is lowered here, so the server
-    // zooms out to recaps rather than this answer dropping whole items:
-    // about four bytes a token, and room for each item's framing.
-    let cap_tokens = u32::try_from(backend.max_answer_bytes / 5).unwrap_or(u32::MAX);
-    let mut max_tokens = asked.min(cap_tokens).max(1);
+    let cap = backend.max_answer_bytes;
     let mut client = backend.client().await?;
-    let mut result = client
-        .get_context(backend.request(pb::GetContextRequest {
-            session_id: args.session_id.clone(),
-            max_tokens,
-        }))
-        .await;
-    // The newest item alone is larger than the lowered budget, though not
-    // than what was asked: ask again for what it needs, and shorten it to
-    // fit the answer below.
-    if let Err(status) = &result
-        && let Some(min) = context_min(status).filter(|&min| min > max_tokens && min <= asked)
-    {
-        max_tokens = min;
-        result = client
-            .get_context(backend.request(pb::GetContextRequest {
-                session_id: args.session_id.clone(),
-                max_tokens,
-            }))
-            .await;
-    }
-    let resp = result
-        .map_err(|s| backend.status(&s, CONTEXT))?
-        .into_inner();
-    let note = (max_tokens < asked).then(|| {
-        format!(
-            "max_tokens was lowered from {asked} to {max_tokens} to fit this server's answer cap of {} bytes",
-            backend.max_answer_bytes
-        )
-    });
-    let items: Vec<MemoryItem> = resp.items.into_iter().filter_map(memory_item).collect();
-    let header = format!(
-        "Memory of session {}: oldest first, about {} of {max_tokens} tokens.",
-        args.session_id, resp.estimated_tokens
-    );
-    let mut room = Room::new(backend.max_answer_bytes, header.len() + 600);
-    let per_item = room.per_item();
-    // The newest matter most: fill from the newest back, and leave out the
-    // oldest that do not fit.
-    let mut kept: Vec<(MemoryItem, String)> = Vec::new();
-    let mut shortened = 0;
-    for mut item in items.iter().rev().cloned() {
-        if shorten_item(&mut item, per_item) {
-            shortened += 1;
-        }
-        let line = item_line(&item);
-        if !room.take(cost(&line, &item)) {
-            break;
-        }
-        kept.push((item, line));
-    }
-    kept.reverse();
-    let left_out = items.len() - kept.len();
-    let cut = (left_out > 0 || shortened > 0).then(|| Cut {
-        left_out,
-        shortened,
-        note: format!(
-            "{} left out and {} shortened to keep this answer within {} bytes; a smaller max_tokens gives recaps in their place",
-            count(left_out as u64, "oldest item", "oldest items"),
-            count(shortened as u64, "item", "items"),
-            backend.max_answer_bytes
-        ),
-    });
+    // Part of the answer measured below, so asked for first.
     let recaps_owed = owed_recaps(backend, &mut client, &args.session_id).await;
-    let mut text = header;
-    if let Some(owed) = &recaps_owed {
+    // A token is about four bytes of text, so a budget past a quarter of
+    // the cap cannot fit; it is the first guess, measured below.
+    let first = u32::try_from(cap / 4).unwrap_or(u32::MAX);
+    let mut max_tokens = asked.min(first).max(1);
+    let mut zooms = 0;
+    let answer = loop {
+        let resp = cover(
+            backend,
+            &mut client,
+            &args.session_id,
+            asked,
+            &mut max_tokens,
+        )
+        .await?;
+        let answer = fit_context(&args.session_id, resp, asked, max_tokens, cap, &recaps_owed);
+        // The answer is measured, not estimated: when it leaves items out,
+        // a smaller budget has the server zoom out to recaps instead.
+        let Some(smaller) = answer.zoom.filter(|_| zooms < MAX_ZOOMS && max_tokens > 1) else {
+            break answer;
+        };
+        max_tokens = smaller.clamp(1, max_tokens - 1);
+        zooms += 1;
+    };
+    Ok(success(answer.text, &answer.out))
+}
+
+/// GetContext within `max_tokens`; when the newest item alone is larger
+/// than that, though not than what was asked, the budget it needs (the
+/// item is shortened to fit the answer).
+async fn cover(
+    backend: &Backend,
+    client: &mut crate::client::Client,
+    session: &str,
+    asked: u32,
+    max_tokens: &mut u32,
+) -> Result<pb::GetContextResponse, ToolError> {
+    let ask = |max_tokens| {
+        backend.request(pb::GetContextRequest {
+            session_id: session.to_owned(),
+            max_tokens,
+        })
+    };
+    let mut result = client.get_context(ask(*max_tokens)).await;
+    if let Err(status) = &result
+        && let Some(min) = context_min(status).filter(|&min| min > *max_tokens && min <= asked)
+    {
+        *max_tokens = min;
+        result = client.get_context(ask(min)).await;
+    }
+    Ok(result
+        .map_err(|s| backend.status(&s, CONTEXT))?
+        .into_inner())
+}
+
+/// A `context` answer built for the cap.
+struct FittedContext {
+    text: String,
+    out: ContextOutput,
+    /// Set when items had to be left out: a budget whose cover would fit.
+    zoom: Option<u32>,
+}
+
+/// The answer for one cover: every item, each shortened to half the cap at
+/// most; the oldest left out only when they do not fit (which `needed`
+/// says, so the caller can zoom out instead).
+fn fit_context(
+    session: &str,
+    resp: pb::GetContextResponse,
+    asked: u32,
+    max_tokens: u32,
+    cap: usize,
+    recaps_owed: &Option<RecapsOwed>,
+) -> FittedContext {
+    let items: Vec<MemoryItem> = resp.items.into_iter().filter_map(memory_item).collect();
+    let mut text = format!(
+        "Memory of session {session}: oldest first, about {} of {max_tokens} tokens.",
+        resp.estimated_tokens
+    );
+    if let Some(owed) = recaps_owed {
         text.push_str(&format!(" {}", owed_line(owed)));
     }
     if resp.truncated {
         text.push_str(" The oldest history did not fit, even as recaps (truncated).");
     }
+    let note = (max_tokens < asked).then(|| {
+        format!(
+            "max_tokens was lowered from {asked} to {max_tokens} to fit this server's answer cap of {cap} bytes"
+        )
+    });
     if let Some(note) = &note {
         text.push_str(&format!(" Note: {note}."));
     }
+    // Room for the header, the owed failure in the structured content and
+    // a note on the budget.
+    let owed_json = serde_json::to_string(recaps_owed).map_or(0, |s| s.len());
+    let overhead = text.len().max(owed_json) + 600;
+    let mut room = Room::new(cap, overhead);
+    let per_item = room.per_item();
+    let mut shortened = 0;
+    let mut lines: Vec<(MemoryItem, String)> = items
+        .into_iter()
+        .map(|mut item| {
+            if shorten_item(&mut item, per_item) {
+                shortened += 1;
+            }
+            let line = item_line(&item);
+            (item, line)
+        })
+        .collect();
+    let costs: Vec<usize> = lines.iter().map(|(item, line)| cost(line, item)).collect();
+    // The newest matter most: fill from the newest back.
+    let fit = costs.iter().rev().take_while(|&&c| room.take(c)).count();
+    let left_out = lines.len() - fit;
+    // These items took `estimated_tokens` and this many bytes of answer
+    // (framing weighs most on short messages): a budget in that ratio to
+    // the room there is, less a tenth, gives a cover that fits.
+    let zoom = (left_out > 0).then(|| {
+        let needed = costs.iter().sum::<usize>().max(1) as u64;
+        let room = cap.saturating_sub(overhead) as u64;
+        let tokens = u64::from(resp.estimated_tokens.max(1));
+        u32::try_from(tokens * room * 9 / 10 / needed).unwrap_or(u32::MAX)
+    });
+    let kept = lines.split_off(left_out);
+    let cut = (left_out > 0 || shortened > 0).then(|| Cut {
+        left_out,
+        shortened,
+        note: format!(
+            "{} left out and {} shortened to keep this answer within {cap} bytes",
+            count(left_out as u64, "oldest item", "oldest items"),
+            count(shortened as u64, "item", "items"),
+        ),
+    });
     if let Some(cut) = &cut {
         text.push_str(&format!(" Cut: {}.", cut.note));
     }
@@ -490,16 +551,16 @@ pub(super) async fn context(
         text.push_str(line);
     }
     let out = ContextOutput {
-        session_id: args.session_id,
+        session_id: session.to_owned(),
         max_tokens,
         estimated_tokens: resp.estimated_tokens,
         truncated: resp.truncated,
         items: kept.into_iter().map(|(item, _)| item).collect(),
         cut,
         note,
-        recaps_owed,
+        recaps_owed: recaps_owed.clone(),
     };
-    Ok(success(text, &out))
+    FittedContext { text, out, zoom }
 }
 
 /// Most segments read to say what recaps a session is owed: beyond it the

@@ -725,28 +725,84 @@ async def test_a_budget_too_small_names_the_smallest(server, connect: Connect) -
         assert len(memory["items"]) == 1
 
 
-async def test_answers_stay_within_the_cap(server, connect: Connect) -> None:
+def compact(structured: Any) -> bytes:
+    """Structured content as the server sends it: compact UTF-8 JSON."""
+    return json.dumps(structured, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def recapped(client: Any, session: str) -> None:
+    """Waits until every stretch of `session` has its recap (bounded)."""
+    async def done() -> bool:
+        listed = ok(await client.call_tool("list_sessions", {"page_size": 100}))
+        [s] = [s for s in listed["sessions"] if s["session_id"] == session]
+        return s["recaps_pending"] == 0 and s["recaps_parked"] == 0
+    await poll(done, f"the recaps of {session}")
+
+
+async def test_context_zooms_out_to_fit_the_cap_and_keeps_the_oldest_history(
+    start_server, connect: Connect
+) -> None:
+    """Issue 41: at 4,000 tokens an answer left the oldest item out to stay
+    within 32,768 bytes, at 20,000 the 105 oldest, so it began at message
+    106 with no recap. The server is asked for a cover that fits instead:
+    the oldest history stays, as recaps, over a few hundred messages."""
+    server = start_server("[segment]\nmax_entries = 10\n")
+    session = new_session()
+    cap = 32768
+    async with connect(url(server)) as client:
+        for start in range(0, 300, 100):
+            ok(await client.call_tool("remember", {
+                "session_id": session,
+                "messages": [
+                    {"role": "user" if i % 2 else "assistant",
+                     "content": f"Message {i + 1}: the deploy of service {i % 7} moved to window {i}."}
+                    for i in range(start, start + 100)
+                ],
+            }))
+        await recapped(client, session)
+        for asked in (4000, 20000):
+            result = await client.call_tool("context", {"session_id": session, "max_tokens": asked})
+            memory = ok(result)
+            assert len(text(result).encode()) <= cap
+            assert len(compact(memory)) <= cap
+            assert memory.get("cut") is None, memory.get("cut")
+            assert memory["truncated"] is False
+            first, last = memory["items"][0], memory["items"][-1]
+            assert (first["kind"], first["first_seq"]) == ("recap", 1), first
+            assert (last["kind"], last["seq"]) == ("message", 300)
+            # Every seq from 1 to 300 is covered, oldest first. (Not "once":
+            # GetContext's cover at some budgets repeats a recap's last seq
+            # as a message, a server matter reported apart.)
+            covered = [seq for i in memory["items"]
+                       for seq in (range(i["first_seq"], i["last_seq"] + 1) if i["kind"] == "recap" else [i["seq"]])]
+            assert covered == sorted(covered) and set(covered) == set(range(1, 301))
+            if memory["max_tokens"] < asked:
+                assert f"lowered from {asked} to {memory['max_tokens']}" in memory["note"]
+
+
+async def test_answers_stay_within_the_cap(start_server, connect: Connect) -> None:
     cap = 4096
     many, long = new_session(), new_session()
+    server = start_server("[segment]\nmax_entries = 10\n")
     async with connect(url(server), "--max-answer-bytes", str(cap)) as client:
-        # Ninety short messages: cheap in tokens, dear in framing.
+        # Ninety short messages: cheap in tokens, dear in framing, in
+        # segments of ten, recapped.
         ok(await client.call_tool("remember", {
             "session_id": many,
             "messages": [{"role": "user", "content": f"fact {i}"} for i in range(90)],
         }))
+        await recapped(client, many)
         result = await client.call_tool("context", {"session_id": many, "max_tokens": 100000})
         memory = ok(result)
         # The budget was lowered to what the cap carries, and said so.
         assert memory["max_tokens"] < 100000
         assert "lowered from 100000" in memory["note"] and memory["note"] in text(result)
         assert len(text(result).encode()) <= cap
-        assert len(json.dumps(memory).encode()) <= cap
-        cut = memory["cut"]
-        assert cut["left_out"] >= 1 and cut["shortened"] == 0
-        assert f"within {cap} bytes" in cut["note"] and cut["note"] in text(result)
-        # The oldest went; the newest are there, in order, up to the last.
-        seqs = [i["seq"] for i in memory["items"]]
-        assert seqs == list(range(seqs[0], 91)) and seqs[0] > 1
+        assert len(compact(memory)) <= cap
+        # Zoomed out, not cut: the oldest history is there as its recap.
+        assert memory.get("cut") is None, memory["cut"]
+        first = memory["items"][0]
+        assert (first["kind"], first["first_seq"]) == ("recap", 1), first
         assert memory["items"][-1]["content"] == "fact 89"
 
         # A search with more hits than fit: the lowest ranked go.
