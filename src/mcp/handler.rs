@@ -14,7 +14,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
-use super::args::FromArgs;
+use super::args::ToolArgs;
 use super::error::ToolError;
 use super::recall::{self, RECALL};
 use super::tools::{self, CONTEXT, FORGET, FORGET_SUBJECT, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
@@ -75,7 +75,7 @@ impl Backend {
         ToolError::status(status, tool, self.timeout)
     }
 
-    pub(super) fn parse<A: FromArgs>(&self, args: Option<JsonObject>) -> Result<A, ToolError> {
+    pub(super) fn parse<A: ToolArgs>(&self, args: Option<JsonObject>) -> Result<A, ToolError> {
         A::parse(args).map_err(ToolError::arguments)
     }
 

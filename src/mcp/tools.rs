@@ -125,13 +125,15 @@ fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
         .with_raw_output_schema(Arc::new(unwrapped(&output)))
 }
 
-/// A schema whose descriptions read as one paragraph each: the doc
+/// A schema whose descriptions read as one paragraph each (the doc
 /// comments they come from are wrapped at 80 columns, which means nothing
-/// to a model.
+/// to a model), without the names of this server's own checks (`x-check`).
 fn unwrapped(schema: &JsonObject) -> JsonObject {
     fn walk(value: &mut Value) {
         match value {
             Value::Object(fields) => {
+                fields.remove("x-check");
+                fields.remove("x-check-items");
                 for (key, field) in fields.iter_mut() {
                     match (key.as_str(), field) {
                         ("description", Value::String(text)) => *text = text.replace('\n', " "),

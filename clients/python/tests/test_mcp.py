@@ -153,6 +153,8 @@ async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Co
         # Descriptions read as paragraphs, not as the wrapped doc comments
         # they come from.
         assert not [d for d in descriptions(schema) if "\n" in d]
+        # The names of the server's own checks stay out of what a model reads.
+        assert "x-check" not in json.dumps([t.input_schema for t in tools.values()])
         assert "idempotency key" in schema["$defs"]["MessageArg"]["properties"]["client_entry_id"]["description"]
         assert set(remember.output_schema["properties"]) >= {"session_id", "stored"}
         context = tools["context"]
@@ -690,11 +692,15 @@ async def test_bad_arguments_are_named_and_nothing_is_sent(start_server, connect
         assert (error["origin"], error["code"], error["reason"]) == (
             "arguments", "INVALID_ARGUMENT", "INVALID_ARGUMENTS",
         )
+        # By field name, as the schema lists them; unknown ones last.
         assert [v["field"] for v in error["violations"]] == [
-            "session_id", "messages[0].role", "messages[0].content", "messages[1]", "sessionId",
+            "messages[0].content", "messages[0].role", "messages[1]", "session_id", "sessionId",
         ]
-        assert "letters, digits and . _ : -" in error["violations"][0]["description"]
-        assert '"bot" is not a role' in error["violations"][1]["description"]
+        described = {v["field"]: v["description"] for v in error["violations"]}
+        assert "letters, digits and . _ : -" in described["session_id"]
+        assert described["messages[0].role"] == '"bot" is not a role: user, assistant, system or tool'
+        assert described["messages[1]"] == "must be an object, not a string"
+        assert described["sessionId"] == "is not an argument of this tool; it takes messages, session_id, subject"
         for v in error["violations"]:
             assert f"  {v['field']}: {v['description']}" in text(result)
         for bad in [{"session_id": "s", "max_tokens": 0}, {"session_id": "s", "max_tokens": "lots"}]:
