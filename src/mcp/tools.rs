@@ -8,14 +8,14 @@ use rmcp::handler::server::tool::{schema_for_input, schema_for_output};
 use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::answer::{Cut, Room, cost, quoted, shorten, success};
 use super::args::{
     ContextArgs, DEFAULT_MAX_TOKENS, DEFAULT_PAGE_SIZE, ForgetArgs, ForgetSubjectArgs,
     ListSessionsArgs, RecallArgs, RememberArgs,
 };
-use super::error::{FailureReport, ToolError, failure_report};
+use super::error::{Failed, FailureReport, ToolError, failure_report};
 use super::handler::Backend;
 use super::recall::{RECALL, RECALL_DESCRIPTION, RecallOutput};
 use crate::pb;
@@ -120,9 +120,37 @@ fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
     // tool-list test catches, not a caller's doing.
     let input = schema_for_input::<A>()
         .unwrap_or_else(|e| panic!("{name}'s argument type is not a JSON object: {e}"));
-    let output = schema_for_output::<O>();
+    let output = or_failed(&schema_for_output::<O>(), &schema_for_output::<Failed>());
     Tool::new(name, description, Arc::new(unwrapped(&input)))
         .with_raw_output_schema(Arc::new(unwrapped(&output)))
+}
+
+/// A tool's output schema that also admits its failure (`{"error": …}`):
+/// the answer's properties and `error`, either all the answer's required
+/// ones or `error` required.
+fn or_failed(answer: &JsonObject, failed: &JsonObject) -> JsonObject {
+    let mut schema = answer.clone();
+    if let Some(Value::Object(props)) = schema.get_mut("properties")
+        && let Some(error) = failed.get("properties").and_then(|p| p.get("error"))
+    {
+        props.insert("error".to_owned(), error.clone());
+    }
+    if let Some(Value::Object(defs)) = failed.get("$defs") {
+        let mine = schema
+            .entry("$defs")
+            .or_insert_with(|| Value::Object(JsonObject::new()));
+        if let Value::Object(mine) = mine {
+            for (name, def) in defs {
+                mine.entry(name.clone()).or_insert_with(|| def.clone());
+            }
+        }
+    }
+    let required = schema.remove("required").unwrap_or_else(|| json!([]));
+    schema.insert(
+        "anyOf".to_owned(),
+        json!([{"required": required}, {"required": ["error"]}]),
+    );
+    schema
 }
 
 /// A schema whose descriptions read as one paragraph each (the doc

@@ -715,6 +715,39 @@ async def test_bad_arguments_are_named_and_nothing_is_sent(start_server, connect
         assert ok(await client.call_tool("list_sessions", {}))["sessions"] == []
 
 
+async def test_a_tool_error_matches_the_tools_output_schema(server, connect: Connect) -> None:
+    """Clients validate a tool error's structured content against the
+    tool's output schema too (the TypeScript SDK does, and MCP Inspector
+    with it): one that did not match reached the model as a protocol error
+    (-32602), the Failure lost. Every output schema admits `{"error": …}`,
+    and still holds each answer to its own shape."""
+    import jsonschema
+
+    async with connect(url(server), "--allow-forget") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        bad = {
+            "remember": {"messages": []},
+            "recall": {"query": ""},
+            "context": {"session_id": "no such one"},
+            "list_sessions": {"page_size": 0},
+            "forget": {"session_id": new_session()},
+            "forget_subject": {"subject": "not a subject!"},
+        }
+        assert set(bad) == set(tools)
+        for name, arguments in bad.items():
+            error = await client.call_tool(name, arguments)
+            failed(error)
+            jsonschema.validate(error.structured_content, tools[name].output_schema)
+        session = new_session()
+        stored = ok(await client.call_tool("remember", {
+            "session_id": session, "messages": [{"role": "user", "content": "fits"}],
+        }))
+        jsonschema.validate(stored, tools["remember"].output_schema)
+        # An answer missing its own required fields is still refused.
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"stored": []}, tools["remember"].output_schema)
+
+
 async def test_a_budget_too_small_names_the_smallest(server, connect: Connect) -> None:
     session = new_session()
     async with connect(url(server)) as client:

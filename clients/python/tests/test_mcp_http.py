@@ -23,12 +23,17 @@ PROTOCOL = "2025-06-18"
 
 
 class Raw:
-    """POSTs JSON-RPC to one MCP endpoint over a kept-alive connection."""
+    """POSTs JSON-RPC to one MCP endpoint, a connection a request (a server
+    may close one after refusing a request whose body it did not read)."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
         self.path = parts.path
-        self.conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port
+        self.conn = self._connect()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=30)
 
     def post(
         self, message: dict[str, Any], accept: str | None = "application/json, text/event-stream",
@@ -39,11 +44,15 @@ class Raw:
             headers["accept"] = accept
         if session is not None:
             headers["mcp-session-id"] = session
+        self.conn.close()
+        self.conn = self._connect()
         self.conn.request("POST", self.path, json.dumps(message).encode(), headers)
         response = self.conn.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
     def delete(self, session: str) -> int:
+        self.conn.close()
+        self.conn = self._connect()
         self.conn.request("DELETE", self.path, headers={"mcp-session-id": session})
         response = self.conn.getresponse()
         response.read()
