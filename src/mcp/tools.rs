@@ -155,13 +155,22 @@ fn or_failed(answer: &JsonObject, failed: &JsonObject) -> JsonObject {
 
 /// A schema whose descriptions read as one paragraph each (the doc
 /// comments they come from are wrapped at 80 columns, which means nothing
-/// to a model), without the names of this server's own checks (`x-check`).
+/// to a model), without the names of this server's own checks (`x-check`)
+/// and without the integer formats only schemars knows (`uint64`: a
+/// validator such as Ajv warns on each; `minimum` already says enough).
 fn unwrapped(schema: &JsonObject) -> JsonObject {
     fn walk(value: &mut Value) {
         match value {
             Value::Object(fields) => {
                 fields.remove("x-check");
                 fields.remove("x-check-items");
+                if fields
+                    .get("format")
+                    .and_then(Value::as_str)
+                    .is_some_and(|f| f.starts_with("uint") || f.starts_with("int"))
+                {
+                    fields.remove("format");
+                }
                 for (key, field) in fields.iter_mut() {
                     match (key.as_str(), field) {
                         ("description", Value::String(text)) => *text = text.replace('\n', " "),
@@ -957,6 +966,14 @@ mod tests {
         for subject in [None, Some("ada@example.com"), Some(long.as_str())] {
             let name = session_of_the_day(subject, at);
             assert!(crate::model::SessionName::parse(&name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn listed_schemas_hold_only_standard_keywords() {
+        let listed = serde_json::to_string(&tools(true)).unwrap_or_default();
+        for private in ["x-check", "\"uint", "\"int32", "\"int64"] {
+            assert!(!listed.contains(private), "{private} in {listed}");
         }
     }
 
