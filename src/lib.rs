@@ -30,7 +30,8 @@
 //!   tools (`tools.rs`, `recall.rs` the search), their arguments checked
 //!   before any call (`args.rs`), every failure a tool error (`error.rs`),
 //!   answers within a cap (`answer.rs`), the handler and its shared
-//!   connection (`handler.rs`).
+//!   connection (`handler.rs`), the HTTP endpoint and its session cap
+//!   (`http.rs`).
 //! - `pb`: the generated `archivist.v1` wire types, client and server.
 //! - `internals`: what the benchmarks and integration tests drive directly.
 //!

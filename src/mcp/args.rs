@@ -1,15 +1,19 @@
-//! The tools' arguments: each tool's argument type (whose JSON schema is
-//! the tool's input schema), and the reading of a call's JSON arguments
-//! into it, every bad field named at once before anything is sent.
-//!
-//! Arguments are read field by field rather than through serde: a model
-//! that sends `sessionId`, a number for a string or `role: "bot"` is told
-//! which field, why, and every other mistake of the same call, where a
-//! derived `Deserialize` stops at the first with no path.
+//! The tools' arguments: one type per tool, whose derived JSON schema is
+//! both the tool's input schema and the check of a call's arguments, and
+//! whose serde reading takes them once the check passed. Every bad field
+//! is named at once, with its path (`messages[2].role`), before anything
+//! is sent: a model that sends `sessionId`, a number for a string or
+//! `role: "bot"` is told which field and why. A field the schema cannot
+//! check in full (a session id's characters, a time) names its check in
+//! the schema (`x-check`, taken out of the listed schema), and a check
+//! across fields is the type's own (`ToolArgs::check`).
 
+use rmcp::handler::server::tool::schema_for_input;
 use rmcp::model::JsonObject;
 use schemars::JsonSchema;
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
 
 use super::error::Violation;
 use crate::model::{Role, SessionName, Subject};
@@ -17,33 +21,21 @@ use crate::model::{Role, SessionName, Subject};
 /// Most messages one `remember` takes: beyond that a model is pasting a
 /// transcript, which an agent host should stream over gRPC instead.
 pub(super) const MAX_MESSAGES: usize = 100;
-/// The longest a client_entry_id may be (the server's own bound).
-const MAX_CLIENT_ENTRY_ID: usize = 128;
 /// The longest message text, in UTF-8 bytes: a server's default bound, so
 /// a model is told which message before anything is sent.
 pub(super) const MAX_CONTENT_BYTES: usize = crate::config::DEFAULT_MAX_CONTENT_BYTES as usize;
 /// The most text one `remember` sends: a server's default request bound,
 /// less room for the rest of the request (ids, roles, framing).
 const MAX_CALL_BYTES: usize = crate::config::DEFAULT_MAX_MESSAGE_BYTES as usize - 64 * 1024;
-/// Sessions one `list_sessions` page holds at most.
-pub(super) const MAX_PAGE_SIZE: u32 = 100;
 pub(super) const DEFAULT_PAGE_SIZE: u32 = 20;
 /// The budget `context` asks for when the model names none.
 pub(super) const DEFAULT_MAX_TOKENS: u32 = 2000;
-/// Most sessions one `recall` may name.
-const MAX_RECALL_SESSIONS: usize = 100;
-/// Hits one `recall` returns by default, and at most.
+/// Hits one `recall` returns by default.
 pub(super) const DEFAULT_RECALL_LIMIT: u32 = 10;
-const MAX_RECALL_LIMIT: u32 = 100;
-/// Levels deeper than this cover more than any session holds (fanout 2:
-/// 2^63 segments).
-const MAX_LEVEL: u32 = 64;
-/// A page token is opaque and short; anything longer is not ours.
-const MAX_PAGE_TOKEN: usize = 1024;
 
 /// Who said a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[schemars(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(super) enum RoleArg {
     User,
     Assistant,
@@ -63,13 +55,13 @@ impl RoleArg {
 }
 
 /// One message to remember.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct MessageArg {
     /// Who said it: user, assistant, system or tool.
     pub role: RoleArg,
     /// The text, exactly as said (not empty; at most 65,536 bytes of UTF-8).
-    #[schemars(length(min = 1, max = 65536))]
+    #[schemars(length(min = 1), extend("x-check" = "content"))]
     pub content: String,
     /// Optional idempotency key, unique within the session (at most 128
     /// characters): sending the same id with the same text again stores it
@@ -79,30 +71,32 @@ pub(super) struct MessageArg {
 }
 
 /// `remember`'s arguments.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RememberArgs {
     /// The session (one conversation's memory) to add to: 1 to 128
     /// characters of letters, digits and . _ : -. A new id starts a new
-    /// session.
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
-    pub session_id: String,
+    /// session. Without it, the subject's session of the day
+    /// (<subject>:<YYYY-MM-DD>, in UTC), or without a subject the day's
+    /// (<YYYY-MM-DD>); the answer names it.
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"), extend("x-check" = "session_id"))]
+    pub session_id: Option<String>,
     /// What to remember, oldest first: 1 to 100 messages.
-    #[schemars(length(min = 1, max = 100))]
+    #[schemars(length(min = 1, max = MAX_MESSAGES))]
     pub messages: Vec<MessageArg>,
     /// Whose memory this is (a user, a customer: 1 to 256 characters of
     /// letters, digits and . _ : @ -), to find their sessions later. Fixed
     /// by the first remember of a session: another one later is refused.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"), extend("x-check" = "subject"))]
     pub subject: Option<String>,
 }
 
 /// `context`'s arguments.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ContextArgs {
     /// The session to read.
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"), extend("x-check" = "session_id"))]
     pub session_id: String,
     /// The most tokens (about four characters each) the memory may take
     /// in your prompt; default 2000. Older history is zoomed out to recaps
@@ -112,22 +106,23 @@ pub(super) struct ContextArgs {
 }
 
 /// `list_sessions`' arguments.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ListSessionsArgs {
     /// Sessions per page, 1 to 100; default 20.
     #[schemars(range(min = 1, max = 100))]
     pub page_size: Option<u32>,
     /// The next_page_token of the previous page, to read on.
+    #[schemars(length(max = 1024))]
     pub page_token: Option<String>,
     /// Only the sessions of this subject.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"), extend("x-check" = "subject"))]
     pub subject: Option<String>,
 }
 
 /// How `recall` looks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[schemars(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(super) enum ModeArg {
     /// By words and by meaning where the server has embeddings on; by
     /// words otherwise.
@@ -139,32 +134,39 @@ pub(super) enum ModeArg {
 }
 
 /// `recall`'s arguments.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct RecallArgs {
     /// What to look for, as in a web search: words (all of them match
     /// best), "an exact phrase", `or` between alternatives, -word to
     /// exclude. At most 4096 bytes.
-    #[schemars(length(min = 1, max = 4096))]
+    #[schemars(length(min = 1), extend("x-check" = "query"))]
     pub query: String,
     /// Only these sessions (at most 100); with neither this nor subject,
     /// every session of this memory.
-    #[schemars(length(max = 100))]
+    #[schemars(
+        length(max = 100),
+        inner(regex(pattern = r"^[A-Za-z0-9._:-]+$")),
+        extend("x-check-items" = "session_id")
+    )]
     pub session_ids: Option<Vec<String>>,
     /// Only the sessions of this subject.
-    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"))]
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"), extend("x-check" = "subject"))]
     pub subject: Option<String>,
     /// Only what was stored after this time: RFC 3339
     /// (2026-11-30T09:00:00Z) or a date (2026-11-30, midnight UTC).
+    #[schemars(extend("x-check" = "time"))]
     pub after: Option<String>,
     /// Only what was stored before this time, written as for after.
+    #[schemars(extend("x-check" = "time"))]
     pub before: Option<String>,
     /// Only messages of these roles (recaps have none, so naming roles
     /// leaves recaps out).
+    #[schemars(length(max = 16))]
     pub roles: Option<Vec<RoleArg>>,
     /// What to search: 0 messages, 1 recaps of messages, 2 and up recaps
     /// of recaps; default messages and recaps (0 and 1).
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), inner(range(max = 64)))]
     pub levels: Option<Vec<u32>>,
     /// The most hits, best first: 1 to 100, default 10.
     #[schemars(range(min = 1, max = 100))]
@@ -174,541 +176,381 @@ pub(super) struct RecallArgs {
 }
 
 /// `forget`'s arguments.
-#[derive(Clone, Debug, PartialEq, JsonSchema)]
-#[schemars(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct ForgetArgs {
     /// The session to erase, with everything remembered in it.
-    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"))]
+    #[schemars(length(min = 1, max = 128), regex(pattern = r"^[A-Za-z0-9._:-]+$"), extend("x-check" = "session_id"))]
     pub session_id: String,
 }
 
-/// A tool's arguments, read from the JSON a call sent.
-pub(super) trait FromArgs: Sized {
-    /// Every field the tool takes: any other is a violation.
-    const FIELDS: &'static [&'static str];
-    fn read(reader: &mut Reader) -> Option<Self>;
+/// `forget_subject`'s arguments.
+#[derive(Clone, Debug, PartialEq, JsonSchema, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForgetSubjectArgs {
+    /// The subject whose every session is erased, with everything
+    /// remembered in them.
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"), extend("x-check" = "subject"))]
+    pub subject: String,
+}
+
+/// A tool's arguments: their schema and serde reading are derived; what
+/// holds across fields is checked here, once every field is well formed.
+pub(super) trait ToolArgs: JsonSchema + DeserializeOwned + 'static {
+    fn check(&self, _bad: &mut Violations) {}
 
     /// The arguments, or every violation in them.
     fn parse(arguments: Option<JsonObject>) -> Result<Self, Vec<Violation>> {
-        let mut reader = Reader::new(arguments.unwrap_or_default(), "");
-        let value = Self::read(&mut reader);
-        reader.finish(Self::FIELDS);
-        match (value, reader.violations.is_empty()) {
-            (Some(value), true) => Ok(value),
-            _ => Err(reader.violations),
+        let schema = schema_for_input::<Self>().map_err(|e| {
+            vec![Violation {
+                field: String::new(),
+                description: format!("this tool's schema is broken: {e}"),
+            }]
+        })?;
+        let mut bad = Violations(Vec::new());
+        let mut value = Value::Object(arguments.unwrap_or_default());
+        Walk { root: &schema }.value(&schema, &mut value, "", None, &mut bad);
+        if !bad.0.is_empty() {
+            return Err(bad.0);
+        }
+        // The walk has checked every field serde reads, so a failure here
+        // is a schema that says less than the type: named, not a panic.
+        let args: Self = serde_json::from_value(value).map_err(|e| {
+            vec![Violation {
+                field: String::new(),
+                description: e.to_string(),
+            }]
+        })?;
+        args.check(&mut bad);
+        match bad.0.is_empty() {
+            true => Ok(args),
+            false => Err(bad.0),
         }
     }
 }
 
-impl FromArgs for RememberArgs {
-    const FIELDS: &'static [&'static str] = &["session_id", "messages", "subject"];
-
-    fn read(r: &mut Reader) -> Option<Self> {
-        let session_id = r.session_id("session_id");
-        let messages = r.array("messages", 1, MAX_MESSAGES).map(|items| {
-            items
-                .into_iter()
-                .enumerate()
-                .filter_map(|(i, item)| r.message(i, item))
-                .collect::<Vec<_>>()
-        });
-        if let Some(messages) = &messages {
-            let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
-            if bytes > MAX_CALL_BYTES {
-                r.bad(
-                    "messages",
-                    format!(
-                        "hold {bytes} bytes of text together; one call takes at most {MAX_CALL_BYTES}: send them in several calls"
-                    ),
-                );
-            }
-        }
-        let subject = r.subject("subject");
-        Some(RememberArgs {
-            session_id: session_id?,
-            messages: messages?,
-            subject: subject?,
-        })
-    }
-}
-
-impl FromArgs for ContextArgs {
-    const FIELDS: &'static [&'static str] = &["session_id", "max_tokens"];
-
-    fn read(r: &mut Reader) -> Option<Self> {
-        let session_id = r.session_id("session_id");
-        let max_tokens = r.count("max_tokens", 1, u32::MAX);
-        Some(ContextArgs {
-            session_id: session_id?,
-            max_tokens: max_tokens?,
-        })
-    }
-}
-
-impl FromArgs for ListSessionsArgs {
-    const FIELDS: &'static [&'static str] = &["page_size", "page_token", "subject"];
-
-    fn read(r: &mut Reader) -> Option<Self> {
-        let page_size = r.count("page_size", 1, MAX_PAGE_SIZE);
-        let page_token = r.opt_string("page_token", MAX_PAGE_TOKEN);
-        let subject = r.subject("subject");
-        Some(ListSessionsArgs {
-            page_size: page_size?,
-            page_token: page_token?.filter(|t| !t.is_empty()),
-            subject: subject?,
-        })
-    }
-}
-
-impl FromArgs for RecallArgs {
-    const FIELDS: &'static [&'static str] = &[
-        "query",
-        "session_ids",
-        "subject",
-        "after",
-        "before",
-        "roles",
-        "levels",
-        "limit",
-        "mode",
-    ];
-
-    fn read(r: &mut Reader) -> Option<Self> {
-        let query = r.query("query");
-        let session_ids = r
-            .opt_array("session_ids", MAX_RECALL_SESSIONS)
-            .map(|items| {
-                items.map(|items| {
-                    items
-                        .into_iter()
-                        .enumerate()
-                        .filter_map(|(i, item)| r.item_session_id("session_ids", i, item))
-                        .collect::<Vec<_>>()
-                })
-            });
-        let subject = r.subject("subject");
-        let after = r.time("after");
-        let before = r.time("before");
-        let roles = r.opt_array("roles", Role::ALL.len() * 4).map(|items| {
-            items.map(|items| {
-                items
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(|(i, item)| r.item_role("roles", i, item))
-                    .collect::<Vec<_>>()
-            })
-        });
-        let levels = r.opt_array("levels", 16).map(|items| {
-            items.map(|items| {
-                items
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(|(i, item)| r.item_level("levels", i, item))
-                    .collect::<Vec<_>>()
-            })
-        });
-        let limit = r.count("limit", 1, MAX_RECALL_LIMIT);
-        let mode = r.mode("mode");
-        if let (Some(Some(after)), Some(Some(before))) = (&after, &before)
-            && after >= before
-        {
-            r.bad("before", "must be later than after");
-        }
-        Some(RecallArgs {
-            query: query?,
-            session_ids: session_ids?,
-            subject: subject?,
-            after: after?.map(|t| humantime::format_rfc3339(t).to_string()),
-            before: before?.map(|t| humantime::format_rfc3339(t).to_string()),
-            roles: roles?,
-            levels: levels?,
-            limit: limit?,
-            mode: mode?,
-        })
-    }
-}
-
-impl FromArgs for ForgetArgs {
-    const FIELDS: &'static [&'static str] = &["session_id"];
-
-    fn read(r: &mut Reader) -> Option<Self> {
-        Some(ForgetArgs {
-            session_id: r.session_id("session_id")?,
-        })
-    }
-}
-
-/// Takes the fields of one JSON object, noting every violation; a field's
-/// reader gives None when the field is bad (absent optional fields are
-/// `Some(None)`).
-pub(super) struct Reader {
-    object: JsonObject,
-    /// The path of this object in the arguments (`messages[2].`).
-    prefix: String,
-    violations: Vec<Violation>,
-}
-
-impl Reader {
-    fn new(object: JsonObject, prefix: &str) -> Reader {
-        Reader {
-            object,
-            prefix: prefix.to_owned(),
-            violations: Vec::new(),
-        }
-    }
-
-    fn bad(&mut self, field: &str, description: impl Into<String>) {
-        self.violations.push(Violation {
-            field: format!("{}{field}", self.prefix),
-            description: description.into(),
-        });
-    }
-
-    /// The field's value; null counts as absent (models send it for
-    /// "not given").
-    fn take(&mut self, field: &str) -> Option<Value> {
-        self.object.remove(field).filter(|v| !v.is_null())
-    }
-
-    fn required(&mut self, field: &str) -> Option<Value> {
-        let value = self.take(field);
-        if value.is_none() {
-            self.bad(field, "required");
-        }
-        value
-    }
-
-    fn string(&mut self, field: &str) -> Option<String> {
-        match self.required(field)? {
-            Value::String(s) => Some(s),
-            other => {
-                self.bad(field, format!("must be a string, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    fn opt_string(&mut self, field: &str, max_len: usize) -> Option<Option<String>> {
-        match self.take(field) {
-            None => Some(None),
-            Some(Value::String(s)) if s.chars().count() > max_len => {
-                self.bad(field, format!("is longer than {max_len} characters"));
-                None
-            }
-            Some(Value::String(s)) => Some(Some(s)),
-            Some(other) => {
-                self.bad(field, format!("must be a string, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    fn session_id(&mut self, field: &str) -> Option<String> {
-        let raw = self.string(field)?;
-        match SessionName::parse(&raw) {
-            Ok(_) => Some(raw),
-            Err(e) => {
-                self.bad(
-                    field,
-                    format!(
-                        "{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)"
-                    ),
-                );
-                None
-            }
-        }
-    }
-
-    /// An optional subject.
-    fn subject(&mut self, field: &str) -> Option<Option<String>> {
-        let raw = self.opt_string(field, usize::MAX)?;
-        match raw.as_deref().map(Subject::parse) {
-            None => Some(None),
-            Some(Ok(_)) => Some(raw),
-            Some(Err(e)) => {
-                self.bad(
-                    field,
-                    format!(
-                        "{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)"
-                    ),
-                );
-                None
-            }
-        }
-    }
-
-    /// An optional whole number within `min..=max`.
-    fn count(&mut self, field: &str, min: u32, max: u32) -> Option<Option<u32>> {
-        let Some(value) = self.take(field) else {
-            return Some(None);
-        };
-        // 2000.0 is a whole number a model may well send.
-        let whole: Option<i128> = match &value {
-            Value::Number(n) => n
-                .as_i64()
-                .map(i128::from)
-                .or_else(|| n.as_u64().map(i128::from))
-                .or_else(|| {
-                    n.as_f64()
-                        .filter(|f| f.fract() == 0.0 && f.abs() < 1e18)
-                        .map(|f| f as i128)
-                }),
-            _ => None,
-        };
-        match whole {
-            Some(n) if n >= i128::from(min) && n <= i128::from(max) => Some(u32::try_from(n).ok()),
-            Some(_) => {
-                self.bad(field, format!("must be from {min} to {max}, not {value}"));
-                None
-            }
-            None => {
-                let what = match &value {
-                    Value::Number(n) => n.to_string(),
-                    other => kind(other).to_owned(),
-                };
-                self.bad(field, format!("must be a whole number, not {what}"));
-                None
-            }
-        }
-    }
-
-    fn array(&mut self, field: &str, min: usize, max: usize) -> Option<Vec<Value>> {
-        match self.required(field)? {
-            Value::Array(items) if items.len() < min => {
-                self.bad(field, format!("needs at least {min} item(s)"));
-                None
-            }
-            Value::Array(items) if items.len() > max => {
-                self.bad(
-                    field,
-                    format!("holds {} items; at most {max} are allowed", items.len()),
-                );
-                None
-            }
-            Value::Array(items) => Some(items),
-            other => {
-                self.bad(field, format!("must be an array, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    /// A search query: words to look for, within the server's bound.
-    fn query(&mut self, field: &str) -> Option<String> {
-        use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
-        let raw = self.string(field)?;
-        match Query::parse(&raw) {
-            Ok(_) => Some(raw),
-            Err(QueryError::TooLong) => {
-                self.bad(
-                    field,
-                    format!(
-                        "is {} bytes; at most {MAX_QUERY_BYTES} are allowed",
-                        raw.len()
-                    ),
-                );
-                None
-            }
-            Err(QueryError::NoWords) => {
-                self.bad(
-                    field,
-                    "has no word to look for (letters or digits, not only -excluded ones)",
-                );
-                None
-            }
-        }
-    }
-
-    /// An optional time: RFC 3339, or a date meaning its midnight UTC.
-    fn time(&mut self, field: &str) -> Option<Option<std::time::SystemTime>> {
-        let Some(raw) = self.opt_string(field, 64)? else {
-            return Some(None);
-        };
-        let parsed = match raw.len() {
-            10 => humantime::parse_rfc3339(&format!("{raw}T00:00:00Z")),
-            _ => humantime::parse_rfc3339_weak(&raw),
-        };
-        match parsed {
-            Ok(at) => Some(Some(at)),
-            Err(_) => {
-                self.bad(
-                    field,
-                    format!("{raw:?} is not a time: write it like 2026-11-30T09:00:00Z, or a date like 2026-11-30"),
-                );
-                None
-            }
-        }
-    }
-
-    fn mode(&mut self, field: &str) -> Option<Option<ModeArg>> {
-        let Some(raw) = self.opt_string(field, 64)? else {
-            return Some(None);
-        };
-        match raw.as_str() {
-            "auto" => Some(Some(ModeArg::Auto)),
-            "lexical" => Some(Some(ModeArg::Lexical)),
-            "semantic" => Some(Some(ModeArg::Semantic)),
-            _ => {
-                self.bad(
-                    field,
-                    format!("{raw:?} is not a mode: auto, lexical or semantic"),
-                );
-                None
-            }
-        }
-    }
-
-    /// An optional array of at most `max` items.
-    fn opt_array(&mut self, field: &str, max: usize) -> Option<Option<Vec<Value>>> {
-        match self.take(field) {
-            None => Some(None),
-            Some(Value::Array(items)) if items.len() > max => {
-                self.bad(
-                    field,
-                    format!("holds {} items; at most {max} are allowed", items.len()),
-                );
-                None
-            }
-            Some(Value::Array(items)) => Some(Some(items)),
-            Some(other) => {
-                self.bad(field, format!("must be an array, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    fn item_session_id(&mut self, field: &str, i: usize, item: Value) -> Option<String> {
-        let path = format!("{field}[{i}]");
-        match item {
-            Value::String(raw) => match SessionName::parse(&raw) {
-                Ok(_) => Some(raw),
-                Err(e) => {
-                    self.bad(&path, e.to_string());
-                    None
-                }
-            },
-            other => {
-                self.bad(&path, format!("must be a string, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    fn item_role(&mut self, field: &str, i: usize, item: Value) -> Option<RoleArg> {
-        let path = format!("{field}[{i}]");
-        match item {
-            Value::String(name) => match role_arg(&name) {
-                Some(role) => Some(role),
-                None => {
-                    self.bad(
-                        &path,
-                        format!("{name:?} is not a role: user, assistant, system or tool"),
-                    );
-                    None
-                }
-            },
-            other => {
-                self.bad(&path, format!("must be a string, not {}", kind(&other)));
-                None
-            }
-        }
-    }
-
-    fn item_level(&mut self, field: &str, i: usize, item: Value) -> Option<u32> {
-        let path = format!("{field}[{i}]");
-        match item.as_u64() {
-            Some(level) if level <= u64::from(MAX_LEVEL) => Some(level as u32),
-            _ => {
-                self.bad(
-                    &path,
-                    format!("must be a whole number from 0 to {MAX_LEVEL}, not {item}"),
-                );
-                None
-            }
-        }
-    }
-
-    /// `messages[i]`, its violations added to this reader's.
-    fn message(&mut self, i: usize, item: Value) -> Option<MessageArg> {
-        let path = format!("{}messages[{i}]", self.prefix);
-        let Value::Object(object) = item else {
-            self.violations.push(Violation {
-                field: path,
-                description: format!("must be an object, not {}", kind(&item)),
-            });
-            return None;
-        };
-        let mut r = Reader::new(object, &format!("{path}."));
-        let role = match r.string("role") {
-            Some(name) => match role_arg(&name) {
-                Some(role) => Some(role),
-                None => {
-                    r.bad(
-                        "role",
-                        format!("{name:?} is not a role: user, assistant, system or tool"),
-                    );
-                    None
-                }
-            },
-            None => None,
-        };
-        let content = match r.string("content") {
-            Some(c) if c.trim().is_empty() => {
-                r.bad("content", "is empty");
-                None
-            }
-            Some(c) if c.len() > MAX_CONTENT_BYTES => {
-                r.bad(
-                    "content",
-                    format!(
-                        "is {} bytes; at most {MAX_CONTENT_BYTES} are allowed: split it into several messages",
-                        c.len()
-                    ),
-                );
-                None
-            }
-            other => other,
-        };
-        let client_entry_id = match r.opt_string("client_entry_id", MAX_CLIENT_ENTRY_ID) {
-            Some(Some(id)) if id.is_empty() => {
-                r.bad("client_entry_id", "is empty (leave it out for none)");
-                None
-            }
-            other => other,
-        };
-        r.finish(&["role", "content", "client_entry_id"]);
-        self.violations.append(&mut r.violations);
-        Some(MessageArg {
-            role: role?,
-            content: content?,
-            client_entry_id: client_entry_id?,
-        })
-    }
-
-    /// Every field left is one the tool does not take.
-    fn finish(&mut self, fields: &[&str]) {
-        let mut unknown: Vec<String> = self.object.keys().cloned().collect();
-        unknown.sort();
-        for name in unknown {
-            self.bad(
-                &name,
+impl ToolArgs for RememberArgs {
+    fn check(&self, bad: &mut Violations) {
+        let bytes: usize = self.messages.iter().map(|m| m.content.len()).sum();
+        if bytes > MAX_CALL_BYTES {
+            bad.add(
+                "messages",
                 format!(
-                    "is not an argument of this tool; it takes {}",
-                    fields.join(", ")
+                    "hold {bytes} bytes of text together; one call takes at most {MAX_CALL_BYTES}: send them in several calls"
                 ),
             );
         }
-        self.object.clear();
     }
 }
 
-fn role_arg(name: &str) -> Option<RoleArg> {
-    match Role::parse(name)? {
-        Role::User => Some(RoleArg::User),
-        Role::Assistant => Some(RoleArg::Assistant),
-        Role::System => Some(RoleArg::System),
-        Role::Tool => Some(RoleArg::Tool),
+impl ToolArgs for ContextArgs {}
+impl ToolArgs for ListSessionsArgs {}
+impl ToolArgs for ForgetArgs {}
+impl ToolArgs for ForgetSubjectArgs {}
+
+impl ToolArgs for RecallArgs {
+    fn check(&self, bad: &mut Violations) {
+        let at = |t: &Option<String>| t.as_deref().and_then(|t| humantime::parse_rfc3339(t).ok());
+        if let (Some(after), Some(before)) = (at(&self.after), at(&self.before))
+            && after >= before
+        {
+            bad.add("before", "must be later than after");
+        }
     }
+}
+
+/// The violations of one call, in the order found.
+pub(super) struct Violations(Vec<Violation>);
+
+impl Violations {
+    fn add(&mut self, field: &str, description: impl Into<String>) {
+        self.0.push(Violation {
+            field: field.to_owned(),
+            description: description.into(),
+        });
+    }
+}
+
+/// A walk of a call's arguments along the tool's schema: each value
+/// checked by the keywords its schema has, and put in the form serde reads
+/// (a whole float as an integer, a date as RFC 3339, a null as absent).
+struct Walk<'a> {
+    root: &'a JsonObject,
+}
+
+impl Walk<'_> {
+    /// `schema`'s `$ref` resolved, and the name of the definition it named.
+    fn resolve<'s>(&'s self, schema: &'s JsonObject) -> (&'s JsonObject, Option<&'s str>) {
+        let name = schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix("#/$defs/"));
+        let target = name
+            .and_then(|n| self.root.get("$defs")?.get(n)?.as_object())
+            .unwrap_or(schema);
+        (target, name)
+    }
+
+    fn value(
+        &self,
+        schema: &JsonObject,
+        value: &mut Value,
+        path: &str,
+        name: Option<&str>,
+        bad: &mut Violations,
+    ) {
+        let (schema, named) = self.resolve(schema);
+        let name = named.or(name);
+        // An Option is "T or null"; null was taken as absent already.
+        if let Some(Value::Array(branches)) = schema.get("anyOf") {
+            if let Some(branch) = branches
+                .iter()
+                .filter_map(Value::as_object)
+                .find(|b| b.get("type").and_then(Value::as_str) != Some("null"))
+            {
+                self.value(branch, value, path, name, bad);
+            }
+            return;
+        }
+        if let Some(choices) = choices(schema) {
+            return self.choice(&choices, value, path, name, bad);
+        }
+        let ty = match schema.get("type") {
+            Some(Value::String(t)) => t.as_str(),
+            Some(Value::Array(types)) => types
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+                .unwrap_or("null"),
+            _ => return,
+        };
+        match ty {
+            "object" => self.object(schema, value, path, bad),
+            "array" => self.array(schema, value, path, bad),
+            "string" => string(schema, value, path, bad),
+            "integer" => integer(schema, value, path, bad),
+            _ => {}
+        }
+    }
+
+    fn object(&self, schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violations) {
+        let Value::Object(fields) = value else {
+            return bad.add(path, format!("must be an object, not {}", kind(value)));
+        };
+        let prefix = match path {
+            "" => String::new(),
+            p => format!("{p}."),
+        };
+        // Models send null for "not given".
+        fields.retain(|_, v| !v.is_null());
+        let empty = Map::new();
+        let properties = schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .unwrap_or(&empty);
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for (field, property) in properties {
+            let at = format!("{prefix}{field}");
+            match (fields.get_mut(field), property.as_object()) {
+                (Some(v), Some(property)) => self.value(property, v, &at, None, bad),
+                (None, _) if required.contains(&field.as_str()) => bad.add(&at, "required"),
+                _ => {}
+            }
+        }
+        let takes: Vec<&str> = properties.keys().map(String::as_str).collect();
+        for field in fields.keys().filter(|f| !properties.contains_key(*f)) {
+            bad.add(
+                &format!("{prefix}{field}"),
+                format!(
+                    "is not an argument of this tool; it takes {}",
+                    takes.join(", ")
+                ),
+            );
+        }
+    }
+
+    fn array(&self, schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violations) {
+        let Value::Array(items) = value else {
+            return bad.add(path, format!("must be an array, not {}", kind(value)));
+        };
+        let bound = |key| schema.get(key).and_then(Value::as_u64);
+        if let Some(min) = bound("minItems").filter(|&min| (items.len() as u64) < min) {
+            return bad.add(path, format!("needs at least {min} item(s)"));
+        }
+        if let Some(max) = bound("maxItems").filter(|&max| items.len() as u64 > max) {
+            return bad.add(
+                path,
+                format!("holds {} items; at most {max} are allowed", items.len()),
+            );
+        }
+        if let Some(item) = schema.get("items").and_then(Value::as_object) {
+            // Each item's own check, where the array names one.
+            let mut item = item.clone();
+            if let Some(check) = schema.get("x-check-items") {
+                item.insert("x-check".to_owned(), check.clone());
+            }
+            for (i, v) in items.iter_mut().enumerate() {
+                self.value(&item, v, &format!("{path}[{i}]"), None, bad);
+            }
+        }
+    }
+
+    /// One of a fixed set of strings (an enum): named by its type
+    /// (`RoleArg` is a role).
+    fn choice(
+        &self,
+        choices: &[&str],
+        value: &Value,
+        path: &str,
+        name: Option<&str>,
+        bad: &mut Violations,
+    ) {
+        let Value::String(raw) = value else {
+            return bad.add(path, format!("must be a string, not {}", kind(value)));
+        };
+        if choices.contains(&raw.as_str()) {
+            return;
+        }
+        let noun = name
+            .map(|n| n.trim_end_matches("Arg").to_ascii_lowercase())
+            .unwrap_or_else(|| "choice".to_owned());
+        let listed = match choices.split_last() {
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        bad.add(path, format!("{raw:?} is not a {noun}: {listed}"));
+    }
+}
+
+/// The strings an enum's schema allows: `enum`, or `oneOf` of `const`s
+/// (variants with their own descriptions).
+fn choices(schema: &JsonObject) -> Option<Vec<&str>> {
+    if let Some(Value::Array(values)) = schema.get("enum") {
+        return Some(values.iter().filter_map(Value::as_str).collect());
+    }
+    let Some(Value::Array(branches)) = schema.get("oneOf") else {
+        return None;
+    };
+    branches
+        .iter()
+        .map(|b| b.get("const").and_then(Value::as_str))
+        .collect()
+}
+
+fn string(schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violations) {
+    let Value::String(text) = value else {
+        return bad.add(path, format!("must be a string, not {}", kind(value)));
+    };
+    let check = schema.get("x-check").and_then(Value::as_str);
+    let bound = |key| schema.get(key).and_then(Value::as_u64);
+    // A field with its own check says why better than a length could.
+    if check.is_none() {
+        if bound("minLength").is_some_and(|min| min > 0) && text.is_empty() {
+            return bad.add(path, "is empty");
+        }
+        if let Some(max) = bound("maxLength").filter(|&max| text.chars().count() as u64 > max) {
+            return bad.add(path, format!("is longer than {max} characters"));
+        }
+    }
+    let outcome = match check {
+        Some("session_id") => SessionName::parse(text).map(drop).map_err(|e| {
+            format!("{e} (a session id is 1 to 128 characters of letters, digits and . _ : -)")
+        }),
+        Some("subject") => Subject::parse(text).map(drop).map_err(|e| {
+            format!("{e} (a subject is 1 to 256 characters of letters, digits and . _ : @ -)")
+        }),
+        Some("content") => content(text),
+        Some("query") => query(text),
+        Some("time") => time(text).map(|at| *text = humantime::format_rfc3339(at).to_string()),
+        _ => Ok(()),
+    };
+    if let Err(description) = outcome {
+        bad.add(path, description);
+    }
+}
+
+/// A whole number (2000.0 is one a model may well send) within the
+/// schema's bounds and its type's.
+fn integer(schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violations) {
+    let whole: Option<i128> = match &*value {
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 1e18)
+                    .map(|f| f as i128)
+            }),
+        _ => None,
+    };
+    let Some(n) = whole else {
+        let what = match &*value {
+            Value::Number(n) => n.to_string(),
+            other => kind(other).to_owned(),
+        };
+        return bad.add(path, format!("must be a whole number, not {what}"));
+    };
+    let limit = |key| schema.get(key).and_then(Value::as_f64).map(|f| f as i128);
+    let type_max = match schema.get("format").and_then(Value::as_str) {
+        Some("uint32") => i128::from(u32::MAX),
+        _ => i128::from(i64::MAX),
+    };
+    let min = limit("minimum").unwrap_or(i128::from(i64::MIN));
+    let max = limit("maximum").unwrap_or(type_max).min(type_max);
+    if n < min || n > max {
+        return bad.add(path, format!("must be from {min} to {max}, not {value}"));
+    }
+    if let Ok(n) = i64::try_from(n) {
+        *value = Value::from(n);
+    }
+}
+
+/// A message's text: not blank, within the server's default bound.
+fn content(text: &str) -> Result<(), String> {
+    if text.trim().is_empty() {
+        return Err("is empty".to_owned());
+    }
+    if text.len() > MAX_CONTENT_BYTES {
+        return Err(format!(
+            "is {} bytes; at most {MAX_CONTENT_BYTES} are allowed: split it into several messages",
+            text.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A search query: words to look for, within the server's bound.
+fn query(text: &str) -> Result<(), String> {
+    use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
+    match Query::parse(text) {
+        Ok(_) => Ok(()),
+        Err(QueryError::TooLong) => Err(format!(
+            "is {} bytes; at most {MAX_QUERY_BYTES} are allowed",
+            text.len()
+        )),
+        Err(QueryError::NoWords) => {
+            Err("has no word to look for (letters or digits, not only -excluded ones)".to_owned())
+        }
+    }
+}
+
+/// A time: RFC 3339, or a date meaning its midnight UTC.
+fn time(text: &str) -> Result<std::time::SystemTime, String> {
+    let parsed = match text.len() {
+        10 => humantime::parse_rfc3339(&format!("{text}T00:00:00Z")),
+        _ => humantime::parse_rfc3339_weak(text),
+    };
+    parsed.map_err(|_| {
+        format!(
+            "{text:?} is not a time: write it like 2026-11-30T09:00:00Z, or a date like 2026-11-30"
+        )
+    })
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -748,7 +590,7 @@ mod tests {
             ],
         })))
         .expect("good arguments");
-        assert_eq!(args.session_id, "agent-1");
+        assert_eq!(args.session_id.as_deref(), Some("agent-1"));
         assert_eq!(args.messages.len(), 2);
         assert_eq!(args.messages[0].role, RoleArg::User);
         assert_eq!(args.messages[1].client_entry_id.as_deref(), Some("t2"));
@@ -788,33 +630,39 @@ mod tests {
         .expect_err("bad arguments");
         assert_eq!(
             fields(&violations),
+            // By field name, as the schema lists them; unknown ones last.
             [
-                "session_id",
-                "messages[0].role",
                 "messages[0].content",
+                "messages[0].role",
                 "messages[1]",
                 "messages[2].content",
                 "messages[2].extra",
+                "session_id",
                 "sessionId",
             ]
         );
-        assert!(violations[1].description.contains("\"bot\" is not a role"));
-        assert!(
-            violations[4]
-                .description
-                .contains("must be a string, not a number")
+        assert_eq!(
+            violations[1].description,
+            "\"bot\" is not a role: user, assistant, system or tool"
         );
+        assert_eq!(violations[3].description, "must be a string, not a number");
         assert!(
-            violations[6]
+            violations[5]
                 .description
-                .contains("takes session_id, messages")
+                .ends_with("(a session id is 1 to 128 characters of letters, digits and . _ : -)"),
+            "{}",
+            violations[5].description
+        );
+        assert_eq!(
+            violations[6].description,
+            "is not an argument of this tool; it takes messages, session_id, subject"
         );
     }
 
     #[test]
     fn missing_arguments_are_required_ones() {
         let violations = RememberArgs::parse(None).expect_err("nothing given");
-        assert_eq!(fields(&violations), ["session_id", "messages"]);
+        assert_eq!(fields(&violations), ["messages"]);
         assert!(violations.iter().all(|v| v.description == "required"));
         let too_many: Vec<Value> = (0..=MAX_MESSAGES)
             .map(|i| json!({"role": "user", "content": format!("m{i}")}))
@@ -921,52 +769,25 @@ mod tests {
         assert_eq!(
             fields(&violations),
             [
-                "query",
-                "session_ids[1]",
                 "after",
-                "roles[0]",
                 "levels[0]",
                 "limit",
-                "mode"
+                "mode",
+                "query",
+                "roles[0]",
+                "session_ids[1]",
             ]
         );
-        assert!(violations[0].description.contains("no word to look for"));
+        assert_eq!(violations[1].description, "must be from 0 to 64, not 99");
+        assert_eq!(
+            violations[3].description,
+            "\"fuzzy\" is not a mode: auto, lexical or semantic"
+        );
+        assert!(violations[4].description.contains("no word to look for"));
         let violations = RecallArgs::parse(object(json!({
             "query": "x", "after": "2026-12-02", "before": "2026-12-01",
         })))
         .expect_err("an empty window");
         assert_eq!(fields(&violations), ["before"]);
-    }
-
-    /// The schema a model reads and the fields read here are one list.
-    #[test]
-    fn each_schema_names_the_fields_read() {
-        fn properties<T: JsonSchema>() -> Vec<String> {
-            let schema = schemars::schema_for!(T);
-            let mut names: Vec<String> = schema
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|p| p.keys().cloned().collect())
-                .unwrap_or_default();
-            names.sort();
-            names
-        }
-        fn sorted(fields: &[&str]) -> Vec<String> {
-            let mut names: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
-            names.sort();
-            names
-        }
-        assert_eq!(properties::<RememberArgs>(), sorted(RememberArgs::FIELDS));
-        assert_eq!(properties::<ContextArgs>(), sorted(ContextArgs::FIELDS));
-        assert_eq!(
-            properties::<ListSessionsArgs>(),
-            sorted(ListSessionsArgs::FIELDS)
-        );
-        assert_eq!(properties::<ForgetArgs>(), sorted(ForgetArgs::FIELDS));
-        assert_eq!(properties::<RecallArgs>(), sorted(RecallArgs::FIELDS));
-        assert_eq!(
-            properties::<MessageArg>(),
-            sorted(&["role", "content", "client_entry_id"])
-        );
     }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
-use serde_json::json;
 
 use crate::client::{CallError, ConnectError, failure_detail};
 use crate::failure::cause_chain;
@@ -19,7 +18,7 @@ use crate::pb;
 use crate::text::human_duration;
 
 /// Where a failure came from, which says what a retry can change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(super) enum Origin {
     /// The tool's arguments were refused here; nothing was sent.
@@ -34,7 +33,7 @@ pub(super) enum Origin {
 }
 
 /// One bad argument.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub(super) struct Violation {
     pub field: String,
     pub description: String,
@@ -75,8 +74,17 @@ impl std::ops::Deref for ToolError {
     }
 }
 
+/// A failed call's structured content. Every tool's output schema admits
+/// it: clients validate a tool error's structured content too (the
+/// TypeScript SDK does), and one that did not match would reach the model
+/// as a protocol error, the Failure lost.
+#[derive(Serialize, schemars::JsonSchema)]
+pub(super) struct Failed {
+    pub error: Report,
+}
+
 /// What a failed call's structured content holds under `error`.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, schemars::JsonSchema)]
 pub(super) struct Report {
     pub origin: Origin,
     /// The gRPC status code, UPPER_SNAKE (`NOT_FOUND`); for a failure of
@@ -142,20 +150,21 @@ impl ToolError {
     }
 
     /// `forget` on a server started without `--allow-forget`.
-    pub(super) fn forget_disabled() -> ToolError {
+    pub(super) fn forget_disabled(tool: &str) -> ToolError {
         ToolError(Box::new(Report {
             origin: Origin::Tool,
             code: "PERMISSION_DENIED",
             reason: Some("FORGET_DISABLED".to_owned()),
-            message: "forget is turned off: this MCP server was started without --allow-forget"
-                .to_owned(),
+            message: format!(
+                "{tool} is turned off: this MCP server was started without --allow-forget"
+            ),
             retryable: false,
             retry_after_seconds: None,
             metadata: BTreeMap::new(),
             violations: Vec::new(),
             causes: Vec::new(),
             failure: None,
-            what_to_do: "Nothing was erased. Erasing a session needs a person to start `archivist mcp` with --allow-forget; do not retry.".to_owned(),
+            what_to_do: "Nothing was erased. Erasing needs a person to start `archivist mcp` with --allow-forget; do not retry.".to_owned(),
         }))
     }
 
@@ -329,7 +338,7 @@ impl ToolError {
     /// structured content under `error`.
     pub(super) fn into_result(self) -> CallToolResult {
         let text = self.text();
-        let structured = json!({ "error": *self.0 });
+        let structured = serde_json::to_value(Failed { error: *self.0 }).unwrap_or_default();
         let mut result = CallToolResult::structured_error(structured);
         result.content = vec![ContentBlock::text(text)];
         result

@@ -14,10 +14,10 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
-use super::args::FromArgs;
+use super::args::ToolArgs;
 use super::error::ToolError;
 use super::recall::{self, RECALL};
-use super::tools::{self, CONTEXT, FORGET, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
+use super::tools::{self, CONTEXT, FORGET, FORGET_SUBJECT, INSTRUCTIONS, LIST_SESSIONS, REMEMBER};
 use crate::client::{Client, ClientOptions, connect_with};
 
 /// The connection to archivist and what every call is bounded by.
@@ -75,7 +75,7 @@ impl Backend {
         ToolError::status(status, tool, self.timeout)
     }
 
-    pub(super) fn parse<A: FromArgs>(&self, args: Option<JsonObject>) -> Result<A, ToolError> {
+    pub(super) fn parse<A: ToolArgs>(&self, args: Option<JsonObject>) -> Result<A, ToolError> {
         A::parse(args).map_err(ToolError::arguments)
     }
 
@@ -87,6 +87,7 @@ impl Backend {
             CONTEXT => tools::context(self, args).await,
             LIST_SESSIONS => tools::list_sessions(self, args).await,
             FORGET => tools::forget(self, args).await,
+            FORGET_SUBJECT => tools::forget_subject(self, args).await,
             other => {
                 let offered: Vec<&str> = self.tools.iter().map(|t| t.name.as_ref()).collect();
                 Err(ToolError::no_such_tool(other, &offered))

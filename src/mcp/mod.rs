@@ -6,26 +6,33 @@
 //! reached as the terminal client reaches it (`--server`, TLS, the
 //! tenant's token from `ARCHIVIST_TOKEN`).
 //!
-//! Tools: `remember` (AppendEntries), `recall` (Search), `context`
-//! (GetContext within a budget), `list_sessions` (ListSessions) and, only
-//! when started with `--allow-forget`, `forget` (DeleteSession): without
-//! the flag it is not listed, and a call naming it anyway is refused with
-//! a tool error saying which flag would allow it.
+//! Tools: `remember` (AppendEntries; without a session, the subject's
+//! session of the day), `recall` (Search), `context` (GetContext within a
+//! budget), `list_sessions` (ListSessions) and, only when started with
+//! `--allow-forget`, `forget` (DeleteSession) and `forget_subject`
+//! (DeleteSubject): without the flag they are not listed, and a call
+//! naming one anyway is refused with a tool error saying which flag would
+//! allow it.
 //!
 //! What holds for every call: arguments are checked here, every bad field
 //! named, before anything is sent (`args.rs`); every failure is a tool
 //! error carrying the gRPC code and reason, retryability and its delay,
 //! the causes and a recap's `Failure`, in text and in structured content
-//! (`error.rs`); an answer stays within `--max-answer-bytes`, cut with a
-//! note (`answer.rs`); and nothing a caller sends or a server does ends
+//! (`error.rs`); an answer stays within `--max-answer-bytes` (`context`
+//! asks for a cover zoomed out to fit; otherwise cut with a note,
+//! `answer.rs`); stored text is quoted so it cannot forge a line of an
+//! answer; and nothing a caller sends or a server does ends
 //! the process: an archivist that went away is a retryable error until it
 //! is back. `tools.rs` holds the tools (`recall.rs` the search),
-//! `handler.rs` the MCP handler and the shared connection.
+//! `handler.rs` the MCP handler and the shared connection, `http.rs` the
+//! HTTP endpoint (its sessions capped by `--max-sessions`, closed after
+//! `--session-idle`).
 
 mod answer;
 mod args;
 mod error;
 mod handler;
+mod http;
 mod recall;
 mod tools;
 
@@ -36,9 +43,6 @@ use std::time::Duration;
 
 use clap::Args;
 use rmcp::ServiceExt;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ConnectFlags, parse_duration, parse_listen, shutdown_signal};
 use crate::client::{ConnectError, connect_with};
@@ -56,8 +60,9 @@ pub struct McpArgs {
     /// or HOST:PORT; port 0 picks a free one, printed at start-up).
     #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
     pub listen: Option<SocketAddr>,
-    /// Offer the `forget` tool, which erases a session for good. Without
-    /// it `forget` is not listed and a call to it is refused.
+    /// Offer the `forget` and `forget_subject` tools, which erase a session
+    /// or a subject's every session for good. Without it they are not
+    /// listed and a call to them is refused.
     #[arg(long)]
     pub allow_forget: bool,
     /// The longest one call to archivist may take ("30s", "2m").
@@ -69,11 +74,34 @@ pub struct McpArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024,
           value_parser = clap::value_parser!(u32).range(MIN_ANSWER_BYTES as i64..))]
     pub max_answer_bytes: u32,
+    /// With --listen: answer each POST on its own, with no `initialize` or
+    /// session id needed, as plain JSON when the client accepts it (SSE
+    /// when it accepts only that). Without it, MCP sessions as the spec's
+    /// streamable HTTP keeps them.
+    #[arg(long, requires = "listen")]
+    pub stateless: bool,
+    /// With --listen: the most MCP sessions open at once; a handshake past
+    /// it is refused (HTTP 503) until one closes or expires.
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+    /// With --listen: how long an MCP session may go without a message
+    /// before it is closed ("5m", "30s").
+    #[arg(long, value_name = "DURATION", value_parser = parse_idle, default_value = "5m")]
+    pub session_idle: Duration,
     /// Allow --listen on an address other than loopback. The MCP endpoint
     /// has no authentication of its own: anyone who reaches it acts as
     /// the tenant whose token this process holds.
     #[arg(long)]
     pub insecure_open: bool,
+}
+
+/// A session's idle time: a session closed at once could never be used.
+fn parse_idle(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err("a session must be allowed some idle time, such as \"30s\"".into()),
+        d => Ok(d),
+    }
 }
 
 /// Runs the MCP server until its input ends (stdio) or a signal comes.
@@ -126,7 +154,15 @@ pub async fn run(args: McpArgs) -> ExitCode {
     ));
     match args.listen {
         None => serve_stdio(backend).await,
-        Some(addr) => serve_http(backend, addr, args.insecure_open).await,
+        Some(addr) => {
+            let opts = http::HttpOptions {
+                open: args.insecure_open,
+                stateless: args.stateless,
+                max_sessions: args.max_sessions as usize,
+                session_idle: args.session_idle,
+            };
+            http::serve(backend, addr, opts).await
+        }
     }
 }
 
@@ -152,46 +188,5 @@ async fn serve_stdio(backend: Arc<Backend>) -> ExitCode {
             }
         },
         _ = shutdown_signal() => ExitCode::SUCCESS,
-    }
-}
-
-async fn serve_http(backend: Arc<Backend>, addr: SocketAddr, open: bool) -> ExitCode {
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("error: cannot listen on {addr}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let local = listener.local_addr().unwrap_or(addr);
-    let stop = CancellationToken::new();
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
-    // On loopback the SDK's own Host check (loopback names only) stands
-    // against DNS rebinding; an open endpoint answers any name it is
-    // reached by.
-    if open {
-        config = config.disable_allowed_hosts();
-    }
-    let service = StreamableHttpService::new(
-        move || Ok(Archivist::new(backend.clone())),
-        LocalSessionManager::default().into(),
-        config,
-    );
-    let router = axum::Router::new().nest_service("/mcp", service);
-    // Tests and scripts read the address from this line.
-    eprintln!("archivist mcp is serving at http://{local}/mcp");
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            stop.cancel();
-        })
-        .await;
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: the MCP HTTP server stopped: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -6,7 +6,7 @@ use rmcp::model::{CallToolResult, JsonObject};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::answer::{Cut, Room, cost, shorten, success};
+use super::answer::{Cut, Room, cost, quoted, shorten, success};
 use super::args::{DEFAULT_RECALL_LIMIT, ModeArg, RecallArgs};
 use super::error::ToolError;
 use super::handler::Backend;
@@ -185,8 +185,9 @@ fn leg(raw: i32) -> &'static str {
     }
 }
 
-/// One hit as a model reads it: where it is, then its text.
+/// One hit as a model reads it: where it is, then its text, quoted.
 fn hit_line(rank: usize, h: &Hit) -> String {
+    let text = quoted(&h.text);
     let at = h
         .created_at
         .as_deref()
@@ -194,20 +195,17 @@ fn hit_line(rank: usize, h: &Hit) -> String {
         .unwrap_or_default();
     match (&h.role, h.level) {
         (Some(role), _) => format!(
-            "{rank}. [{} seq {}, {role}{at}] {}",
-            h.session_id, h.first_seq, h.text
+            "{rank}. [{} seq {}, {role}{at}] {text}",
+            h.session_id, h.first_seq
         ),
-        (None, 0) => format!(
-            "{rank}. [{} seq {}{at}] {}",
-            h.session_id, h.first_seq, h.text
-        ),
+        (None, 0) => format!("{rank}. [{} seq {}{at}] {text}", h.session_id, h.first_seq),
         (None, 1) => format!(
-            "{rank}. [{} recap of seq {}-{}{at}] {}",
-            h.session_id, h.first_seq, h.last_seq, h.text
+            "{rank}. [{} recap of seq {}-{}{at}] {text}",
+            h.session_id, h.first_seq, h.last_seq
         ),
         (None, level) => format!(
-            "{rank}. [{} recap of seq {}-{}, level {level}{at}] {}",
-            h.session_id, h.first_seq, h.last_seq, h.text
+            "{rank}. [{} recap of seq {}-{}, level {level}{at}] {text}",
+            h.session_id, h.first_seq, h.last_seq
         ),
     }
 }
@@ -239,7 +237,7 @@ mod tests {
         };
         assert_eq!(
             hit_line(1, &message),
-            "1. [ada seq 7, user, 2026-12-01T09:00:00Z] migration 0042 timed out"
+            r#"1. [ada seq 7, user, 2026-12-01T09:00:00Z] "migration 0042 timed out""#
         );
         let recap = Hit {
             kind: "recap",
@@ -252,7 +250,7 @@ mod tests {
         };
         assert_eq!(
             hit_line(2, &recap),
-            "2. [ada recap of seq 1-200, level 2] migration 0042 timed out"
+            r#"2. [ada recap of seq 1-200, level 2] "migration 0042 timed out""#
         );
     }
 }

@@ -326,3 +326,50 @@ async def eventually_async(
         if time.monotonic() >= end:
             return False
         await asyncio.sleep(every)
+
+
+class JsonRpcClient:
+    """A generic MCP client, as a benchmark harness's adapter is: each call
+    one POST of JSON-RPC accepting only `application/json`, with no
+    `initialize` and no session id. It answers as `mcp.Client` does (the
+    SDK's own result types), so the same tool tests drive it."""
+
+    def __init__(self, url: str) -> None:
+        import httpx
+
+        self.url = url
+        self.http = httpx.AsyncClient(timeout=60)
+        self.next_id = 0
+        # Known only from a handshake, which this client never makes.
+        self.server_info = None
+        self.instructions = None
+
+    async def __aenter__(self) -> JsonRpcClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        response = await self.http.post(
+            self.url,
+            json={"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params},
+            headers={"accept": "application/json"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("application/json")
+        answer = response.json()
+        assert answer["id"] == self.next_id and "error" not in answer, answer
+        return dict(answer["result"])
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> Any:
+        from mcp.types import CallToolResult
+
+        result = await self._call("tools/call", {"name": name, "arguments": arguments or {}})
+        return CallToolResult.model_validate(result)
+
+    async def list_tools(self) -> Any:
+        from mcp.types import ListToolsResult
+
+        return ListToolsResult.model_validate(await self._call("tools/list", {}))

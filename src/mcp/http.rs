@@ -1,0 +1,300 @@
+//! `archivist mcp --listen`: streamable HTTP at `/mcp`. Stateful (the
+//! default) keeps an MCP session per client that sent `initialize`: at
+//! most `--max-sessions` at once, each closed after `--session-idle`
+//! without a message, so a flood of handshakes cannot grow the process
+//! without bound. `--stateless` answers each POST on its own, no
+//! handshake or session id needed, as plain JSON when the client accepts
+//! it and as an SSE stream when it accepts only that.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Method, StatusCode, header};
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::handler::{Archivist, Backend};
+use crate::cli::shutdown_signal;
+use crate::throttle::{LOG_INTERVAL, Throttle};
+
+/// The largest request body read (rmcp's own bound on a POST).
+const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// How the HTTP endpoint keeps its clients.
+pub(super) struct HttpOptions {
+    /// Answer anyone who reaches the port, whatever `Host` they name.
+    pub(super) open: bool,
+    /// Answer each POST on its own, without MCP sessions.
+    pub(super) stateless: bool,
+    /// The most MCP sessions open at once.
+    pub(super) max_sessions: usize,
+    /// How long a session may go without a message before it is closed.
+    pub(super) session_idle: Duration,
+}
+
+type Service = StreamableHttpService<Archivist, LocalSessionManager>;
+type OneShot = StreamableHttpService<Archivist, NeverSessionManager>;
+
+/// The stateless endpoint: the same tools answered as JSON or as SSE.
+struct Stateless {
+    json: OneShot,
+    sse: OneShot,
+}
+
+/// What every request to the stateful endpoint shares.
+struct Stateful {
+    service: Service,
+    sessions: Arc<LocalSessionManager>,
+    max_sessions: usize,
+    session_idle: Duration,
+    /// Held from the count of open sessions to the new one's creation, so
+    /// handshakes at once cannot all pass the cap together.
+    opening: tokio::sync::Mutex<()>,
+}
+
+pub(super) async fn serve(backend: Arc<Backend>, addr: SocketAddr, opts: HttpOptions) -> ExitCode {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = listener.local_addr().unwrap_or(addr);
+    let stop = CancellationToken::new();
+    let mut config =
+        StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+    // On loopback the SDK's own Host check (loopback names only) stands
+    // against DNS rebinding; an open endpoint answers any name it is
+    // reached by.
+    if opts.open {
+        config = config.disable_allowed_hosts();
+    }
+    let router = match opts.stateless {
+        true => stateless_router(backend, config),
+        false => stateful_router(backend, config, &opts),
+    };
+    // Tests and scripts read the address from this line.
+    eprintln!("archivist mcp is serving at http://{local}/mcp");
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            stop.cancel();
+        })
+        .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: the MCP HTTP server stopped: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn stateless_router(backend: Arc<Backend>, config: StreamableHttpServerConfig) -> axum::Router {
+    let config = config.with_legacy_session_mode(false);
+    let service = |json: bool| {
+        let backend = backend.clone();
+        StreamableHttpService::new(
+            move || Ok(Archivist::new(backend.clone())),
+            Arc::new(NeverSessionManager::default()),
+            config.clone().with_json_response(json),
+        )
+    };
+    let state = Arc::new(Stateless {
+        json: service(true),
+        sse: service(false),
+    });
+    axum::Router::new()
+        .route("/mcp", axum::routing::any(stateless))
+        .with_state(state)
+}
+
+fn stateful_router(
+    backend: Arc<Backend>,
+    config: StreamableHttpServerConfig,
+    opts: &HttpOptions,
+) -> axum::Router {
+    let mut sessions = LocalSessionManager::default();
+    let mut session_config = SessionConfig::default();
+    session_config.keep_alive = Some(opts.session_idle);
+    sessions.session_config = session_config;
+    let sessions = Arc::new(sessions);
+    let state = Arc::new(Stateful {
+        service: StreamableHttpService::new(
+            move || Ok(Archivist::new(backend.clone())),
+            sessions.clone(),
+            config,
+        ),
+        sessions,
+        max_sessions: opts.max_sessions,
+        session_idle: opts.session_idle,
+        opening: tokio::sync::Mutex::new(()),
+    });
+    axum::Router::new()
+        .route("/mcp", axum::routing::any(stateful))
+        .with_state(state)
+}
+
+/// One request to the stateless endpoint. The SDK insists a POST accept
+/// both JSON and SSE; a generic JSON-RPC client often sends neither, so
+/// the answer's form is chosen here from what the client accepts (JSON
+/// first, no Accept meaning anything) and the SDK told it may use both.
+async fn stateless(State(state): State<Arc<Stateless>>, mut request: Request) -> Response {
+    if request.method() != Method::POST {
+        return state.json.handle(request).await.into_response();
+    }
+    let (json, sse) = accepted(request.headers());
+    let service = match (json, sse) {
+        (true, _) => &state.json,
+        (false, true) => &state.sse,
+        (false, false) => {
+            return (
+                StatusCode::NOT_ACCEPTABLE,
+                "Not Acceptable: this endpoint answers application/json or text/event-stream",
+            )
+                .into_response();
+        }
+    };
+    request.headers_mut().insert(
+        header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    service.handle(request).await.into_response()
+}
+
+/// Whether the client accepts JSON, and SSE: no Accept header accepts
+/// anything (RFC 9110), as do wildcards; `q=0` refuses.
+fn accepted(headers: &http::HeaderMap) -> (bool, bool) {
+    let mut values = headers.get_all(header::ACCEPT).iter().peekable();
+    if values.peek().is_none() {
+        return (true, true);
+    }
+    let (mut json, mut sse) = (false, false);
+    let ranges = values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    for range in ranges {
+        let mut parts = range.split(';').map(str::trim);
+        let essence = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let refused = parts.any(|p| {
+            p.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("q")
+                    && v.trim().parse::<f32>().is_ok_and(|q| q == 0.0)
+            })
+        });
+        if refused {
+            continue;
+        }
+        match essence.as_str() {
+            "*/*" => (json, sse) = (true, true),
+            "application/*" | "application/json" => json = true,
+            "text/*" | "text/event-stream" => sse = true,
+            _ => {}
+        }
+    }
+    (json, sse)
+}
+
+/// One request to the stateful endpoint: a handshake counted against the
+/// cap, anything else straight to the SDK.
+async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Response {
+    if request.method() != Method::POST || request.headers().contains_key("mcp-session-id") {
+        return state.service.handle(request).await.into_response();
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Payload Too Large: a request may take at most {MAX_BODY_BYTES} bytes"),
+            )
+                .into_response();
+        }
+    };
+    let message: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let initialize = message
+        .as_ref()
+        .is_some_and(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
+    if !initialize {
+        return state.service.handle(request).await.into_response();
+    }
+    let _opening = state.opening.lock().await;
+    let open = state.sessions.sessions.read().await.len();
+    if open >= state.max_sessions {
+        return sessions_full(&state, message.as_ref().and_then(|m| m.get("id")));
+    }
+    state.service.handle(request).await.into_response()
+}
+
+/// Refused logs once in a while, however many handshakes a flood sends.
+static FULL: Throttle = Throttle::new(LOG_INTERVAL);
+
+/// 503 with a JSON-RPC error a client can show: the cap, and when a place
+/// may be free (an idle session is closed by then at the latest).
+fn sessions_full(state: &Stateful, id: Option<&Value>) -> Response {
+    if let Some(held_back) = FULL.hit() {
+        tracing::warn!(
+            max_sessions = state.max_sessions,
+            held_back,
+            "an MCP handshake was refused: every session is taken"
+        );
+    }
+    let message = format!(
+        "this MCP server already holds {} sessions (--max-sessions); close one (HTTP DELETE with its Mcp-Session-Id) or retry once an idle one has expired (--session-idle {})",
+        state.max_sessions,
+        humantime::format_duration(state.session_idle)
+    );
+    let body = json!({
+        "jsonrpc": "2.0",
+        "id": id.cloned().unwrap_or(Value::Null),
+        "error": {"code": -32000, "message": message},
+    });
+    let retry_after = state.session_idle.as_secs().clamp(1, 60);
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, body.to_string()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(values: &[&str]) -> (bool, bool) {
+        let mut headers = http::HeaderMap::new();
+        for v in values {
+            headers.append(header::ACCEPT, HeaderValue::from_str(v).expect("header"));
+        }
+        accepted(&headers)
+    }
+
+    #[test]
+    fn what_a_client_accepts_picks_the_answers_form() {
+        assert_eq!(accept(&[]), (true, true));
+        assert_eq!(accept(&["application/json"]), (true, false));
+        assert_eq!(accept(&["text/event-stream"]), (false, true));
+        assert_eq!(accept(&["Application/JSON; charset=utf-8"]), (true, false));
+        assert_eq!(
+            accept(&["application/json, text/event-stream"]),
+            (true, true)
+        );
+        assert_eq!(accept(&["text/html", "*/*;q=0.1"]), (true, true));
+        assert_eq!(accept(&["application/json;q=0", "text/*"]), (false, true));
+        assert_eq!(accept(&["text/html"]), (false, false));
+    }
+}
