@@ -51,6 +51,17 @@ pub enum SessionCommand {
         /// that creates the session; another one later is refused.
         #[arg(long)]
         subject: Option<String>,
+        /// Who said it: a participant's name (1 to 64 characters).
+        #[arg(long)]
+        name: Option<String>,
+        /// When it was said: an RFC 3339 time (2023-11-14T09:12:00Z) or a
+        /// duration ago ("2h"); default now. Never before the session's
+        /// newest entry.
+        #[arg(long = "at", value_name = "TIME")]
+        at: Option<String>,
+        /// A metadata pair KEY=VALUE (repeatable, at most 16).
+        #[arg(long = "meta", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
         text: Vec<String>,
     },
     /// Close the open segment and schedule its recap.
@@ -220,12 +231,24 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             session,
             role,
             subject,
+            at,
+            metadata,
             ..
         } => {
             check_session(session)?;
             parse_role(role)?;
             if let Some(subject) = subject {
                 check_subject(subject)?;
+            }
+            if let Some(at) = at {
+                super::parse_time(at).map_err(|e| Failed::Usage(format!("--at: {e}")))?;
+            }
+            for pair in metadata {
+                if !pair.contains('=') {
+                    return Err(Failed::Usage(format!(
+                        "--meta {pair:?}: write a pair as KEY=VALUE"
+                    )));
+                }
             }
         }
         SessionCommand::Close { session, .. }
@@ -253,8 +276,22 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             role,
             client_entry_id,
             subject,
+            name,
+            at,
+            metadata,
             ..
         } => {
+            let occurred_at = at
+                .as_deref()
+                .map(super::parse_time)
+                .transpose()
+                .map_err(|e| Failed::Usage(format!("--at: {e}")))?
+                .map(crate::wire::timestamp);
+            let metadata = metadata
+                .iter()
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
             let resp = client
                 .append_entries(request(
                     flags,
@@ -264,7 +301,9 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                             client_entry_id: client_entry_id.unwrap_or_default(),
                             role: parse_role(&role)?.into(),
                             content: content.unwrap_or_default(),
-                            ..Default::default()
+                            occurred_at,
+                            name: name.unwrap_or_default(),
+                            metadata,
                         }],
                         subject: subject.unwrap_or_default(),
                     },

@@ -68,6 +68,15 @@ pub(super) struct MessageArg {
     /// once, so a retry after a timeout is safe.
     #[schemars(length(min = 1, max = 128))]
     pub client_entry_id: Option<String>,
+    /// Who said it, by name (1 to 64 characters), when the role alone
+    /// does not say (a group chat, an imported history).
+    #[schemars(length(min = 1, max = 64))]
+    pub name: Option<String>,
+    /// When it was said, for a history told after the fact: RFC 3339
+    /// (2023-11-14T09:12:00Z) or a date (midnight UTC); default now. Never
+    /// before the session's newest message.
+    #[schemars(extend("x-check" = "time"))]
+    pub occurred_at: Option<String>,
 }
 
 /// `remember`'s arguments.

@@ -335,7 +335,16 @@ pub(super) async fn remember(
     let of_the_day = args.session_id.is_none();
     let session_id = match &args.session_id {
         Some(id) => id.clone(),
-        None => session_of_the_day(args.subject.as_deref(), std::time::SystemTime::now()),
+        // The day the first message was said (DESIGN: the UTC day of its
+        // occurred_at), else today.
+        None => session_of_the_day(
+            args.subject.as_deref(),
+            args.messages
+                .first()
+                .and_then(|m| m.occurred_at.as_deref())
+                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .unwrap_or_else(std::time::SystemTime::now),
+        ),
     };
     let request = pb::AppendEntriesRequest {
         session_id: session_id.clone(),
@@ -346,6 +355,13 @@ pub(super) async fn remember(
                 client_entry_id: m.client_entry_id.clone().unwrap_or_default(),
                 role: role_to_pb(m.role.role()) as i32,
                 content: m.content.clone(),
+                name: m.name.clone().unwrap_or_default(),
+                // Checked and written as RFC 3339 by the arguments' check.
+                occurred_at: m
+                    .occurred_at
+                    .as_deref()
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .map(prost_types::Timestamp::from),
                 ..Default::default()
             })
             .collect(),

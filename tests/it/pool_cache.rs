@@ -54,6 +54,9 @@ async fn searches_holding_every_read_connection_leave_another_tenants_appends_se
         c.storage.url = url;
         // No segment closes, so no recap waits on the lock too.
         c.segment.max_entries = 10_000;
+        // The held searches wait on the lock past the default 2 s bound:
+        // here they must hold their connections until it is let go.
+        c.search.budget = Duration::from_secs(120);
     })
     .await;
     let mut a = client(&server, Some(TOKEN_A)).await;

@@ -4,7 +4,7 @@ Client and AsyncClient, against the real server."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timezone
 
 import pytest
 
@@ -102,3 +102,40 @@ async def test_async_entries_read_every_page(server, session_id: str) -> None:
             [e async for e in client.entries(session_id + "-nosuch")]
         with pytest.raises(ValueError):
             client.entries(session_id, limit=-1)
+
+
+def test_a_history_keeps_when_and_who_said_it(client: Client, session_id: str) -> None:
+    monday = datetime(2023, 11, 13, 8, 55, tzinfo=timezone.utc)
+    client.append(
+        session_id,
+        [
+            {
+                "role": "user",
+                "content": "The spare key is under the flowerpot.",
+                "name": "Tom",
+                "occurred_at": monday,
+                "metadata": {"source": "export"},
+            },
+            # An RFC 3339 string, and a naive datetime read as UTC.
+            {"role": "assistant", "content": "Noted.", "name": "Maya",
+             "occurred_at": "2023-11-13T08:56:00Z"},
+            {"role": "user", "content": "I moved it to Mrs Lindqvist.", "name": "Tom",
+             "occurred_at": datetime(2023, 11, 16, 9, 0)},
+        ],
+    )
+    entries = list(client.entries(session_id))
+    assert [(e.name, e.occurred_at) for e in entries] == [
+        ("Tom", monday),
+        ("Maya", datetime(2023, 11, 13, 8, 56, tzinfo=timezone.utc)),
+        ("Tom", datetime(2023, 11, 16, 9, 0, tzinfo=timezone.utc)),
+    ]
+    assert entries[0].metadata == {"source": "export"}
+    assert entries[0].created_at is not None and entries[0].created_at > monday
+    # Back in time: refused by reason, nothing of the call stored.
+    with pytest.raises(InvalidArgument) as refused:
+        client.append(
+            session_id,
+            [{"role": "user", "content": "earlier", "occurred_at": monday}],
+        )
+    assert refused.value.reason == "OCCURRED_OUT_OF_ORDER"
+    assert len(list(client.entries(session_id))) == 3

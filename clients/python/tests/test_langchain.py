@@ -109,6 +109,16 @@ def test_adding_the_same_messages_again_stores_them_once(server, session_id: str
         assert entries[-1].client_entry_id.startswith("sha256:")
 
 
+def test_a_message_name_is_kept_and_comes_back(server, session_id: str) -> None:
+    with Client(server.address) as client:
+        history = ArchivistChatMessageHistory(session_id, client)
+        history.add_messages([HumanMessage("I'm in room 12.", name="Tom"), AIMessage("Noted.")])
+        stored = list(client.entries(session_id))
+        assert [(e.name, e.content) for e in stored] == [("Tom", "I'm in room 12."), ("", "Noted.")]
+        back = history.messages
+        assert [(m.name, m.content) for m in back] == [("Tom", "I'm in room 12."), (None, "Noted.")]
+
+
 def test_messages_are_summaries_then_raw_messages(server, session_id: str) -> None:
     with Client(server.address) as client:
         history = ArchivistChatMessageHistory(session_id, client)

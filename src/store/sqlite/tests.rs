@@ -791,18 +791,18 @@ async fn embed_all(
     vector: fn(&str) -> Vec<f32>,
 ) {
     let lease = std::time::Duration::from_secs(60);
-    let Some(batch) = store.claim_owed("w", lease, 1000).await.expect("claim") else {
-        return;
-    };
-    let vectors = batch
-        .items
-        .iter()
-        .map(|i| (i.doc, vector(&i.text)))
-        .collect();
-    store
-        .store_vectors(&batch.claim, generation, vectors)
-        .await
-        .expect("store");
+    // A batch holds one owner's texts: one claim per tenant and subject.
+    while let Some(batch) = store.claim_owed("w", lease, 1000).await.expect("claim") {
+        let vectors = batch
+            .items
+            .iter()
+            .map(|i| (i.doc, vector(&i.text)))
+            .collect();
+        store
+            .store_vectors(&batch.claim, generation, vectors)
+            .await
+            .expect("store");
+    }
 }
 
 /// A unit vector the nearer [1, 0] the larger the number a text ends with.

@@ -598,10 +598,14 @@ class Client(_Base):
         """Appends messages, in order, to the session (creating it as needed).
 
         Each message is a `(role, content)` pair or a dict with `role`,
-        `content` and an optional `client_entry_id` (idempotency key, unique
+        `content` and optionally `client_entry_id` (idempotency key, unique
         per session: a key stored before is not stored again, and its entry
-        comes back with its original seq and `duplicate=True`). Roles are
-        "user", "assistant", "system" and "tool".
+        comes back with its original seq and `duplicate=True`), `name` (who
+        said it, 1 to 64 characters), `occurred_at` (when it was said: a
+        datetime, naive meaning UTC, or an RFC 3339 string; never before the
+        session's newest entry, raising InvalidArgument with reason
+        OCCURRED_OUT_OF_ORDER) and `metadata` (up to 16 str pairs). Roles
+        are "user", "assistant", "system" and "tool".
 
         `subject` says whose memory the session is (a user, a customer: 1
         to 256 characters of letters, digits and . _ : @ -). The append that

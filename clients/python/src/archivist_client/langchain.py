@@ -168,6 +168,7 @@ def _entry_message(session_id: str, entry: Entry) -> BaseMessage:
     fields: dict[str, Any] = {
         "content": entry.content,
         "id": entry.client_entry_id or None,
+        "name": entry.name or None,
         "response_metadata": {
             "archivist": {"kind": "entry", "session_id": session_id, "seq": entry.seq}
         },
@@ -280,7 +281,10 @@ class ArchivistChatMessageHistory(BaseChatMessageHistory):
                 continue
             if not message.id:
                 message.id = str(uuid.uuid4())
-            entries.append({"role": role, "content": text, "client_entry_id": _key(message.id)})
+            entry = {"role": role, "content": text, "client_entry_id": _key(message.id)}
+            if message.name:
+                entry["name"] = message.name
+            entries.append(entry)
         return entries
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:

@@ -145,8 +145,18 @@ def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
     entries = []
     for i, message in enumerate(messages):
         client_entry_id = ""
+        name: Any = ""
+        occurred_at: Any = None
+        metadata: Any = None
         if isinstance(message, Mapping):
-            unknown = set(message) - {"role", "content", "client_entry_id"}
+            unknown = set(message) - {
+                "role",
+                "content",
+                "client_entry_id",
+                "name",
+                "occurred_at",
+                "metadata",
+            }
             if unknown:
                 raise invalid_argument(
                     f"entries[{i}]", f"unknown keys: {', '.join(sorted(unknown))}"
@@ -156,6 +166,9 @@ def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
             except KeyError as missing:
                 raise invalid_argument(f"entries[{i}]", f"no {missing.args[0]!r}") from None
             client_entry_id = message.get("client_entry_id") or ""
+            name = message.get("name") or ""
+            occurred_at = message.get("occurred_at")
+            metadata = message.get("metadata")
         elif isinstance(message, tuple) and len(message) == 2:
             role, content = message
         else:
@@ -167,15 +180,43 @@ def new_entries(messages: Iterable[MessageLike]) -> list[pb.NewEntry]:
             raise TypeError(f"messages[{i}].content must be str")
         if not isinstance(client_entry_id, str):
             raise TypeError(f"messages[{i}].client_entry_id must be str")
+        if not isinstance(name, str):
+            raise TypeError(f"messages[{i}].name must be str")
+        if metadata is not None and not (
+            isinstance(metadata, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+        ):
+            raise TypeError(f"messages[{i}].metadata must be a dict of str to str")
         role_wire = role_value(role, f"entries[{i}].role")
-        entries.append(
-            pb.NewEntry(
-                client_entry_id=client_entry_id,
-                role=cast("pb.Role", role_wire),
-                content=content,
-            )
+        entry = pb.NewEntry(
+            client_entry_id=client_entry_id,
+            role=cast("pb.Role", role_wire),
+            content=content,
+            name=name,
+            metadata=dict(metadata or {}),
         )
+        if occurred_at is not None:
+            entry.occurred_at.CopyFrom(_timestamp(occurred_at, f"entries[{i}].occurred_at"))
+        entries.append(entry)
     return entries
+
+
+def _timestamp(value: Any, field_name: str) -> Timestamp:
+    """A wire timestamp from a datetime (naive: UTC) or an RFC 3339 string."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise invalid_argument(
+                field_name, f"not an RFC 3339 time: {value!r}", "INVALID_TIMESTAMP"
+            ) from None
+    if not isinstance(value, datetime):
+        raise TypeError(f"{field_name} must be a datetime or an RFC 3339 string")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=timezone.utc)
+    ts = Timestamp()
+    ts.FromDatetime(value.astimezone(timezone.utc))
+    return ts
 
 
 @dataclass(frozen=True)
@@ -318,6 +359,11 @@ class Entry:
     content: str
     created_at: datetime | None
     raw: pb.Entry = field(repr=False, compare=False)
+    #: When it was said (created_at when it was given no time of its own).
+    occurred_at: datetime | None = None
+    #: Who said it ("" when unnamed).
+    name: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
 
     kind: Literal["entry"] = field(default="entry", init=False)
 
@@ -335,6 +381,9 @@ class Entry:
             content=entry.content,
             created_at=_ts(entry, "created_at"),
             raw=entry,
+            occurred_at=_ts(entry, "occurred_at"),
+            name=entry.name,
+            metadata=dict(entry.metadata),
         )
 
 
