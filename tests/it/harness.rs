@@ -273,6 +273,22 @@ pub fn context_entries(ctx: &pb::GetContextResponse) -> Vec<(u64, String)> {
 }
 
 /// The ErrorInfo reason of a failed call ("" when it has none).
+/// The session's transcript (ListEntries' first 100 entries); empty when
+/// there is no such session.
+pub async fn transcript(server: &TestServer, session: &str) -> Vec<pb::Entry> {
+    server
+        .client
+        .clone()
+        .list_entries(pb::ListEntriesRequest {
+            session_id: session.to_owned(),
+            after_seq: 0,
+            page_size: 100,
+        })
+        .await
+        .map(|r| r.into_inner().entries)
+        .unwrap_or_default()
+}
+
 pub fn reason(status: &tonic::Status) -> String {
     use tonic_types::StatusExt;
     status

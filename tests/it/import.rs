@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use archivist::pb;
 
-use crate::harness::TestServer;
+use crate::harness::{TestServer, transcript as entries};
 use crate::operator::{Ran, archivist};
 
 /// `archivist import --server ADDRESS ARGS FILE`.
@@ -44,20 +44,6 @@ fn write(dir: &std::path::Path, name: &str, lines: &[String]) -> std::path::Path
     let path = dir.join(name);
     std::fs::write(&path, lines.join("\n") + "\n").expect("write");
     path
-}
-
-async fn entries(server: &TestServer, session: &str) -> Vec<pb::Entry> {
-    server
-        .client
-        .clone()
-        .list_entries(pb::ListEntriesRequest {
-            session_id: session.to_owned(),
-            after_seq: 0,
-            page_size: 100,
-        })
-        .await
-        .map(|r| r.into_inner().entries)
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use archivist::pb;
 use tonic::Code;
 use tonic_types::StatusExt;
 
-use crate::harness::{TestServer, reason};
+use crate::harness::{TestServer, reason, transcript};
 
 fn at(t: SystemTime) -> Option<prost_types::Timestamp> {
     Some(prost_types::Timestamp::from(t))
@@ -32,21 +32,6 @@ fn append(session: &str, entries: Vec<pb::NewEntry>) -> pb::AppendEntriesRequest
         entries,
         ..Default::default()
     }
-}
-
-async fn transcript(server: &TestServer, session: &str) -> Vec<pb::Entry> {
-    server
-        .client
-        .clone()
-        .list_entries(pb::ListEntriesRequest {
-            session_id: session.to_owned(),
-            after_seq: 0,
-            page_size: 100,
-        })
-        .await
-        .expect("entries")
-        .into_inner()
-        .entries
 }
 
 /// The one field violation of a refused call: (field, reason).
