@@ -233,9 +233,25 @@ pub(super) fn session_wire_json<M: prost::Name>(session: &str, message: &M) -> V
     value
 }
 
-/// An entry as a person reads it: "seq role: content".
+/// An entry as a person reads it: "seq role: content", and for one said by
+/// someone named or at a time of its own (an imported history), who and
+/// when: "seq role Tom (14 Nov 2023 09:12): content".
 pub(super) fn entry_line(e: &pb::Entry) -> String {
-    format!("{} {}: {}", e.seq, role_name(e.role), e.content)
+    let said_then = e.occurred_at.is_some() && e.occurred_at != e.created_at;
+    if e.name.is_empty() && !said_then {
+        return format!("{} {}: {}", e.seq, role_name(e.role), e.content);
+    }
+    let mut label = role_name(e.role).to_owned();
+    if !e.name.is_empty() {
+        label.push(' ');
+        label.push_str(&e.name);
+    }
+    if let Some(at) = &e.occurred_at {
+        let ms = at.seconds.saturating_mul(1000) + i64::from(at.nanos / 1_000_000);
+        let (day, time) = crate::text::day_and_time(crate::model::Millis(ms));
+        label.push_str(&format!(" ({day} {time})"));
+    }
+    format!("{} {label}: {}", e.seq, e.content)
 }
 
 /// A search leg's name: how a hit was matched.

@@ -108,6 +108,22 @@ async fn a_history_is_imported_as_it_happened_once_however_often_it_runs() {
     let ranges: Vec<(u64, u64)> = segments.iter().map(|s| (s.first_seq, s.last_seq)).collect();
     assert_eq!(ranges, [(1, 2), (3, 4), (5, 6)]);
 
+    // The terminal client says who and when.
+    let address = format!("http://{}", server.addr);
+    let shown = archivist(
+        &["session", "entries", "tom-chat", "--server", &address],
+        &[("ARCHIVIST_TOKEN", None)],
+        None,
+    )
+    .await;
+    assert!(
+        shown
+            .stdout
+            .contains("1 user Tom (13 Nov 2023 08:55): The spare key is under the flowerpot."),
+        "{}",
+        shown.stdout
+    );
+
     // Again: nothing new.
     let again = import(&server, &file, &[]).await;
     assert_eq!(again.code, 0, "{}", again.stderr);
