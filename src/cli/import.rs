@@ -96,7 +96,11 @@ fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
         Some(at) => Some(
             humantime::parse_rfc3339_weak(at)
                 .map(prost_types::Timestamp::from)
-                .map_err(|e| bad(format!("occurred_at: {at:?} is not an RFC 3339 time ({e})")))?,
+                .map_err(|e| {
+                    bad(format!(
+                        "occurred_at: {at:?} is not an RFC 3339 time from 1970 on, such as 2023-11-14T09:12:00Z ({e})"
+                    ))
+                })?,
         ),
     };
     // Derived from the line's place and text: the same file imported again
@@ -178,7 +182,14 @@ struct Batch {
     first_line: u64,
     lines: Vec<u64>,
     entries: Vec<pb::NewEntry>,
+    /// What its entries take on the wire.
+    bytes: usize,
 }
+
+/// The most bytes of entries one call carries: well within the server's
+/// default message limit (`limits.max_message_bytes`, 4 MiB), so that long
+/// lines are sent in smaller batches rather than refused as a whole.
+const MAX_BATCH_BYTES: usize = 3 * 1024 * 1024;
 
 /// `archivist import`.
 pub async fn run(args: ImportArgs) -> ExitCode {
@@ -212,6 +223,11 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
         let text = match text {
             Ok(text) => text,
             Err(e) => {
+                unsent_from = if batch.entries.is_empty() {
+                    number
+                } else {
+                    batch.first_line
+                };
                 stopped = Some(BadLine {
                     line: number,
                     why: format!("cannot read it: {e}"),
@@ -249,8 +265,11 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
             continue;
         };
         let same = batch.session == parsed.session && batch.subject == parsed.subject;
+        let size = prost::Message::encoded_len(&parsed.entry) + 8;
         if !batch.entries.is_empty()
-            && (!same || batch.entries.len() >= args.batch as usize)
+            && (!same
+                || batch.entries.len() >= args.batch as usize
+                || batch.bytes + size > MAX_BATCH_BYTES)
             && let Err(bad) = send(client, &args.flags, &mut batch, &mut tally).await
         {
             unsent_from = batch.first_line;
@@ -264,6 +283,7 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
         }
         batch.lines.push(number);
         batch.entries.push(parsed.entry);
+        batch.bytes += size;
     }
     if stopped.is_none()
         && let Some(client) = client.as_mut()
@@ -336,6 +356,7 @@ async fn send(
         subject: std::mem::take(&mut batch.subject),
     };
     let lines = std::mem::take(&mut batch.lines);
+    batch.bytes = 0;
     match client.append_entries(request(flags, req)).await {
         Ok(resp) => {
             for e in resp.into_inner().entries {

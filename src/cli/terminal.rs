@@ -219,18 +219,20 @@ pub(super) async fn all_segments(
     Ok(segments)
 }
 
-/// NOT_FOUND when `session` does not exist (GetContext says so).
+/// NOT_FOUND when `session` does not exist (ListEntries says so, reading
+/// one entry; GetContext with a tiny budget is refused as too small).
 pub(super) async fn ensure_session(
     client: &mut Client,
     flags: &ClientFlags,
     session: &str,
 ) -> Result<(), Failed> {
     client
-        .get_context(request(
+        .list_entries(request(
             flags,
-            pb::GetContextRequest {
+            pb::ListEntriesRequest {
                 session_id: session.to_owned(),
-                max_tokens: 1,
+                after_seq: 0,
+                page_size: 1,
             },
         ))
         .await?;

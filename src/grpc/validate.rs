@@ -169,12 +169,12 @@ pub(super) fn parse_append(
         };
         let name = match e.name.as_str() {
             "" => None,
-            n if n.chars().count() > MAX_NAME_CHARS || n.chars().any(char::is_control) => {
+            n if !is_speaker_name(n) => {
                 violations.push(violation(
                     format!("entries[{i}].name"),
                     "INVALID_NAME",
                     format!(
-                        "a name is 1 to {MAX_NAME_CHARS} characters with no control characters"
+                        "a name is 1 to {MAX_NAME_CHARS} characters, not a role's (user, assistant, system, tool), with no control characters, line breaks, ( ) : or space at either end"
                     ),
                 ));
                 None
@@ -201,6 +201,21 @@ pub(super) fn parse_append(
         Ok(session) if violations.is_empty() => Ok((session, subject, entries)),
         _ => Err(invalid(violations)),
     }
+}
+
+/// Whether `name` may name a speaker. A recap labels a line with its
+/// speaker's name where the entry has one and its role where not
+/// (`Tom (14 Nov 2023 09:12): ...`, `assistant: ...`): a name that is a
+/// role, or that holds the label's own punctuation or a line break, could
+/// pass one speaker's words off as another's turn.
+fn is_speaker_name(name: &str) -> bool {
+    let count = name.chars().count();
+    (1..=MAX_NAME_CHARS).contains(&count)
+        && name.trim() == name
+        && !name
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '(' | ')' | ':' | '\u{2028}' | '\u{2029}'))
+        && crate::model::Role::parse(&name.to_ascii_lowercase()).is_none()
 }
 
 /// Checks an entry's (or a filter's) metadata pairs: at most

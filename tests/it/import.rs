@@ -185,3 +185,33 @@ async fn a_bad_line_stops_the_import_naming_it_and_keeps_every_earlier_batch() {
     );
     assert!(entries(&server, "s3").await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lines_go_in_batches_that_fit_the_message_limit() {
+    let server = TestServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Seventy lines of 60 KB (each under the content cap): 4.2 MB, past
+    // the server's 4 MiB message limit in one call of the default 200.
+    let lines: Vec<String> = (0..70)
+        .map(|i| {
+            format!(
+                r#"{{"session_id":"long","role":"user","content":"{}{i}"}}"#,
+                "w".repeat(60_000)
+            )
+        })
+        .collect();
+    let file = write(dir.path(), "long.jsonl", &lines);
+    let ran = import(&server, &file, &["--json"]).await;
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert_eq!(ran.json()["stored"], 70);
+    // A page of the transcript is bounded in bytes too: its first holds
+    // most, and they are the file's first lines, in order.
+    let first = entries(&server, "long").await;
+    assert!(!first.is_empty());
+    assert!(
+        first
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.content.ends_with(&i.to_string()))
+    );
+}

@@ -585,6 +585,15 @@ async fn the_terminal_client_says_not_found_prints_json_and_refuses_a_reused_id(
     )
     .await;
     assert_eq!(ran.code, 0, "{}", ran.stderr);
+    // An existing session with nothing to requeue is no error (the check
+    // that it exists once asked GetContext for a budget it refuses).
+    for command in [
+        vec!["requeue", "demo"],
+        vec!["requeue", "demo", "--include-parked"],
+    ] {
+        let ran = run(client(&command), "session").await;
+        assert_eq!(ran.code, 0, "{command:?}: {}", ran.stderr);
+    }
     let ran = run(
         client(&["append", "demo", "--id", "k1", "other text"]),
         "session",
