@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Backend, Store, StoreError};
-use crate::model::{Millis, Role, SegmentId, SessionName, Subject, Tenant};
+use crate::model::{Metadata, Millis, Role, SegmentId, SessionName, Subject, Tenant};
 use crate::search::query::{Query, Term};
 
 /// A term found in at least this many of the tenant's documents is left
@@ -38,7 +38,8 @@ pub(crate) struct SearchScope {
     /// Only these sessions (empty: any of the tenant's).
     pub(crate) sessions: Vec<SessionName>,
     pub(crate) subject: Option<Subject>,
-    /// Stored strictly after / before these times.
+    /// Said strictly after / before these times: an entry's
+    /// `occurred_at`, a summary's last entry's.
     pub(crate) after: Option<Millis>,
     pub(crate) before: Option<Millis>,
     /// Only entries of these roles (summaries have none, so any role
@@ -46,6 +47,9 @@ pub(crate) struct SearchScope {
     pub(crate) roles: Vec<Role>,
     /// 0 entries, 1 segment recaps, 2+ roll-ups; empty: 0 and 1.
     pub(crate) levels: Vec<u32>,
+    /// Only entries whose metadata holds every one of these pairs
+    /// (summaries have none, so any pair leaves them out); empty: any.
+    pub(crate) metadata: Metadata,
 }
 
 impl SearchScope {
@@ -69,6 +73,12 @@ pub(crate) struct SearchHit {
     pub(crate) segment_id: Option<SegmentId>,
     pub(crate) role: Option<Role>,
     pub(crate) created_at: Millis,
+    /// When an entry was said; a summary's last entry's.
+    pub(crate) occurred_at: Millis,
+    /// An entry's speaker (a summary has none).
+    pub(crate) name: Option<String>,
+    /// An entry's metadata (a summary has none).
+    pub(crate) metadata: Metadata,
     pub(crate) text: String,
     /// 1 / (60 + rank), rank counted from 1: a reciprocal-rank score, so
     /// that legs fuse by adding them.
@@ -101,8 +111,9 @@ pub(crate) fn rank(hits: &mut [SearchHit], leg: Leg) {
 
 /// Reciprocal rank fusion of legs ranked by `rank`: a hit's score is the
 /// sum of its scores in the legs that found it, and the best `limit` come
-/// back, best first (ties in the first leg's order).
-pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize) -> Vec<SearchHit> {
+/// back, best first (ties in the first leg's order), what is true now
+/// first (`newer_first`).
+pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize, query: &Query) -> Vec<SearchHit> {
     let mut fused: Vec<SearchHit> = Vec::new();
     for hit in legs.into_iter().flatten() {
         match fused.iter_mut().find(|f| key(f) == key(&hit)) {
@@ -116,7 +127,73 @@ pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize) -> Vec<SearchHit> {
     // A stable sort: equal scores keep the order they came in.
     fused.sort_by(|a, b| b.score.total_cmp(&a.score));
     fused.truncate(limit);
+    newer_first(&mut fused, query);
     fused
+}
+
+/// Two hits say the same thing about one subject when the query's words
+/// each holds mostly coincide: they share at least this many of them...
+const SAME_SUBJECT_WORDS: usize = 2;
+/// ...and at least this share (in tenths) of the words the fuller one
+/// holds. A correction repeats what it corrects ("my gym locker code is
+/// now ..."), while text that only shares a question's small words ("what
+/// is my") holds too few of the words the fact holds to pass.
+const SAME_SUBJECT_TENTHS: usize = 6;
+
+/// What is true now first: among hits that say the same thing about one
+/// subject (`SAME_SUBJECT_*` over the query's words each text holds), the
+/// newer (by when it was said) takes the better place, so a correction
+/// ranks above what it corrects. Only such hits trade places, taking each
+/// place's score with it (scores stay best first); every other hit keeps
+/// its place, so what ranks between them does not move.
+pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
+    let mut asked: Vec<&str> = query
+        .positive()
+        .flat_map(|t| t.0.iter().map(String::as_str))
+        .collect();
+    asked.sort_unstable();
+    asked.dedup();
+    // The query's words each hit holds, as a bit set (at most 64 words).
+    let held: Vec<u64> = hits
+        .iter()
+        .map(|h| {
+            let mut said: Vec<String> = crate::search::query::words(&h.text);
+            said.sort_unstable();
+            said.dedup();
+            asked.iter().enumerate().fold(0u64, |set, (i, w)| {
+                if i < 64 && said.binary_search_by(|s| s.as_str().cmp(w)).is_ok() {
+                    set | (1 << i)
+                } else {
+                    set
+                }
+            })
+        })
+        .collect();
+    let same = |a: u64, b: u64| {
+        let shared = (a & b).count_ones() as usize;
+        let fuller = a.count_ones().max(b.count_ones()) as usize;
+        shared >= SAME_SUBJECT_WORDS && shared * 10 >= fuller * SAME_SUBJECT_TENTHS
+    };
+    // Greedy groups in rank order: a hit joins the first group whose best
+    // hit it says the same as.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, &h) in held.iter().enumerate() {
+        match groups.iter_mut().find(|g| same(held[g[0]], h)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    let placed: Vec<SearchHit> = hits.to_vec();
+    for places in groups.into_iter().filter(|g| g.len() > 1) {
+        let mut members = places.clone();
+        // Newest first; equal times keep their rank order.
+        members.sort_by(|&a, &b| placed[b].occurred_at.cmp(&placed[a].occurred_at));
+        for (&place, &member) in places.iter().zip(&members) {
+            let score = placed[place].score;
+            hits[place] = placed[member].clone();
+            hits[place].score = score;
+        }
+    }
 }
 
 /// A hit's identity, for dropping the relaxed leg's repeats.
@@ -219,10 +296,60 @@ mod tests {
             segment_id: None,
             role: None,
             created_at: Millis(0),
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Metadata::new(),
             text: String::new(),
             score: 0.0,
             legs: Vec::new(),
         }
+    }
+
+    /// A query no test text holds, so no two hits are alike.
+    fn nothing_alike() -> Query {
+        Query::parse("zzz").expect("query")
+    }
+
+    fn said(seq: u64, at: i64, text: &str) -> SearchHit {
+        SearchHit {
+            occurred_at: Millis(at),
+            text: text.to_owned(),
+            ..hit("a", seq)
+        }
+    }
+
+    #[test]
+    fn a_correction_takes_the_place_of_what_it_corrects() {
+        let query = Query::parse("What is my gym locker code?").expect("query");
+        let mut hits = vec![
+            said(1, 100, "My gym locker code is A1-1234."),
+            said(2, 50, "What is my plan for the weekend? It is a hike."),
+            said(3, 300, "Update on my gym locker code: it's K7-4417 now."),
+            said(4, 200, "What is my favourite colour? It is green."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
+        // 1 and 3 say the same of the locker code: the newer takes the
+        // first place. 2 and 4 share too few of the question's words with
+        // them to be alike (is, my: 2 of 5), but all theirs with each
+        // other (what, is, my): the newer of them goes first too.
+        assert_eq!(seqs, vec![3, 4, 1, 2]);
+        // The scores stay with the places.
+        assert_eq!(hits[0].score, 1.0 / 61.0);
+        assert_eq!(hits[2].score, 1.0 / 63.0);
+    }
+
+    #[test]
+    fn hits_about_other_things_keep_their_order_whatever_their_age() {
+        let query = Query::parse("locker code cabin password").expect("query");
+        let mut hits = vec![
+            said(1, 100, "The locker code is A1-1234."),
+            said(2, 300, "The cabin wifi password is hunter2."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 1);
     }
 
     #[test]
@@ -231,7 +358,7 @@ mod tests {
         let mut semantic = vec![hit("a", 3), hit("a", 4)];
         rank(&mut lexical, Leg::Lexical);
         rank(&mut semantic, Leg::Semantic);
-        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4);
+        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4, &nothing_alike());
         let seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
         // 3: 1/63 + 1/61 beats 1: 1/61; 2 and 4 tie at 1/62, in the order
         // the legs came.
@@ -240,6 +367,6 @@ mod tests {
         assert_eq!(fused[0].legs, vec![Leg::Lexical, Leg::Semantic]);
         assert_eq!(fused[3].legs, vec![Leg::Semantic]);
         // The limit cuts after fusing.
-        assert_eq!(fuse(vec![lexical, semantic], 1).len(), 1);
+        assert_eq!(fuse(vec![lexical, semantic], 1, &nothing_alike()).len(), 1);
     }
 }
