@@ -131,37 +131,48 @@ pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize, query: &Query) -> Ve
     fused
 }
 
-/// Two hits say the same thing about one subject when the query's words
-/// each holds mostly coincide: they share at least this many of them...
-const SAME_SUBJECT_WORDS: usize = 2;
-/// ...and at least this share (in tenths) of the words the fuller one
-/// holds. A correction repeats what it corrects ("my gym locker code is
-/// now ..."), while text that only shares a question's small words ("what
-/// is my") holds too few of the words the fact holds to pass.
-const SAME_SUBJECT_TENTHS: usize = 6;
+/// The query's words shorter than this are left out of telling what a
+/// hit is about ("what is my", "the", "for"): a subject's words are longer.
+const KEY_WORD_CHARS: usize = 4;
+/// How far apart (in places) two alike hits may be to trade places: a
+/// correction shares the subject's words with what it corrects, so they
+/// rank near each other, and an older hit that is merely alike to a newer
+/// one far below it is not pushed down the answer.
+const BAND: usize = 1;
 
-/// What is true now first: among hits that say the same thing about one
-/// subject (`SAME_SUBJECT_*` over the query's words each text holds), the
-/// newer (by when it was said) takes the better place, so a correction
-/// ranks above what it corrects. Only such hits trade places, taking each
-/// place's score with it (scores stay best first); every other hit keeps
-/// its place, so what ranks between them does not move.
+/// Whether `b` was said after `a`: by `occurred_at`, and within one
+/// session at one time (a batch appended at once) by its seq.
+fn newer(a: &SearchHit, b: &SearchHit) -> bool {
+    b.occurred_at > a.occurred_at
+        || (b.occurred_at == a.occurred_at && b.session == a.session && b.first_seq > a.first_seq)
+}
+
+/// What is true now first: of any two hits near each other (`BAND`) that
+/// say the same thing about one subject, the newer takes the better
+/// place, so a correction ranks above what it corrects. Two hits are
+/// alike when they share at least one of the query's key words (of
+/// `KEY_WORD_CHARS` or more) and at least half of those the one holding
+/// fewer holds ("the contractor doing our kitchen is Mira" and "my
+/// contractor's name is now Leopold"). Only such hits trade places, each
+/// place keeping its score (scores stay best first); every other hit keeps
+/// its place.
 pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
     let mut asked: Vec<&str> = query
         .positive()
         .flat_map(|t| t.0.iter().map(String::as_str))
+        .filter(|w| w.chars().count() >= KEY_WORD_CHARS)
         .collect();
     asked.sort_unstable();
     asked.dedup();
-    // The query's words each hit holds, as a bit set (at most 64 words).
+    // The query's key words each hit holds, as a bit set (at most 64).
     let held: Vec<u64> = hits
         .iter()
         .map(|h| {
             let mut said: Vec<String> = crate::search::query::words(&h.text);
             said.sort_unstable();
             said.dedup();
-            asked.iter().enumerate().fold(0u64, |set, (i, w)| {
-                if i < 64 && said.binary_search_by(|s| s.as_str().cmp(w)).is_ok() {
+            asked.iter().take(64).enumerate().fold(0u64, |set, (i, w)| {
+                if said.binary_search_by(|s| s.as_str().cmp(w)).is_ok() {
                     set | (1 << i)
                 } else {
                     set
@@ -169,30 +180,33 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
             })
         })
         .collect();
-    let same = |a: u64, b: u64| {
-        let shared = (a & b).count_ones() as usize;
-        let fuller = a.count_ones().max(b.count_ones()) as usize;
-        shared >= SAME_SUBJECT_WORDS && shared * 10 >= fuller * SAME_SUBJECT_TENTHS
+    let alike = |a: u64, b: u64| {
+        let shared = (a & b).count_ones();
+        shared >= 1 && shared * 2 >= a.count_ones().min(b.count_ones())
     };
-    // Greedy groups in rank order: a hit joins the first group whose best
-    // hit it says the same as.
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    for (i, &h) in held.iter().enumerate() {
-        match groups.iter_mut().find(|g| same(held[g[0]], h)) {
-            Some(g) => g.push(i),
-            None => groups.push(vec![i]),
+    // Alike hits out of time order trade places until no such pair is
+    // left, within a bound (a trade need not undo an earlier one's order
+    // when times tie across sessions).
+    let mut order: Vec<usize> = (0..hits.len()).collect();
+    let mut trades = hits.len() * hits.len();
+    'trade: while trades > 0 {
+        for j in 1..order.len() {
+            for i in j.saturating_sub(BAND)..j {
+                let (a, b) = (order[i], order[j]);
+                if newer(&hits[a], &hits[b]) && alike(held[a], held[b]) {
+                    order.swap(i, j);
+                    trades -= 1;
+                    continue 'trade;
+                }
+            }
         }
+        break;
     }
     let placed: Vec<SearchHit> = hits.to_vec();
-    for places in groups.into_iter().filter(|g| g.len() > 1) {
-        let mut members = places.clone();
-        // Newest first; equal times keep their rank order.
-        members.sort_by(|&a, &b| placed[b].occurred_at.cmp(&placed[a].occurred_at));
-        for (&place, &member) in places.iter().zip(&members) {
-            let score = placed[place].score;
-            hits[place] = placed[member].clone();
-            hits[place].score = score;
-        }
+    for (place, &member) in order.iter().enumerate() {
+        let score = placed[place].score;
+        hits[place] = placed[member].clone();
+        hits[place].score = score;
     }
 }
 
@@ -323,33 +337,48 @@ mod tests {
         let query = Query::parse("What is my gym locker code?").expect("query");
         let mut hits = vec![
             said(1, 100, "My gym locker code is A1-1234."),
-            said(2, 50, "What is my plan for the weekend? It is a hike."),
-            said(3, 300, "Update on my gym locker code: it's K7-4417 now."),
-            said(4, 200, "What is my favourite colour? It is green."),
+            said(2, 300, "Update on my gym locker code: it's K7-4417 now."),
+            said(3, 50, "What is my plan for the weekend?"),
+            said(4, 400, "Did you lock the gym door?"),
         ];
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
         let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
-        // 1 and 3 say the same of the locker code: the newer takes the
-        // first place. 2 and 4 share too few of the question's words with
-        // them to be alike (is, my: 2 of 5), but all theirs with each
-        // other (what, is, my): the newer of them goes first too.
-        assert_eq!(seqs, vec![3, 4, 1, 2]);
+        // 1 and 2 say the same of the locker code: the newer takes the
+        // first place. 4 is newer than 3 but about nothing 3 is (no key
+        // word of the query in common: "gym" and "is" are too short).
+        assert_eq!(seqs, vec![2, 1, 3, 4]);
         // The scores stay with the places.
         assert_eq!(hits[0].score, 1.0 / 61.0);
-        assert_eq!(hits[2].score, 1.0 / 63.0);
+        assert_eq!(hits[1].score, 1.0 / 62.0);
     }
 
     #[test]
-    fn hits_about_other_things_keep_their_order_whatever_their_age() {
+    fn within_a_session_at_one_time_the_later_seq_is_the_newer() {
+        let query = Query::parse("locker code").expect("query");
+        let mut hits = vec![
+            said(1, 100, "The locker code is A1-1234."),
+            said(7, 100, "The locker code is now K7-4417."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 7);
+    }
+
+    #[test]
+    fn hits_about_other_things_or_far_apart_keep_their_order_whatever_their_age() {
         let query = Query::parse("locker code cabin password").expect("query");
         let mut hits = vec![
             said(1, 100, "The locker code is A1-1234."),
             said(2, 300, "The cabin wifi password is hunter2."),
+            said(3, 400, "The locker code is now K7-4417."),
         ];
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
-        assert_eq!(hits[0].first_seq, 1);
+        let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
+        // 2 is about something else; 3 is alike to 1 but two places
+        // below it, past the band.
+        assert_eq!(seqs, vec![1, 2, 3]);
     }
 
     #[test]
