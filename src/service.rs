@@ -249,7 +249,7 @@ impl Service {
             ran.push(Leg::Semantic);
         }
         Ok(Searched {
-            hits: fuse(legs, limit as usize),
+            hits: fuse(legs, limit as usize, query),
             legs: ran,
             embedded_share,
         })

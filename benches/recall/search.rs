@@ -115,7 +115,7 @@ fn tenant(o: &Options, size: usize) -> Vec<Subject> {
 }
 
 /// What one hit is to the fact asked about.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mark {
     /// In the subject, holding the current answer.
     Relevant,
@@ -130,10 +130,12 @@ enum Mark {
 /// relevant texts the subject holds.
 struct Ranking {
     marks: Vec<Mark>,
-    /// For `--facts`: the query, the answer looked for, and the first hit.
+    /// For `--facts`: the query, the answer looked for, the first hit, and
+    /// every hit (its mark, level, when it was said, its text's start).
     query: String,
     answer: String,
     first: Option<String>,
+    shown: Vec<String>,
     relevant: usize,
     updated: bool,
     error: Option<String>,
@@ -180,6 +182,9 @@ struct Quality {
     /// The questions with no relevant hit in the first 5: the query, the
     /// answer looked for, and the first hit.
     misses: Vec<String>,
+    /// The changed facts whose old value ranked above the current one:
+    /// the query, the answer looked for, and every hit.
+    uncorrected: Vec<String>,
 }
 
 fn quality(rankings: &[Ranking]) -> Quality {
@@ -206,6 +211,18 @@ fn quality(rankings: &[Ranking]) -> Quality {
                     r.query,
                     r.answer,
                     r.first.as_deref().unwrap_or("(none)")
+                )
+            })
+            .collect(),
+        uncorrected: updated
+            .iter()
+            .filter(|r| !r.corrected())
+            .map(|r| {
+                format!(
+                    "{:?} for {}:\n      {}",
+                    r.query,
+                    r.answer,
+                    r.shown.join("\n      ")
                 )
             })
             .collect(),
@@ -460,7 +477,15 @@ fn rank(
         Err(s) => (Vec::new(), Some(format!("{:?}: {}", s.code(), s.message()))),
     };
     let first = hits.first().map(|h| h.text.clone());
-    let marks = hits
+    let shown: Vec<String> = hits
+        .iter()
+        .map(|h| {
+            let start: String = h.text.chars().take(90).collect();
+            let said = h.occurred_at.as_ref().map_or(0, |t| t.seconds);
+            format!("L{} said {said} {start:?}", h.level)
+        })
+        .collect();
+    let marks: Vec<Mark> = hits
         .into_iter()
         .map(|h| {
             if !subject.owns(&h.session_id) {
@@ -478,9 +503,14 @@ fn rank(
         })
         .collect();
     Ranking {
-        marks,
         query: query.to_owned(),
         answer: fact.current().to_owned(),
+        shown: shown
+            .into_iter()
+            .zip(&marks)
+            .map(|(s, m)| format!("{m:?} {s}"))
+            .collect(),
+        marks,
         first,
         relevant,
         updated: fact.update.is_some(),
@@ -697,6 +727,13 @@ fn print_tables(o: &Options, rows: &[Row]) {
                 r.backend, r.size
             );
             for miss in &r.question.misses {
+                println!("  {miss}");
+            }
+            println!(
+                "Changed facts whose old value ranked above the current one, {} at {} entries:",
+                r.backend, r.size
+            );
+            for miss in &r.question.uncorrected {
                 println!("  {miss}");
             }
         }

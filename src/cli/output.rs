@@ -290,11 +290,19 @@ pub(super) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// One search hit as a block for a person: its rank, where it is (the
-/// session, what kind of text, the seq range, the node), when it was
-/// stored, its role and score, then its whole text indented.
+/// session, what kind of text, the seq range, the node), its role and
+/// speaker, when it was said (an entry's occurred_at, a summary's last
+/// entry's; created_at from a server without it), its score, then its
+/// whole text indented.
 pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> String {
     let what = match hit.level {
-        0 => format!("seq {}, {}", hit.first_seq, role_name(hit.role)),
+        0 if hit.name.is_empty() => format!("seq {}, {}", hit.first_seq, role_name(hit.role)),
+        0 => format!(
+            "seq {}, {} {}",
+            hit.first_seq,
+            role_name(hit.role),
+            printable(&hit.name)
+        ),
         1 => format!(
             "recap of seq {}..{} (segment {})",
             hit.first_seq, hit.last_seq, hit.segment_id
@@ -305,8 +313,9 @@ pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> S
         ),
     };
     let at = hit
-        .created_at
+        .occurred_at
         .as_ref()
+        .or(hit.created_at.as_ref())
         .map(|t| format!(", {}", when(t, now)))
         .unwrap_or_default();
     let mut out = format!(
@@ -436,6 +445,35 @@ mod tests {
         assert_eq!(
             render_hit(3, &hit, SystemTime::now()),
             "3. ada level 2 roll-up of seq 1..200 (node 9); score 0.0325 (lexical+semantic)\n    first line\n    second line\n"
+        );
+    }
+
+    #[test]
+    fn an_entry_hit_names_its_speaker_and_when_it_was_said() {
+        let said = prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 0,
+        };
+        let hit = pb::SearchHit {
+            session_id: "ada".to_owned(),
+            first_seq: 4,
+            last_seq: 4,
+            role: pb::Role::User as i32,
+            name: "Tom\u{1b}".to_owned(),
+            created_at: Some(prost_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            occurred_at: Some(said),
+            score: 1.0 / 61.0,
+            text: "moved it".to_owned(),
+            legs: vec![pb::SearchLeg::Lexical as i32],
+            ..Default::default()
+        };
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(
+            render_hit(1, &hit, now),
+            "1. ada seq 4, user Tom\\u{1b}, 2023-11-14T22:13:20Z (now); score 0.0164 (lexical)\n    moved it\n"
         );
     }
 

@@ -32,13 +32,18 @@ pub struct SearchArgs {
     /// Only the sessions of this subject (whose memory they are).
     #[arg(long)]
     pub subject: Option<String>,
-    /// Only what was stored after this: an RFC 3339 time
-    /// (2026-11-29T10:00:00Z), or a duration ago ("2h").
+    /// Only what was said after this (an entry's occurred_at, a recap's
+    /// last entry's): an RFC 3339 time (2026-11-29T10:00:00Z), or a
+    /// duration ago ("2h").
     #[arg(long, value_name = "TIME")]
     pub after: Option<String>,
-    /// Only what was stored before this (as --after).
+    /// Only what was said before this (as --after).
     #[arg(long, value_name = "TIME")]
     pub before: Option<String>,
+    /// Only entries whose metadata holds this pair (repeatable: every pair
+    /// must match). Recaps have no metadata, so this leaves them out.
+    #[arg(long = "meta", value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
     /// Only entries of this role (repeatable): user, assistant, system or
     /// tool. Recaps have no role, so this leaves them out.
     #[arg(long = "role", value_name = "ROLE")]
@@ -112,6 +117,15 @@ fn search_request(args: &SearchArgs) -> Result<pb::SearchRequest, Failed> {
         levels: args.levels.clone(),
         limit: args.limit.unwrap_or(0),
         mode: pb::SearchMode::from(args.mode).into(),
+        metadata: args
+            .metadata
+            .iter()
+            .map(|pair| {
+                pair.split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .ok_or_else(|| Failed::Usage(format!("--meta {pair:?}: expected KEY=VALUE")))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 

@@ -371,6 +371,9 @@ impl pb::archivist_server::Archivist for GrpcService {
                     score: h.score,
                     text: h.text,
                     legs: h.legs.iter().map(leg).collect(),
+                    name: h.name.unwrap_or_default(),
+                    occurred_at: Some(timestamp(h.occurred_at)),
+                    metadata: h.metadata.into_iter().collect(),
                 })
                 .collect(),
             legs: searched.legs.iter().map(leg).collect(),

@@ -602,6 +602,7 @@ pub(super) fn parse_search(
             levels.push(*level);
         }
     }
+    check_metadata(&req.metadata, "metadata", &mut violations);
     violations.truncate(MAX_LISTED_VIOLATIONS);
     let Some(query) = query.filter(|_| violations.is_empty()) else {
         return Err(invalid(violations));
@@ -617,6 +618,11 @@ pub(super) fn parse_search(
         before,
         roles,
         levels,
+        metadata: req
+            .metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     };
     Ok((query, scope, limit))
 }

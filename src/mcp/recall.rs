@@ -86,6 +86,7 @@ pub(super) async fn recall(
             ModeArg::Lexical => pb::SearchMode::Lexical,
             ModeArg::Semantic => pb::SearchMode::Semantic,
         } as i32,
+        metadata: Default::default(),
     };
     let mut client = backend.client().await?;
     let resp = client

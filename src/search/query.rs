@@ -54,7 +54,9 @@ enum Token {
     Or,
 }
 
-fn words(text: &str) -> Vec<String> {
+/// A text's words as the query reads them: runs of letters and digits,
+/// lowercased.
+pub(crate) fn words(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Backend, Store, StoreError};
-use crate::model::{Millis, Role, SegmentId, SessionName, Subject, Tenant};
+use crate::model::{Metadata, Millis, Role, SegmentId, SessionName, Subject, Tenant};
 use crate::search::query::{Query, Term};
 
 /// A term found in at least this many of the tenant's documents is left
@@ -38,7 +38,8 @@ pub(crate) struct SearchScope {
     /// Only these sessions (empty: any of the tenant's).
     pub(crate) sessions: Vec<SessionName>,
     pub(crate) subject: Option<Subject>,
-    /// Stored strictly after / before these times.
+    /// Said strictly after / before these times: an entry's
+    /// `occurred_at`, a summary's last entry's.
     pub(crate) after: Option<Millis>,
     pub(crate) before: Option<Millis>,
     /// Only entries of these roles (summaries have none, so any role
@@ -46,6 +47,9 @@ pub(crate) struct SearchScope {
     pub(crate) roles: Vec<Role>,
     /// 0 entries, 1 segment recaps, 2+ roll-ups; empty: 0 and 1.
     pub(crate) levels: Vec<u32>,
+    /// Only entries whose metadata holds every one of these pairs
+    /// (summaries have none, so any pair leaves them out); empty: any.
+    pub(crate) metadata: Metadata,
 }
 
 impl SearchScope {
@@ -69,6 +73,12 @@ pub(crate) struct SearchHit {
     pub(crate) segment_id: Option<SegmentId>,
     pub(crate) role: Option<Role>,
     pub(crate) created_at: Millis,
+    /// When an entry was said; a summary's last entry's.
+    pub(crate) occurred_at: Millis,
+    /// An entry's speaker (a summary has none).
+    pub(crate) name: Option<String>,
+    /// An entry's metadata (a summary has none).
+    pub(crate) metadata: Metadata,
     pub(crate) text: String,
     /// 1 / (60 + rank), rank counted from 1: a reciprocal-rank score, so
     /// that legs fuse by adding them.
@@ -101,8 +111,9 @@ pub(crate) fn rank(hits: &mut [SearchHit], leg: Leg) {
 
 /// Reciprocal rank fusion of legs ranked by `rank`: a hit's score is the
 /// sum of its scores in the legs that found it, and the best `limit` come
-/// back, best first (ties in the first leg's order).
-pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize) -> Vec<SearchHit> {
+/// back, best first (ties in the first leg's order), what is true now
+/// first (`newer_first`).
+pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize, query: &Query) -> Vec<SearchHit> {
     let mut fused: Vec<SearchHit> = Vec::new();
     for hit in legs.into_iter().flatten() {
         match fused.iter_mut().find(|f| key(f) == key(&hit)) {
@@ -116,7 +127,87 @@ pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize) -> Vec<SearchHit> {
     // A stable sort: equal scores keep the order they came in.
     fused.sort_by(|a, b| b.score.total_cmp(&a.score));
     fused.truncate(limit);
+    newer_first(&mut fused, query);
     fused
+}
+
+/// The query's words shorter than this are left out of telling what a
+/// hit is about ("what is my", "the", "for"): a subject's words are longer.
+const KEY_WORD_CHARS: usize = 4;
+/// How far apart (in places) two alike hits may be to trade places: a
+/// correction shares the subject's words with what it corrects, so they
+/// rank near each other, and an older hit that is merely alike to a newer
+/// one far below it is not pushed down the answer.
+const BAND: usize = 1;
+
+/// Whether `b` was said after `a`: by `occurred_at`, and within one
+/// session at one time (a batch appended at once) by its seq.
+fn newer(a: &SearchHit, b: &SearchHit) -> bool {
+    b.occurred_at > a.occurred_at
+        || (b.occurred_at == a.occurred_at && b.session == a.session && b.first_seq > a.first_seq)
+}
+
+/// What is true now first: of any two hits near each other (`BAND`) that
+/// say the same thing about one subject, the newer takes the better
+/// place, so a correction ranks above what it corrects. Two hits are
+/// alike when they share at least one of the query's key words (of
+/// `KEY_WORD_CHARS` or more) and at least half of those the one holding
+/// fewer holds ("the contractor doing our kitchen is Mira" and "my
+/// contractor's name is now Leopold"). Only such hits trade places, each
+/// place keeping its score (scores stay best first); every other hit keeps
+/// its place.
+pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
+    let mut asked: Vec<&str> = query
+        .positive()
+        .flat_map(|t| t.0.iter().map(String::as_str))
+        .filter(|w| w.chars().count() >= KEY_WORD_CHARS)
+        .collect();
+    asked.sort_unstable();
+    asked.dedup();
+    // The query's key words each hit holds, as a bit set (at most 64).
+    let held: Vec<u64> = hits
+        .iter()
+        .map(|h| {
+            let mut said: Vec<String> = crate::search::query::words(&h.text);
+            said.sort_unstable();
+            said.dedup();
+            asked.iter().take(64).enumerate().fold(0u64, |set, (i, w)| {
+                if said.binary_search_by(|s| s.as_str().cmp(w)).is_ok() {
+                    set | (1 << i)
+                } else {
+                    set
+                }
+            })
+        })
+        .collect();
+    let alike = |a: u64, b: u64| {
+        let shared = (a & b).count_ones();
+        shared >= 1 && shared * 2 >= a.count_ones().min(b.count_ones())
+    };
+    // Alike hits out of time order trade places until no such pair is
+    // left, within a bound (a trade need not undo an earlier one's order
+    // when times tie across sessions).
+    let mut order: Vec<usize> = (0..hits.len()).collect();
+    let mut trades = hits.len() * hits.len();
+    'trade: while trades > 0 {
+        for j in 1..order.len() {
+            for i in j.saturating_sub(BAND)..j {
+                let (a, b) = (order[i], order[j]);
+                if newer(&hits[a], &hits[b]) && alike(held[a], held[b]) {
+                    order.swap(i, j);
+                    trades -= 1;
+                    continue 'trade;
+                }
+            }
+        }
+        break;
+    }
+    let placed: Vec<SearchHit> = hits.to_vec();
+    for (place, &member) in order.iter().enumerate() {
+        let score = placed[place].score;
+        hits[place] = placed[member].clone();
+        hits[place].score = score;
+    }
 }
 
 /// A hit's identity, for dropping the relaxed leg's repeats.
@@ -219,10 +310,75 @@ mod tests {
             segment_id: None,
             role: None,
             created_at: Millis(0),
+            occurred_at: Millis(0),
+            name: None,
+            metadata: Metadata::new(),
             text: String::new(),
             score: 0.0,
             legs: Vec::new(),
         }
+    }
+
+    /// A query no test text holds, so no two hits are alike.
+    fn nothing_alike() -> Query {
+        Query::parse("zzz").expect("query")
+    }
+
+    fn said(seq: u64, at: i64, text: &str) -> SearchHit {
+        SearchHit {
+            occurred_at: Millis(at),
+            text: text.to_owned(),
+            ..hit("a", seq)
+        }
+    }
+
+    #[test]
+    fn a_correction_takes_the_place_of_what_it_corrects() {
+        let query = Query::parse("What is my gym locker code?").expect("query");
+        let mut hits = vec![
+            said(1, 100, "My gym locker code is A1-1234."),
+            said(2, 300, "Update on my gym locker code: it's K7-4417 now."),
+            said(3, 50, "What is my plan for the weekend?"),
+            said(4, 400, "Did you lock the gym door?"),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
+        // 1 and 2 say the same of the locker code: the newer takes the
+        // first place. 4 is newer than 3 but about nothing 3 is (no key
+        // word of the query in common: "gym" and "is" are too short).
+        assert_eq!(seqs, vec![2, 1, 3, 4]);
+        // The scores stay with the places.
+        assert_eq!(hits[0].score, 1.0 / 61.0);
+        assert_eq!(hits[1].score, 1.0 / 62.0);
+    }
+
+    #[test]
+    fn within_a_session_at_one_time_the_later_seq_is_the_newer() {
+        let query = Query::parse("locker code").expect("query");
+        let mut hits = vec![
+            said(1, 100, "The locker code is A1-1234."),
+            said(7, 100, "The locker code is now K7-4417."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 7);
+    }
+
+    #[test]
+    fn hits_about_other_things_or_far_apart_keep_their_order_whatever_their_age() {
+        let query = Query::parse("locker code cabin password").expect("query");
+        let mut hits = vec![
+            said(1, 100, "The locker code is A1-1234."),
+            said(2, 300, "The cabin wifi password is hunter2."),
+            said(3, 400, "The locker code is now K7-4417."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
+        // 2 is about something else; 3 is alike to 1 but two places
+        // below it, past the band.
+        assert_eq!(seqs, vec![1, 2, 3]);
     }
 
     #[test]
@@ -231,7 +387,7 @@ mod tests {
         let mut semantic = vec![hit("a", 3), hit("a", 4)];
         rank(&mut lexical, Leg::Lexical);
         rank(&mut semantic, Leg::Semantic);
-        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4);
+        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4, &nothing_alike());
         let seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
         // 3: 1/63 + 1/61 beats 1: 1/61; 2 and 4 tie at 1/62, in the order
         // the legs came.
@@ -240,6 +396,6 @@ mod tests {
         assert_eq!(fused[0].legs, vec![Leg::Lexical, Leg::Semantic]);
         assert_eq!(fused[3].legs, vec![Leg::Semantic]);
         // The limit cuts after fusing.
-        assert_eq!(fuse(vec![lexical, semantic], 1).len(), 1);
+        assert_eq!(fuse(vec![lexical, semantic], 1, &nothing_alike()).len(), 1);
     }
 }

@@ -2518,3 +2518,184 @@ async fn the_semantic_leg_finds_what_was_stored_since_and_nothing_erased_or_out_
         );
     }
 }
+
+/// Five days of an imported history (noon of each), each said by "Tom"
+/// with its day as metadata, the first two also on channel "sms"; the
+/// times and the texts.
+fn imported_week() -> (Vec<i64>, Vec<NewEntry>) {
+    const DAY: i64 = 24 * 3600 * 1000;
+    let monday = 1_700_000_000_000;
+    let times: Vec<i64> = (0..5).map(|d| monday + d * DAY).collect();
+    let entries = times
+        .iter()
+        .enumerate()
+        .map(|(d, &at)| {
+            let mut e = NewEntry::new(Role::User, format!("spare key note {}", d + 1));
+            e.occurred_at = Some(Millis(at));
+            e.name = Some("Tom".to_owned());
+            e.metadata = [("day".to_owned(), (d + 1).to_string())].into();
+            if d < 2 {
+                e.metadata.insert("channel".to_owned(), "sms".to_owned());
+            }
+            e
+        })
+        .collect();
+    (times, entries)
+}
+
+#[tokio::test]
+async fn both_legs_read_when_it_was_said_and_every_metadata_pair_before_their_limit() {
+    use crate::model::Generation;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let generation = Generation::new("m", 2);
+        let (times, week) = imported_week();
+        store
+            .append(&t, &session("chat"), week, POLICY, 0)
+            .await
+            .expect("append");
+        // Every text as near the query as the others: the filters alone
+        // decide what the semantic leg finds.
+        embed_all(&store, &generation, |_| vec![1.0, 0.0]).await;
+        let query = crate::search::query::Query::parse("spare key").expect("query");
+        let both = |scope: SearchScope| {
+            let (store, t, generation, query) =
+                (store.clone(), t.clone(), generation.clone(), query.clone());
+            async move {
+                let words = store
+                    .search(&t, &scope, &query, 1, SEARCH_BUDGET)
+                    .await
+                    .expect("lexical");
+                let meaning = store
+                    .semantic_leg(&t, &scope, &generation, vec![1.0, 0.0], 1)
+                    .await
+                    .expect("semantic")
+                    .hits;
+                let texts = |hits: &[SearchHit]| -> Vec<String> {
+                    hits.iter().map(|h| h.text.clone()).collect()
+                };
+                (texts(&words), texts(&meaning), words)
+            }
+        };
+        // Day 4, by when it was said (every entry was stored just now);
+        // the limit of 1 is met inside each leg, after the filter.
+        let (words, meaning, hits) = both(SearchScope {
+            after: Some(Millis(times[3] - 1)),
+            before: Some(Millis(times[4])),
+            ..SearchScope::default()
+        })
+        .await;
+        assert_eq!(words, ["spare key note 4"]);
+        assert_eq!(meaning, ["spare key note 4"]);
+        assert_eq!(hits[0].occurred_at, Millis(times[3]));
+        assert_eq!(hits[0].name.as_deref(), Some("Tom"));
+        assert_eq!(hits[0].metadata.get("day").map(String::as_str), Some("4"));
+        assert!(hits[0].created_at > Millis(times[4]));
+        // Nothing was said after day 5, though all of it was stored now.
+        let (words, meaning, _) = both(SearchScope {
+            after: Some(Millis(times[4])),
+            ..SearchScope::default()
+        })
+        .await;
+        assert!(words.is_empty() && meaning.is_empty());
+
+        // Metadata: every pair must hold.
+        let pairs = |pairs: &[(&str, &str)]| SearchScope {
+            metadata: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..SearchScope::default()
+        };
+        let (words, meaning, _) = both(pairs(&[("day", "2")])).await;
+        assert_eq!(
+            (words, meaning),
+            (
+                vec!["spare key note 2".to_owned()],
+                vec!["spare key note 2".to_owned()]
+            )
+        );
+        let (words, meaning, _) = both(pairs(&[("channel", "sms"), ("day", "1")])).await;
+        assert_eq!(
+            (words, meaning),
+            (
+                vec!["spare key note 1".to_owned()],
+                vec!["spare key note 1".to_owned()]
+            )
+        );
+        let (words, meaning, _) = both(pairs(&[("channel", "sms"), ("day", "3")])).await;
+        assert!(words.is_empty() && meaning.is_empty());
+        let (words, meaning, _) = both(pairs(&[("channel", "fax")])).await;
+        assert!(words.is_empty() && meaning.is_empty());
+
+        // A summary has no metadata: a pair never finds one, though
+        // without it the recap is found.
+        let id = store
+            .close_open_segment(&t, &session("chat"))
+            .await
+            .expect("close")
+            .expect("open");
+        summarise(&store, id, "Recap: the spare key, all week").await;
+        embed_all(&store, &generation, |_| vec![1.0, 0.0]).await;
+        let recaps = SearchScope {
+            levels: vec![1],
+            ..SearchScope::default()
+        };
+        let (words, meaning, hits) = both(recaps.clone()).await;
+        assert_eq!(words, ["Recap: the spare key, all week"]);
+        assert_eq!(meaning, words);
+        // Said when its last entry was, by nobody.
+        assert_eq!(hits[0].occurred_at, Millis(times[4]));
+        assert!(hits[0].name.is_none() && hits[0].metadata.is_empty());
+        let (words, meaning, _) = both(SearchScope {
+            metadata: [("day".to_owned(), "5".to_owned())].into(),
+            ..recaps
+        })
+        .await;
+        assert!(words.is_empty() && meaning.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_session_expires_by_when_its_newest_entry_was_said() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let (_, week) = imported_week();
+        // Imported today, said in 2023.
+        store
+            .append(&t, &session("imported"), week.clone(), POLICY, 0)
+            .await
+            .expect("append");
+        // Imported too, and then appended to live.
+        store
+            .append(&t, &session("resumed"), week, POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(&t, &session("resumed"), entries(&["back again"]), POLICY, 0)
+            .await
+            .expect("append");
+        store
+            .append(&t, &session("live"), entries(&["hello"]), POLICY, 0)
+            .await
+            .expect("append");
+        // A ttl of a day: only the imported history is older than that.
+        let cutoff = Millis(Millis::now().0 - 24 * 3600 * 1000);
+        let expired = store.expire_sessions(cutoff, 10).await.expect("expire");
+        let names: Vec<&str> = expired.iter().map(|(s, _)| s.session.as_str()).collect();
+        assert_eq!(names, ["imported"]);
+        assert!(
+            !store
+                .has_session(&t, &session("imported"))
+                .await
+                .expect("has")
+        );
+        assert!(
+            store
+                .has_session(&t, &session("resumed"))
+                .await
+                .expect("has")
+        );
+        assert!(store.has_session(&t, &session("live")).await.expect("has"));
+    }
+}

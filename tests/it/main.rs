@@ -27,6 +27,7 @@ mod security;
 mod segments;
 mod subjects;
 mod time;
+mod time_search;
 mod tooling;
 mod tree;
 mod watches;

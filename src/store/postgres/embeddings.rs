@@ -61,16 +61,25 @@ fn distance(column: &str, dimensions: i32) -> String {
 
 /// The filters of the semantic leg over vectors (`v`, of session `x`),
 /// with the lexical leg's parameters from `$first` on: tenant, subject,
-/// session names, after, before, roles, levels. A summary has no role, so
-/// a role filter leaves every summary out, as in the lexical leg.
+/// session names, after, before, roles, levels, metadata. A summary has no
+/// role or metadata, so either filter leaves every summary out, as in the
+/// lexical leg. When a text was said is its entry's (or, for a summary,
+/// its last entry's) occurred_at, read through the text only when a time
+/// or metadata filter is given.
 fn vector_filters(first: usize) -> String {
     let p = |i: usize| format!("${}", first + i);
     format!(
         "x.tenant = {t} AND ({s}::TEXT IS NULL OR x.subject = {s}) \
          AND ({n}::TEXT[] IS NULL OR x.name = ANY({n})) \
-         AND ({a}::BIGINT IS NULL OR v.created_at > {a}) \
-         AND ({b}::BIGINT IS NULL OR v.created_at < {b}) \
-         AND ({r}::BIGINT[] IS NULL OR v.role = ANY({r})) AND v.level = ANY({l}::BIGINT[])",
+         AND ({r}::BIGINT[] IS NULL OR v.role = ANY({r})) AND v.level = ANY({l}::BIGINT[]) \
+         AND (({a}::BIGINT IS NULL AND {b}::BIGINT IS NULL AND {m}::TEXT IS NULL) \
+         OR (v.doc > 0 AND EXISTS (SELECT 1 FROM entries e WHERE e.session_id = v.session_id \
+         AND e.seq = (v.doc & 4294967295) AND ({a}::BIGINT IS NULL OR {es} > {a}) \
+         AND ({b}::BIGINT IS NULL OR {es} < {b}) \
+         AND ({m}::TEXT IS NULL OR e.metadata @> {m}::TEXT::JSONB))) \
+         OR (v.doc < 0 AND {m}::TEXT IS NULL AND EXISTS (SELECT 1 FROM segments g \
+         WHERE g.id = -v.doc AND ({a}::BIGINT IS NULL OR {ss} > {a}) \
+         AND ({b}::BIGINT IS NULL OR {ss} < {b}))))",
         t = p(0),
         s = p(1),
         n = p(2),
@@ -78,21 +87,31 @@ fn vector_filters(first: usize) -> String {
         b = p(4),
         r = p(5),
         l = p(6),
+        m = p(7),
+        es = super::search::ENTRY_SAID,
+        ss = super::search::SUMMARY_SAID,
     )
 }
 
 /// The rows found (`near`: doc, session_id, d), as hits, nearest first.
-const NEAR_HITS: &str = "\
-SELECT x.name, 0::BIGINT, e.seq, e.seq, NULL::BIGINT, e.role, e.created_at, e.content, n.d, n.doc \
-FROM near n JOIN entries e ON e.session_id = n.session_id AND e.seq = (n.doc & 4294967295) \
-JOIN sessions x ON x.id = e.session_id WHERE n.doc > 0 \
-UNION ALL \
-SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL::BIGINT, s.created_at, s.text, n.d, n.doc \
-FROM near n JOIN summaries s ON s.segment_id = -n.doc JOIN segments g ON g.id = s.segment_id \
-JOIN sessions x ON x.id = g.session_id WHERE n.doc < 0 \
-ORDER BY 9, 10";
+fn near_hits() -> String {
+    format!(
+        "SELECT x.name, 0::BIGINT, e.seq, e.seq, NULL::BIGINT, e.role, e.created_at, e.content, \
+         n.d, n.doc, {entry_said} \
+         FROM near n JOIN entries e ON e.session_id = n.session_id AND e.seq = (n.doc & 4294967295) \
+         JOIN sessions x ON x.id = e.session_id WHERE n.doc > 0 \
+         UNION ALL \
+         SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL::BIGINT, s.created_at, s.text, \
+         n.d, n.doc, {summary_said} \
+         FROM near n JOIN summaries s ON s.segment_id = -n.doc JOIN segments g ON g.id = s.segment_id \
+         JOIN sessions x ON x.id = g.session_id WHERE n.doc < 0 \
+         ORDER BY 9, 10",
+        entry_said = super::search::entry_hit_said(),
+        summary_said = super::search::summary_hit_said(),
+    )
+}
 
-/// The nearest `$9` vectors of generation `id` within the scope, through
+/// The nearest `$10` vectors of generation `id` within the scope, through
 /// the generation's index (an iterative scan: the filters are tested on
 /// each candidate the index yields, and the scan goes on until the limit
 /// is met or its bound is reached).
@@ -101,8 +120,9 @@ fn indexed_leg(id: i32, dimensions: i32) -> String {
     format!(
         "WITH near AS MATERIALIZED (SELECT v.doc, v.session_id, {d} AS d \
          FROM embeddings v JOIN sessions x ON x.id = v.session_id \
-         WHERE v.generation = {id} AND {filters} ORDER BY {d} LIMIT $9) {NEAR_HITS}",
-        filters = vector_filters(2)
+         WHERE v.generation = {id} AND {filters} ORDER BY {d} LIMIT $10) {near}",
+        filters = vector_filters(2),
+        near = near_hits(),
     )
 }
 
@@ -115,56 +135,50 @@ fn exact_leg(id: i32, dimensions: i32) -> String {
          FROM embeddings v JOIN sessions x ON x.id = v.session_id \
          WHERE v.generation = {id} AND {filters}), \
          near AS MATERIALIZED (SELECT doc, session_id, {d} AS d FROM scoped \
-         ORDER BY d LIMIT $9) {NEAR_HITS}",
-        filters = vector_filters(2)
+         ORDER BY d LIMIT $10) {near}",
+        filters = vector_filters(2),
+        near = near_hits(),
     )
 }
 
 /// How many texts the scope holds, and how many of them have a vector of
-/// generation $8 (0 when it has none yet): `embedded_share` is the second
-/// over the first. Filters as the lexical leg's, over $1..$7.
+/// generation $9 (0 when it has none yet): `embedded_share` is the second
+/// over the first. Filters as the lexical leg's, over $1..$8.
 fn scope_counts() -> String {
     format!(
         "SELECT (SELECT count(*) FROM entries e JOIN sessions x ON x.id = e.session_id \
-         WHERE x.tenant = $1 AND ($2::TEXT IS NULL OR x.subject = $2) \
-         AND ($3::TEXT[] IS NULL OR x.name = ANY($3)) \
-         AND ($4::BIGINT IS NULL OR e.created_at > $4) AND ($5::BIGINT IS NULL OR e.created_at < $5) \
-         AND ($6::BIGINT[] IS NULL OR e.role = ANY($6)) AND 0 = ANY($7::BIGINT[])) \
+         WHERE {entry_filters}) \
          + (SELECT count(*) FROM summaries s JOIN segments g ON g.id = s.segment_id \
-         JOIN sessions x ON x.id = g.session_id \
-         WHERE x.tenant = $1 AND ($2::TEXT IS NULL OR x.subject = $2) \
-         AND ($3::TEXT[] IS NULL OR x.name = ANY($3)) \
-         AND ($4::BIGINT IS NULL OR s.created_at > $4) AND ($5::BIGINT IS NULL OR s.created_at < $5) \
-         AND $6::BIGINT[] IS NULL AND g.level = ANY($7::BIGINT[])), \
+         JOIN sessions x ON x.id = g.session_id WHERE {summary_filters}), \
          (SELECT count(*) FROM embeddings v JOIN sessions x ON x.id = v.session_id \
-         WHERE v.generation = $8 AND {filters})",
+         WHERE v.generation = $9 AND {filters})",
+        entry_filters = super::search::entry_filters(1),
+        summary_filters = super::search::summary_filters(1),
         filters = vector_filters(1)
     )
 }
 
 /// How many texts of the scope are owed a vector (filters as the lexical
-/// leg's, over $1..$7), and whether a change of generation is still being
+/// leg's, over $1..$8), and whether a change of generation is still being
 /// walked (its texts are not owed yet). With none owed and no walk, every
 /// text of the scope has a vector of the active generation, and nothing
 /// needs counting: the counts cost a pass over the scope (84 ms at 100k
 /// vectors), ten times the index search.
-const SCOPE_OWED: &str = "\
-SELECT (SELECT count(*) FROM embeddings_owed o \
+fn scope_owed() -> String {
+    format!(
+        "SELECT (SELECT count(*) FROM embeddings_owed o \
         JOIN entries e ON o.doc > 0 AND e.session_id = o.session_id AND e.seq = (o.doc & 4294967295) \
-        JOIN sessions x ON x.id = e.session_id \
-        WHERE x.tenant = $1 AND ($2::TEXT IS NULL OR x.subject = $2) \
-        AND ($3::TEXT[] IS NULL OR x.name = ANY($3)) \
-        AND ($4::BIGINT IS NULL OR e.created_at > $4) AND ($5::BIGINT IS NULL OR e.created_at < $5) \
-        AND ($6::BIGINT[] IS NULL OR e.role = ANY($6)) AND 0 = ANY($7::BIGINT[])) \
+        JOIN sessions x ON x.id = e.session_id WHERE {entry_filters}) \
      + (SELECT count(*) FROM embeddings_owed o \
         JOIN summaries s ON o.doc < 0 AND s.segment_id = -o.doc \
         JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
-        WHERE x.tenant = $1 AND ($2::TEXT IS NULL OR x.subject = $2) \
-        AND ($3::TEXT[] IS NULL OR x.name = ANY($3)) \
-        AND ($4::BIGINT IS NULL OR s.created_at > $4) AND ($5::BIGINT IS NULL OR s.created_at < $5) \
-        AND $6::BIGINT[] IS NULL AND g.level = ANY($7::BIGINT[])), \
+        WHERE {summary_filters}), \
        (SELECT entries_after IS NOT NULL OR summaries_after IS NOT NULL \
-        FROM embedding_state WHERE id = 1)";
+        FROM embedding_state WHERE id = 1)",
+        entry_filters = super::search::entry_filters(1),
+        summary_filters = super::search::summary_filters(1),
+    )
+}
 
 /// Before the session `$1` is erased (in the erasure's transaction):
 /// forgets the stored failures of every debt of its owner (its tenant and
@@ -588,7 +602,7 @@ impl Postgres {
             return Ok(SemanticLeg::default());
         };
         let (id, dimensions): (i32, i32) = (row.try_get(0)?, row.try_get(1)?);
-        let values = super::search::ScopeValues::new(tenant, scope);
+        let values = super::search::ScopeValues::new(tenant, scope)?;
         let wanted = i64::from(limit);
         let filters = values.params();
         // The index's candidate list at least the limit (so one pass of
@@ -609,7 +623,7 @@ impl Postgres {
         let comparable = usize::try_from(dimensions).is_ok_and(|d| d == query.len());
         let body = async {
             client.batch_execute(&settings).await?;
-            let owed = client.prepare_cached(SCOPE_OWED).await?;
+            let owed = client.prepare_cached(&scope_owed()).await?;
             let owed = client.query_one(&owed, &filters).await.map_err(bounded)?;
             let (owed, walking): (i64, Option<bool>) = (owed.try_get(0)?, owed.try_get(1)?);
             // (total, embedded), counted only when some text of the scope

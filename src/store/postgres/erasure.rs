@@ -118,7 +118,8 @@ async fn lock_for_erasure(
     let session = client
         .prepare_cached(
             "SELECT id FROM sessions WHERE tenant = $1 AND name = $2 \
-             AND ($3::BIGINT IS NULL OR coalesce(last_append_at, created_at) <= $3) \
+             AND ($3::BIGINT IS NULL \
+             OR coalesce(last_said_at, last_append_at, created_at) <= $3) \
              FOR UPDATE",
         )
         .await?;
@@ -211,9 +212,11 @@ impl Postgres {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(
+                // By when its newest entry was said (schema.rs's
+                // sessions_by_last_said), not when it came in.
                 "SELECT tenant, name FROM sessions \
-                 WHERE coalesce(last_append_at, created_at) <= $1 \
-                 ORDER BY last_append_at LIMIT $2",
+                 WHERE coalesce(last_said_at, last_append_at, created_at) <= $1 \
+                 ORDER BY coalesce(last_said_at, last_append_at, created_at) LIMIT $2",
             )
             .await?;
         let rows = client.query(&stmt, &[&cutoff.0, &i64::from(limit)]).await?;

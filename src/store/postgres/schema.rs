@@ -350,6 +350,14 @@ ALTER TABLE entries ADD COLUMN IF NOT EXISTS occurred_at BIGINT,
     ADD COLUMN IF NOT EXISTS name TEXT,
     ADD COLUMN IF NOT EXISTS metadata JSONB;
 "#,
+    r#"
+-- retention.session_ttl reads when a session's newest entry was said:
+-- last_said_at (NULL before this: last_append_at, when every entry was
+-- said as it was stored), so an imported history ages by its own clock.
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS last_said_at BIGINT;
+CREATE INDEX IF NOT EXISTS sessions_by_last_said
+    ON sessions ((coalesce(last_said_at, last_append_at, created_at)));
+"#,
 ];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {

@@ -63,31 +63,97 @@ async fn bounded<T>(
     transact(client, body).await
 }
 
-/// $10: rank by weight (`ts_rank`), or (only common words to go by) newest
-/// first.
-const LEG: &str = "\
-WITH q AS (SELECT websearch_to_tsquery(language, $1) AS q FROM search_state WHERE id = 1) \
+/// When an entry (`e`) was said.
+pub(super) const ENTRY_SAID: &str = "coalesce(e.occurred_at, e.created_at)";
+
+/// When a summary of node `g` was said: its last entry's time.
+pub(super) const SUMMARY_SAID: &str = "(SELECT coalesce(l.occurred_at, l.created_at) FROM entries l \
+     WHERE l.session_id = g.session_id AND l.seq = g.last_seq)";
+
+/// What a hit's statement selects after its first columns (session name,
+/// level, seq range, segment, role, time, text), read by name (`hit`): for
+/// an entry (`e`), when it was said, its speaker and metadata.
+pub(super) fn entry_hit_said() -> String {
+    format!("{ENTRY_SAID} AS occurred_at, e.name AS speaker, e.metadata::TEXT AS metadata")
+}
+
+/// As `entry_hit_said`, for a summary of node `g`.
+pub(super) fn summary_hit_said() -> String {
+    format!("{SUMMARY_SAID} AS occurred_at, NULL::TEXT AS speaker, NULL::TEXT AS metadata")
+}
+
+/// The filters over entries (`e`, of session `x`) from `$first` on:
+/// tenant, subject, session names, after, before, roles, levels, metadata
+/// (a JSON object every pair of which the entry's holds).
+pub(super) fn entry_filters(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "x.tenant = {t} AND ({s}::TEXT IS NULL OR x.subject = {s}) \
+         AND ({n}::TEXT[] IS NULL OR x.name = ANY({n})) \
+         AND ({a}::BIGINT IS NULL OR {ENTRY_SAID} > {a}) \
+         AND ({b}::BIGINT IS NULL OR {ENTRY_SAID} < {b}) \
+         AND ({r}::BIGINT[] IS NULL OR e.role = ANY({r})) AND 0 = ANY({l}::BIGINT[]) \
+         AND ({m}::TEXT IS NULL OR e.metadata @> {m}::TEXT::JSONB)",
+        t = p(0),
+        s = p(1),
+        n = p(2),
+        a = p(3),
+        b = p(4),
+        r = p(5),
+        l = p(6),
+        m = p(7),
+    )
+}
+
+/// As `entry_filters`, over summaries (`s`) of nodes (`g`): a role or a
+/// metadata filter leaves every summary out.
+pub(super) fn summary_filters(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "x.tenant = {t} AND ({s}::TEXT IS NULL OR x.subject = {s}) \
+         AND ({n}::TEXT[] IS NULL OR x.name = ANY({n})) \
+         AND ({a}::BIGINT IS NULL OR {SUMMARY_SAID} > {a}) \
+         AND ({b}::BIGINT IS NULL OR {SUMMARY_SAID} < {b}) \
+         AND {r}::BIGINT[] IS NULL AND {m}::TEXT IS NULL AND g.level = ANY({l}::BIGINT[])",
+        t = p(0),
+        s = p(1),
+        n = p(2),
+        a = p(3),
+        b = p(4),
+        r = p(5),
+        l = p(6),
+        m = p(7),
+    )
+}
+
+/// The leg (`LEG`): $1 the query, the scope from $2, $10 the limit, $11 rank by
+/// weight (`ts_rank`), or (only common words to go by) newest first.
+fn leg() -> String {
+    format!(
+        "WITH q AS (SELECT websearch_to_tsquery(language, $1) AS q FROM search_state WHERE id = 1) \
 SELECT * FROM ( \
 SELECT x.name, 0::BIGINT AS level, e.seq AS first_seq, e.seq AS last_seq, NULL::BIGINT AS segment_id, \
        e.role, e.created_at, e.content AS text, \
-       CASE WHEN $10 THEN ts_rank(e.tsv, q.q)::FLOAT8 ELSE e.created_at::FLOAT8 END AS r \
+       CASE WHEN $11 THEN ts_rank(e.tsv, q.q)::FLOAT8 ELSE {ENTRY_SAID}::FLOAT8 END AS r, {entry_said} \
 FROM q, entries e JOIN sessions x ON x.id = e.session_id \
-WHERE e.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
-AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
-AND ($5::BIGINT IS NULL OR e.created_at > $5) AND ($6::BIGINT IS NULL OR e.created_at < $6) \
-AND ($7::BIGINT[] IS NULL OR e.role = ANY($7)) AND 0 = ANY($8::BIGINT[]) \
+WHERE e.tsv @@ q.q AND {entry_filters} \
 UNION ALL \
 SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL::BIGINT, s.created_at, s.text, \
-       CASE WHEN $10 THEN ts_rank(s.tsv, q.q)::FLOAT8 ELSE s.created_at::FLOAT8 END \
+       CASE WHEN $11 THEN ts_rank(s.tsv, q.q)::FLOAT8 ELSE s.created_at::FLOAT8 END, {summary_said} \
 FROM q, summaries s JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
-WHERE s.tsv @@ q.q AND x.tenant = $2 AND ($3::TEXT IS NULL OR x.subject = $3) \
-AND ($4::TEXT[] IS NULL OR x.name = ANY($4)) \
-AND ($5::BIGINT IS NULL OR s.created_at > $5) AND ($6::BIGINT IS NULL OR s.created_at < $6) \
-AND $7::BIGINT[] IS NULL AND g.level = ANY($8::BIGINT[]) \
-) hits ORDER BY r DESC, created_at DESC, name, first_seq DESC LIMIT $9";
+WHERE s.tsv @@ q.q AND {summary_filters} \
+) hits ORDER BY r DESC, occurred_at DESC, name, first_seq DESC LIMIT $10",
+        entry_said = entry_hit_said(),
+        summary_said = summary_hit_said(),
+        entry_filters = entry_filters(2),
+        summary_filters = summary_filters(2),
+    )
+}
+
+static LEG: std::sync::LazyLock<String> = std::sync::LazyLock::new(leg);
 
 /// The scope's filters as both legs' statements take them, in this order:
-/// tenant, subject, session names, after, before, roles, levels.
+/// tenant, subject, session names, after, before, roles, levels, metadata.
 pub(super) struct ScopeValues<'a> {
     tenant: &'a str,
     subject: Option<&'a str>,
@@ -96,11 +162,15 @@ pub(super) struct ScopeValues<'a> {
     before: Option<i64>,
     roles: Option<Vec<i64>>,
     levels: Vec<i64>,
+    metadata: Option<String>,
 }
 
 impl<'a> ScopeValues<'a> {
-    pub(super) fn new(tenant: &'a Tenant, scope: &'a SearchScope) -> ScopeValues<'a> {
-        ScopeValues {
+    pub(super) fn new(
+        tenant: &'a Tenant,
+        scope: &'a SearchScope,
+    ) -> Result<ScopeValues<'a>, StoreError> {
+        Ok(ScopeValues {
             tenant: &tenant.0,
             subject: scope.subject.as_ref().map(|s| s.as_str()),
             sessions: (!scope.sessions.is_empty())
@@ -110,10 +180,14 @@ impl<'a> ScopeValues<'a> {
             roles: (!scope.roles.is_empty())
                 .then(|| scope.roles.iter().map(|r| r.code()).collect()),
             levels: scope.levels().into_iter().map(i64::from).collect(),
-        }
+            metadata: (!scope.metadata.is_empty())
+                .then(|| serde_json::to_string(&scope.metadata))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("metadata: {e}")))?,
+        })
     }
 
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 7] {
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.tenant,
             &self.subject,
@@ -122,12 +196,14 @@ impl<'a> ScopeValues<'a> {
             &self.before,
             &self.roles,
             &self.levels,
+            &self.metadata,
         ]
     }
 }
 
 /// A hit as both legs' statements select it (session name, level, seq
-/// range, segment, role, time, text).
+/// range, segment, role, time, text, then `entry_hit_said` or
+/// `summary_hit_said`'s columns by name).
 pub(super) fn hit(r: &tokio_postgres::Row) -> Result<SearchHit, StoreError> {
     Ok(SearchHit {
         session: r.try_get(0)?,
@@ -140,6 +216,9 @@ pub(super) fn hit(r: &tokio_postgres::Row) -> Result<SearchHit, StoreError> {
             .transpose()?,
         role: r.try_get::<_, Option<i64>>(5)?.and_then(Role::from_code),
         created_at: Millis(r.try_get(6)?),
+        occurred_at: Millis(r.try_get("occurred_at")?),
+        name: r.try_get("speaker")?,
+        metadata: crate::store::decode_metadata(r.try_get::<_, Option<&str>>("metadata")?)?,
         text: r.try_get(7)?,
         score: 0.0,
         legs: Vec::new(),
@@ -157,8 +236,8 @@ impl Postgres {
         deadline: Instant,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let client = self.reader().await?;
-        let stmt = client.prepare_cached(LEG).await?;
-        let values = ScopeValues::new(tenant, scope);
+        let stmt = client.prepare_cached(&LEG).await?;
+        let values = ScopeValues::new(tenant, scope)?;
         let text = query.websearch();
         let limit = i64::from(limit);
         // Pipelined: BEGIN, the bound and the search go out together.

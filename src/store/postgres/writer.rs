@@ -447,6 +447,7 @@ async fn write_all(
     // Sessions.
     let (mut s_id, mut s_seq, mut s_ordinal, mut s_open, mut s_stored) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut s_said = Vec::new();
     for (i, plan) in plans.iter().enumerate() {
         if !plan.touched {
             continue;
@@ -479,6 +480,7 @@ async fn write_all(
         s_ordinal.push(i64::from(plan.next_ordinal));
         s_open.push(plan.open.map(|at| i64::from(plan.segments[at].ordinal)));
         s_stored.push(plan.stored_any);
+        s_said.push(plan.newest.map(|m| m.0));
     }
     let mut e_session = Vec::with_capacity(rows.len());
     for r in rows {
@@ -544,9 +546,11 @@ async fn write_all(
             "UPDATE sessions x SET next_seq = u.next_seq, next_ordinal = u.next_ordinal, \
              open_segment_id = (SELECT s.id FROM segments s \
              WHERE s.session_id = u.id AND s.level = 1 AND s.ordinal = u.open_ordinal), \
-             last_append_at = CASE WHEN u.stored THEN $1 ELSE x.last_append_at END \
-             FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[]) \
-             AS u (id, next_seq, next_ordinal, open_ordinal, stored) WHERE x.id = u.id",
+             last_append_at = CASE WHEN u.stored THEN $1 ELSE x.last_append_at END, \
+             last_said_at = CASE WHEN u.stored THEN u.said ELSE x.last_said_at END \
+             FROM unnest($2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bool[], \
+             $7::bigint[]) AS u (id, next_seq, next_ordinal, open_ordinal, stored, said) \
+             WHERE x.id = u.id",
         ),
         client.prepare_cached(
             "UPDATE tenant_usage u SET stored_bytes = u.stored_bytes + d.added \
@@ -615,7 +619,7 @@ async fn write_all(
             client
                 .execute(
                     &update_sessions,
-                    &[&now.0, &s_id, &s_seq, &s_ordinal, &s_open, &s_stored],
+                    &[&now.0, &s_id, &s_seq, &s_ordinal, &s_open, &s_stored, &s_said],
                 )
                 .await
         },

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::search::{ScopeValues, bounded, entry_filters, row, summary_filters};
+use super::search::{
+    ScopeValues, bounded, entry_filters, entry_said, row, summary_filters, summary_hit_said,
+    summary_said,
+};
 use super::{Sqlite, vectors};
 use crate::failure::{Failure, FailureClass};
 use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
@@ -77,19 +80,21 @@ fn text_of(conn: &Connection, doc: i64) -> Result<Option<String>, StoreError> {
 /// A document found, as a hit.
 fn hit(conn: &Connection, doc: i64) -> Result<Option<SearchHit>, StoreError> {
     let found = if doc > 0 {
-        conn.prepare_cached(
-            "SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content \
-             FROM entries e JOIN sessions x ON x.id = e.session_id \
-             WHERE e.session_id = ?1 AND e.seq = ?2",
-        )?
+        conn.prepare_cached(concat!(
+            "SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, ",
+            entry_said!(),
+            " FROM entries e JOIN sessions x ON x.id = e.session_id \
+             WHERE e.session_id = ?1 AND e.seq = ?2"
+        ))?
         .query_row(params![doc >> 32, doc & 0xFFFF_FFFF], row)
         .optional()?
     } else {
-        conn.prepare_cached(
-            "SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text \
-             FROM summaries s JOIN segments g ON g.id = s.segment_id \
-             JOIN sessions x ON x.id = g.session_id WHERE s.segment_id = ?1",
-        )?
+        conn.prepare_cached(concat!(
+            "SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, ",
+            summary_hit_said!(),
+            " FROM summaries s JOIN segments g ON g.id = s.segment_id \
+             JOIN sessions x ON x.id = g.session_id WHERE s.segment_id = ?1"
+        ))?
         .query_row(params![-doc], row)
         .optional()?
     };

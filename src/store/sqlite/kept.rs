@@ -148,14 +148,17 @@ impl Kept {
             }
             conn.prepare_cached(
                 "UPDATE sessions SET next_seq = ?1, next_ordinal = ?2, open_segment_id = ?3, \
-                 last_append_at = coalesce(?4, last_append_at) WHERE id = ?5",
+                 last_append_at = coalesce(?4, last_append_at), \
+                 last_said_at = coalesce(?6, last_said_at) WHERE id = ?5",
             )?
             .execute(params![
                 session.next_seq,
                 session.next_ordinal,
                 session.open.as_ref().map(|o| o.id),
-                session.appended_at.take().map(|t| t.0),
-                session.id
+                session.appended_at.map(|t| t.0),
+                session.id,
+                // When its newest entry was said, with what was stored.
+                session.appended_at.take().and(session.newest).map(|t| t.0),
             ])?;
             *changed = false;
         }

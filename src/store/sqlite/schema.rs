@@ -557,6 +557,14 @@ ALTER TABLE entries ADD COLUMN occurred_at INTEGER;
 ALTER TABLE entries ADD COLUMN name TEXT;
 ALTER TABLE entries ADD COLUMN metadata TEXT;
 "#,
+    r#"
+-- retention.session_ttl reads when a session's newest entry was said:
+-- last_said_at (NULL before this: last_append_at, when every entry was
+-- said as it was stored), so an imported history ages by its own clock.
+ALTER TABLE sessions ADD COLUMN last_said_at INTEGER;
+CREATE INDEX sessions_by_last_said
+    ON sessions (coalesce(last_said_at, last_append_at, created_at));
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

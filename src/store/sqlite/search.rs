@@ -156,57 +156,97 @@ impl Drop for StopOnDrop {
 
 /// The filters of a search over entries (`e`, of session `x`), every one
 /// inside the leg, before its limit: ?2 tenant, ?3 subject, ?4 session
-/// names, ?5 after, ?6 before, ?7 roles, ?8 levels. Shared by both legs.
+/// names, ?5 after, ?6 before (of when it was said), ?7 roles, ?8 levels,
+/// ?9 metadata (a JSON object every pair of which the entry's holds).
+/// Shared by both legs.
 macro_rules! entry_filters {
     () => {
         "x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
          AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
-         AND (?5 IS NULL OR e.created_at > ?5) AND (?6 IS NULL OR e.created_at < ?6) \
+         AND (?5 IS NULL OR coalesce(e.occurred_at, e.created_at) > ?5) \
+         AND (?6 IS NULL OR coalesce(e.occurred_at, e.created_at) < ?6) \
          AND (?7 IS NULL OR e.role IN (SELECT value FROM json_each(?7))) \
-         AND 0 IN (SELECT value FROM json_each(?8))"
+         AND 0 IN (SELECT value FROM json_each(?8)) \
+         AND (?9 IS NULL OR NOT EXISTS (SELECT 1 FROM json_each(?9) p WHERE NOT EXISTS \
+         (SELECT 1 FROM json_each(e.metadata) q WHERE q.key = p.key AND q.value = p.value)))"
     };
 }
 
-/// As `entry_filters`, over summaries (`s`) of nodes (`g`): a role filter
-/// leaves every summary out.
+/// When a summary (of node `g`) was said: its last entry's time.
+macro_rules! summary_said {
+    () => {
+        "(SELECT coalesce(l.occurred_at, l.created_at) FROM entries l \
+         WHERE l.session_id = g.session_id AND l.seq = g.last_seq)"
+    };
+}
+
+/// As `entry_filters`, over summaries (`s`) of nodes (`g`): a role or a
+/// metadata filter leaves every summary out.
 macro_rules! summary_filters {
     () => {
-        "x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
-         AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
-         AND (?5 IS NULL OR s.created_at > ?5) AND (?6 IS NULL OR s.created_at < ?6) \
-         AND ?7 IS NULL AND g.level IN (SELECT value FROM json_each(?8))"
+        concat!(
+            "x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
+             AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
+             AND (?5 IS NULL OR ",
+            summary_said!(),
+            " > ?5) AND (?6 IS NULL OR ",
+            summary_said!(),
+            " < ?6) AND ?7 IS NULL AND ?9 IS NULL AND g.level IN (SELECT value FROM json_each(?8))"
+        )
     };
 }
-pub(super) use {entry_filters, summary_filters};
+
+/// What a hit's statement selects after its first columns (session name,
+/// level, seq range, segment, role, time, text), read by name (`row`): for
+/// an entry (`e`) when it was said, its speaker and metadata.
+macro_rules! entry_said {
+    () => {
+        "coalesce(e.occurred_at, e.created_at) AS occurred_at, e.name AS speaker, \
+         e.metadata AS metadata"
+    };
+}
+
+/// As `entry_said`, for a summary of node `g`: its last entry's time.
+macro_rules! summary_hit_said {
+    () => {
+        concat!(
+            summary_said!(),
+            " AS occurred_at, NULL AS speaker, NULL AS metadata"
+        )
+    };
+}
+pub(super) use {entry_filters, entry_said, summary_filters, summary_hit_said, summary_said};
 
 /// The leg's statement over the tenant table `{table}`: ?1 the MATCH
-/// expression, ?9 the limit, ?10 the candidates (`CANDIDATES`), ?11
+/// expression, ?10 the limit, ?11 the candidates (`CANDIDATES`), ?12
 /// whether to rank by weight (bm25) or, with only common words to go by,
 /// newest first. Entries have positive document ids, summaries negative
 /// ones (fts.rs). Each part walks its matches newest first (FTS5 reads a
 /// rowid order from the index itself), filters them and ranks the first
-/// ?10 that pass: the cost of a leg follows the candidates, not the number
+/// ?11 that pass: the cost of a leg follows the candidates, not the number
 /// of texts that hold the words (ties go to the newer), and the CASE keeps bm25 (which reads the
 /// whole posting list of every term to weigh it) out of an unweighted leg.
 const LEG: &str = concat!(
     "SELECT * FROM (SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, \
-     CASE WHEN ?11 THEN bm25({table}) ELSE -e.created_at END \
-     FROM {table} JOIN entries e ON e.session_id = ({table}.rowid >> 32) \
+     CASE WHEN ?12 THEN bm25({table}) ELSE -coalesce(e.occurred_at, e.created_at) END, ",
+    entry_said!(),
+    " FROM {table} JOIN entries e ON e.session_id = ({table}.rowid >> 32) \
      AND e.seq = ({table}.rowid & 4294967295) JOIN sessions x ON x.id = e.session_id \
      WHERE {table} MATCH ?1 AND {table}.rowid > 0 AND ",
     entry_filters!(),
-    " ORDER BY {table}.rowid DESC LIMIT ?10) \
+    " ORDER BY {table}.rowid DESC LIMIT ?11) \
      UNION ALL \
      SELECT * FROM (SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, \
-     s.text, CASE WHEN ?11 THEN bm25({table}) ELSE -s.created_at END \
-     FROM {table} JOIN summaries s ON s.segment_id = -{table}.rowid \
+     s.text, CASE WHEN ?12 THEN bm25({table}) ELSE -s.created_at END, ",
+    summary_hit_said!(),
+    " FROM {table} JOIN summaries s ON s.segment_id = -{table}.rowid \
      JOIN segments g ON g.id = s.segment_id JOIN sessions x ON x.id = g.session_id \
      WHERE {table} MATCH ?1 AND {table}.rowid < 0 AND ",
     summary_filters!(),
-    " ORDER BY {table}.rowid LIMIT ?10) ORDER BY 9, 7 DESC, 3 DESC LIMIT ?9"
+    " ORDER BY {table}.rowid LIMIT ?11) ORDER BY 9, 10 DESC, 3 DESC LIMIT ?10"
 );
 
-/// The scope's filters as the statements' values ?2 to ?8.
+/// The scope's filters as the statements' values ?2 to ?9.
 pub(super) struct ScopeValues {
     tenant: String,
     subject: Option<String>,
@@ -215,6 +255,7 @@ pub(super) struct ScopeValues {
     before: Option<i64>,
     roles: Option<String>,
     levels: String,
+    metadata: Option<String>,
 }
 
 impl ScopeValues {
@@ -236,6 +277,10 @@ impl ScopeValues {
             roles: (!scope.roles.is_empty())
                 .then(|| json_list(scope.roles.iter().map(|r| r.code()))),
             levels: json_list(scope.levels().into_iter()),
+            metadata: (!scope.metadata.is_empty())
+                .then(|| serde_json::to_string(&scope.metadata))
+                .transpose()
+                .map_err(|e| StoreError::Corrupt(format!("metadata: {e}")))?,
         })
     }
 
@@ -244,7 +289,7 @@ impl ScopeValues {
         [&self.tenant, &self.subject, &self.sessions]
     }
 
-    /// ?1, the scope's ?2 to ?8, and any after them.
+    /// ?1, the scope's ?2 to ?9, and any after them.
     pub(super) fn params<'a>(
         &'a self,
         first: &'a dyn ToSql,
@@ -259,6 +304,7 @@ impl ScopeValues {
             &self.before,
             &self.roles,
             &self.levels,
+            &self.metadata,
         ];
         all.extend_from_slice(rest);
         all
@@ -271,9 +317,14 @@ fn json_list<T: ToString>(items: impl Iterator<Item = T>) -> String {
 }
 
 /// A hit as the legs' statements select it (session name, level, seq
-/// range, segment, role, time, text).
+/// range, segment, role, time, text, then `entry_said` or
+/// `summary_hit_said`'s columns by name).
 pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
     let role: Option<i64> = r.get(5)?;
+    let metadata: Option<String> = r.get("metadata")?;
+    let metadata = crate::store::decode_metadata(metadata.as_deref()).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(10, rusqlite::types::Type::Text, Box::new(e))
+    })?;
     Ok(SearchHit {
         session: r.get(0)?,
         level: r.get(1)?,
@@ -282,6 +333,9 @@ pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
         segment_id: r.get(4)?,
         role: role.and_then(Role::from_code),
         created_at: Millis(r.get(6)?),
+        occurred_at: Millis(r.get("occurred_at")?),
+        name: r.get("speaker")?,
+        metadata,
         text: r.get(7)?,
         score: 0.0,
         legs: Vec::new(),

@@ -399,9 +399,12 @@ impl Sqlite {
             .write(move |conn| {
                 let old: Vec<(i64, SessionRef)> = conn
                     .prepare_cached(
+                        // By when its newest entry was said (schema.rs's
+                        // sessions_by_last_said), not when it came in.
                         "SELECT id, tenant, name FROM sessions \
-                         WHERE coalesce(last_append_at, created_at) <= ?1 AND erasing IS NULL \
-                         ORDER BY last_append_at LIMIT ?2",
+                         WHERE coalesce(last_said_at, last_append_at, created_at) <= ?1 \
+                         AND erasing IS NULL \
+                         ORDER BY coalesce(last_said_at, last_append_at, created_at) LIMIT ?2",
                     )?
                     .query_map(params![cutoff.0, limit], |r| {
                         Ok((

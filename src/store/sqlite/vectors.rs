@@ -33,7 +33,9 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use rusqlite::{Connection, params};
 
-use super::search::{ScopeValues, entry_filters, row, summary_filters};
+use super::search::{
+    ScopeValues, entry_filters, entry_said, row, summary_filters, summary_hit_said, summary_said,
+};
 use crate::model::Tenant;
 use crate::store::StoreError;
 use crate::store::embeddings::{SemanticLeg, cosine, from_bytes};
@@ -62,6 +64,8 @@ struct Slot {
     doc: i64,
     /// The vector's tick (0: stored before ticks were kept).
     seq: i64,
+    /// When the text was said (an entry's occurred_at, a summary's last
+    /// entry's), what after / before read.
     created_at: i64,
     /// Index into `Cache::sessions`.
     session: u32,
@@ -255,13 +259,16 @@ const COUNT: &str = "\
 /// with what the filters read, stored after tick ?3: entries, then
 /// summaries. The embeddings index leads, so the cost follows what is new.
 const CHANGED: &str = "\
-    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, e.created_at, e.role, 0 \
+    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, \
+    coalesce(e.occurred_at, e.created_at), e.role, 0 \
     FROM embeddings v INDEXED BY embeddings_by_seq CROSS JOIN sessions x \
     CROSS JOIN entries e \
     WHERE v.generation = ?1 AND v.seq > ?3 AND v.doc > 0 AND x.id = v.session_id \
     AND x.tenant = ?2 AND e.session_id = v.session_id AND e.seq = (v.doc & 4294967295) \
     UNION ALL \
-    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, s.created_at, 0, g.level \
+    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, \
+    (SELECT coalesce(l.occurred_at, l.created_at) FROM entries l \
+    WHERE l.session_id = g.session_id AND l.seq = g.last_seq), 0, g.level \
     FROM embeddings v INDEXED BY embeddings_by_seq CROSS JOIN sessions x \
     CROSS JOIN segments g CROSS JOIN summaries s \
     WHERE v.generation = ?1 AND v.seq > ?3 AND v.doc < 0 AND x.id = v.session_id \
@@ -271,12 +278,15 @@ const CHANGED: &str = "\
 /// in `COUNT` (a plain JOIN let the planner start from the generation's
 /// vectors, every tenant's).
 const ALL: &str = "\
-    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, e.created_at, e.role, 0 \
+    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, \
+    coalesce(e.occurred_at, e.created_at), e.role, 0 \
     FROM sessions x CROSS JOIN embeddings v CROSS JOIN entries e \
     WHERE x.tenant = ?2 AND v.generation = ?1 AND v.session_id = x.id AND v.doc > 0 \
     AND e.session_id = v.session_id AND e.seq = (v.doc & 4294967295) \
     UNION ALL \
-    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, s.created_at, 0, g.level \
+    SELECT v.doc, coalesce(v.seq, 0), v.session_id, v.vector, \
+    (SELECT coalesce(l.occurred_at, l.created_at) FROM entries l \
+    WHERE l.session_id = g.session_id AND l.seq = g.last_seq), 0, g.level \
     FROM sessions x CROSS JOIN embeddings v CROSS JOIN segments g CROSS JOIN summaries s \
     WHERE x.tenant = ?2 AND v.generation = ?1 AND v.session_id = x.id AND v.doc < 0 \
     AND g.id = -v.doc AND s.segment_id = g.id";
@@ -287,11 +297,11 @@ const SESSIONS: &str = "SELECT x.id FROM sessions x WHERE x.tenant = ?1 AND x.er
      AND (?2 IS NULL OR x.subject = ?2) \
      AND (?3 IS NULL OR x.name IN (SELECT value FROM json_each(?3)))";
 
-/// How many texts the scope holds (over ?2..?8; ?1 unused). Without a
+/// How many texts the scope holds (over ?2..?9; ?1 unused). Without a
 /// time or role filter a session's entries are counted by its next seq
 /// (entries go only with their whole session), not read.
 const TOTAL: &str = concat!(
-    "SELECT CASE WHEN ?5 IS NULL AND ?6 IS NULL AND ?7 IS NULL \
+    "SELECT CASE WHEN ?5 IS NULL AND ?6 IS NULL AND ?7 IS NULL AND ?9 IS NULL \
      THEN (SELECT coalesce(sum(x.next_seq - 1), 0) FROM sessions x \
      WHERE x.tenant = ?2 AND x.erasing IS NULL AND (?3 IS NULL OR x.subject = ?3) \
      AND (?4 IS NULL OR x.name IN (SELECT value FROM json_each(?4))) \
@@ -304,21 +314,23 @@ const TOTAL: &str = concat!(
     ")"
 );
 
-/// A candidate read back: ?1 generation, the scope's ?2..?8, ?9 the
-/// document, ?10 the vector's seq. Entries, then summaries.
+/// A candidate read back: ?1 generation, the scope's ?2..?9, ?10 the
+/// document, ?11 the vector's seq. Entries, then summaries.
 const ENTRY_HIT: &str = concat!(
-    "SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content \
-     FROM embeddings v JOIN sessions x ON x.id = v.session_id \
+    "SELECT x.name, 0, e.seq, e.seq, NULL, e.role, e.created_at, e.content, ",
+    entry_said!(),
+    " FROM embeddings v JOIN sessions x ON x.id = v.session_id \
      JOIN entries e ON e.session_id = v.session_id AND e.seq = (v.doc & 4294967295) \
-     WHERE v.doc = ?9 AND v.generation = ?1 AND coalesce(v.seq, 0) = ?10 \
-     AND v.session_id = (?9 >> 32) AND ",
+     WHERE v.doc = ?10 AND v.generation = ?1 AND coalesce(v.seq, 0) = ?11 \
+     AND v.session_id = (?10 >> 32) AND ",
     entry_filters!()
 );
 const SUMMARY_HIT: &str = concat!(
-    "SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text \
-     FROM embeddings v JOIN segments g ON g.id = -v.doc \
+    "SELECT x.name, g.level, g.first_seq, g.last_seq, g.id, NULL, s.created_at, s.text, ",
+    summary_hit_said!(),
+    " FROM embeddings v JOIN segments g ON g.id = -v.doc \
      JOIN summaries s ON s.segment_id = g.id JOIN sessions x ON x.id = g.session_id \
-     WHERE v.doc = ?9 AND v.generation = ?1 AND coalesce(v.seq, 0) = ?10 AND ",
+     WHERE v.doc = ?10 AND v.generation = ?1 AND coalesce(v.seq, 0) = ?11 AND ",
     summary_filters!()
 );
 
@@ -543,6 +555,11 @@ pub(super) fn semantic_leg(
     query: &[f32],
     limit: u32,
 ) -> Result<Option<SemanticLeg>, StoreError> {
+    // The cache holds no metadata: a metadata filter reads the scope in
+    // SQL, where the filter is.
+    if !scope.metadata.is_empty() {
+        return Ok(None);
+    }
     let values = &ScopeValues::new(tenant, scope)?;
     let tenant = tenant.0.as_str();
     // The first read fixes the snapshot, so the tick is the snapshot's.

@@ -569,7 +569,14 @@ class SessionEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[SessionEventKind, str]] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("query", "session_ids", "subject", "after", "before", "roles", "levels", "limit", "mode")
+    __slots__ = ("query", "session_ids", "subject", "after", "before", "roles", "levels", "limit", "mode", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -579,6 +586,7 @@ class SearchRequest(_message.Message):
     LEVELS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     query: str
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     subject: str
@@ -588,10 +596,18 @@ class SearchRequest(_message.Message):
     levels: _containers.RepeatedScalarFieldContainer[int]
     limit: int
     mode: SearchMode
-    def __init__(self, query: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., subject: _Optional[str] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., levels: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., mode: _Optional[_Union[SearchMode, str]] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, query: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., subject: _Optional[str] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., levels: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SearchHit(_message.Message):
-    __slots__ = ("session_id", "level", "first_seq", "last_seq", "segment_id", "role", "created_at", "score", "text", "legs")
+    __slots__ = ("session_id", "level", "first_seq", "last_seq", "segment_id", "role", "created_at", "score", "text", "legs", "name", "occurred_at", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -602,6 +618,9 @@ class SearchHit(_message.Message):
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LEGS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     level: int
     first_seq: int
@@ -612,7 +631,10 @@ class SearchHit(_message.Message):
     score: float
     text: str
     legs: _containers.RepeatedScalarFieldContainer[SearchLeg]
-    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ...) -> None: ...
+    name: str
+    occurred_at: _timestamp_pb2.Timestamp
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ..., name: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "legs", "embedded_share")
