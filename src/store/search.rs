@@ -153,7 +153,8 @@ fn newer(a: &SearchHit, b: &SearchHit) -> bool {
 /// alike when they share at least one of the query's key words (of
 /// `KEY_WORD_CHARS` or more) and at least half of those the one holding
 /// fewer holds ("the contractor doing our kitchen is Mira" and "my
-/// contractor's name is now Leopold"). Only such hits trade places, each
+/// contractor's name is now Leopold"), and the newer holds no fewer of
+/// them than the older. Only such hits trade places, each
 /// place keeping its score (scores stay best first); every other hit keeps
 /// its place.
 pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
@@ -193,7 +194,13 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
         for j in 1..order.len() {
             for i in j.saturating_sub(BAND)..j {
                 let (a, b) = (order[i], order[j]);
-                if newer(&hits[a], &hits[b]) && alike(held[a], held[b]) {
+                // The newer must say at least as much of what was asked:
+                // an acknowledgement naming one of the words ("noted, the
+                // locker") corrects nothing of the fact that holds them all.
+                if newer(&hits[a], &hits[b])
+                    && alike(held[a], held[b])
+                    && held[b].count_ones() >= held[a].count_ones()
+                {
                     order.swap(i, j);
                     trades -= 1;
                     continue 'trade;
@@ -363,6 +370,18 @@ mod tests {
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
         assert_eq!(hits[0].first_seq, 7);
+    }
+
+    #[test]
+    fn a_newer_text_saying_less_of_what_was_asked_corrects_nothing() {
+        let query = Query::parse("What is Ada's locker code?").expect("query");
+        let mut hits = vec![
+            said(2, 100, "Ada's locker code is 4711, by the boiler."),
+            said(3, 100, "Noted, I will remember where the locker is."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 2);
     }
 
     #[test]
