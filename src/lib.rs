@@ -23,8 +23,10 @@
 //!   (one probe of the provider through a real pass), `migrate` (the
 //!   schema, as a deploy step), and the terminal client (`session.rs` its
 //!   commands, `reads.rs` and `waits.rs` the longer ones, `search.rs`
-//!   `archivist search`, `terminal.rs` the flags, connection and exit
-//!   status they share, `output.rs` what they print, as text or JSON).
+//!   `archivist search`, `import.rs` `archivist import` (a history from
+//!   JSON Lines, as it happened), `terminal.rs` the flags, connection and
+//!   exit status they share, `output.rs` what they print, as text or
+//!   JSON).
 //! - `mcp`: `archivist mcp`, the Model Context Protocol server (stdio or
 //!   streamable HTTP, on `rmcp`) in front of a running archivist: the
 //!   tools (`tools.rs`, `recall.rs` the search), their arguments checked
