@@ -154,6 +154,17 @@ struct EntryRow<'a> {
     metadata: &'a crate::model::Metadata,
 }
 
+impl SessionPlan {
+    /// Closes its open segment, if there is one; returns where it stands
+    /// in `segments`.
+    fn close_open(&mut self) -> Option<usize> {
+        let at = self.open.take()?;
+        self.segments[at].closed = true;
+        self.segments[at].touched = true;
+        Some(at)
+    }
+}
+
 /// What a call's answer says of segments before their ids are known:
 /// (session index, segment index) pairs.
 struct PlannedOutcome {
@@ -701,15 +712,12 @@ fn plan_job<'a>(
             continue;
         }
         let occurred = crate::store::occurred(index, entry.occurred_at, plan.newest, now)?;
-        if let Some(at) = plan.open
-            && plan
-                .newest
-                .is_some_and(|last| job.policy.is_gap(last, occurred))
+        if plan
+            .newest
+            .is_some_and(|last| job.policy.is_gap(last, occurred))
+            && let Some(at) = plan.close_open()
         {
             // The conversation's own clock says a new sitting begins here.
-            plan.segments[at].closed = true;
-            plan.segments[at].touched = true;
-            plan.open = None;
             outcome.closed.push((session, at));
         }
         plan.newest = Some(occurred);
@@ -761,9 +769,9 @@ fn plan_job<'a>(
             client_entry_id: entry.client_entry_id.clone(),
             duplicate: false,
         });
-        if job.policy.is_full(seg.entries, seg.tokens) {
-            seg.closed = true;
-            plan.open = None;
+        if job.policy.is_full(seg.entries, seg.tokens)
+            && let Some(at) = plan.close_open()
+        {
             outcome.closed.push((session, at));
         }
     }

@@ -508,6 +508,22 @@ fn close_segment_tx(conn: &Connection, id: u64, now: Millis) -> Result<(), Store
     Ok(())
 }
 
+/// Closes the open segment, if there is one, its counts written first, and
+/// names it among those the append closed.
+fn close_open(
+    conn: &Connection,
+    open: &mut Option<OpenSegment>,
+    closed: &mut Vec<SegmentId>,
+    now: Millis,
+) -> Result<(), StoreError> {
+    if let Some(mut seg) = open.take() {
+        seg.save(conn)?;
+        close_segment_tx(conn, seg.id, now)?;
+        closed.push(seg.id);
+    }
+    Ok(())
+}
+
 /// One append, in the writer's transaction: `bounds` are the segment
 /// policy and the tenant's byte cap (0: none).
 fn append_tx(
@@ -622,15 +638,9 @@ fn append_tx(
             }
         }
         let occurred = crate::store::occurred(index, entry.occurred_at, newest, now)?;
-        if let Some(seg) = open
-            .as_mut()
-            .filter(|_| newest.is_some_and(|last| policy.is_gap(last, occurred)))
-        {
+        if newest.is_some_and(|last| policy.is_gap(last, occurred)) {
             // The conversation's own clock says a new sitting begins here.
-            seg.save(conn)?;
-            close_segment_tx(conn, seg.id, now)?;
-            outcome.closed_segment_ids.push(seg.id);
-            open = None;
+            close_open(conn, &mut open, &mut outcome.closed_segment_ids, now)?;
         }
         newest = Some(occurred);
         let seq = next_seq;
@@ -705,10 +715,7 @@ fn append_tx(
             duplicate: false,
         });
         if policy.is_full(seg.entries, seg.tokens) {
-            seg.save(conn)?;
-            close_segment_tx(conn, seg.id, now)?;
-            outcome.closed_segment_ids.push(seg.id);
-            open = None;
+            close_open(conn, &mut open, &mut outcome.closed_segment_ids, now)?;
         }
     }
     outcome.open_segment_id = open.as_ref().map(|seg| seg.id);
