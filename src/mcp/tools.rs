@@ -340,38 +340,39 @@ pub(super) async fn remember(
 ) -> Result<CallToolResult, ToolError> {
     let args = backend.parse::<RememberArgs>(args)?;
     let of_the_day = args.session_id.is_none();
+    let entries: Vec<pb::NewEntry> = args
+        .messages
+        .iter()
+        .map(|m| pb::NewEntry {
+            client_entry_id: m.client_entry_id.clone().unwrap_or_default(),
+            role: role_to_pb(m.role.role()) as i32,
+            content: m.content.clone(),
+            name: m.name.clone().unwrap_or_default(),
+            // Checked and written as RFC 3339 by the arguments' check.
+            occurred_at: m
+                .occurred_at
+                .as_deref()
+                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .map(prost_types::Timestamp::from),
+            ..Default::default()
+        })
+        .collect();
     let session_id = match &args.session_id {
         Some(id) => id.clone(),
         // The day the first message was said (DESIGN: the UTC day of its
         // occurred_at), else today.
         None => session_of_the_day(
             args.subject.as_deref(),
-            args.messages
+            entries
                 .first()
-                .and_then(|m| m.occurred_at.as_deref())
-                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .and_then(|e| e.occurred_at)
+                .and_then(|t| std::time::SystemTime::try_from(t).ok())
                 .unwrap_or_else(std::time::SystemTime::now),
         ),
     };
     let request = pb::AppendEntriesRequest {
         session_id: session_id.clone(),
-        entries: args
-            .messages
-            .iter()
-            .map(|m| pb::NewEntry {
-                client_entry_id: m.client_entry_id.clone().unwrap_or_default(),
-                role: role_to_pb(m.role.role()) as i32,
-                content: m.content.clone(),
-                name: m.name.clone().unwrap_or_default(),
-                // Checked and written as RFC 3339 by the arguments' check.
-                occurred_at: m
-                    .occurred_at
-                    .as_deref()
-                    .and_then(|t| humantime::parse_rfc3339(t).ok())
-                    .map(prost_types::Timestamp::from),
-                ..Default::default()
-            })
-            .collect(),
+        entries,
         subject: args.subject.clone().unwrap_or_default(),
     };
     let mut client = backend.client().await?;
