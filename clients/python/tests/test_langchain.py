@@ -280,6 +280,26 @@ def test_the_retriever_returns_the_planted_fact_as_a_document(server) -> None:
         at = datetime.fromisoformat(meta["created_at"])
         assert at.tzinfo is not None and abs(datetime.now(timezone.utc) - at).total_seconds() < 300
         assert docs[0].id == "archivist:retriever-ada:seq:2"
+        assert (meta["name"], meta["entry_metadata"]) == (None, {})
+
+        # Speakers, times and metadata come back; metadata_filter keeps only
+        # the entries holding every pair.
+        said = datetime(2023, 11, 14, 9, 12, tzinfo=timezone.utc)
+        client.append(
+            "retriever-ada-2",
+            [
+                {"role": "user", "content": "The zephyrquill spare is in the shed.", "name": "Maya",
+                 "occurred_at": said, "metadata": {"channel": "sms"}},
+                {"role": "user", "content": "The zephyrquill spare moved to the attic.", "name": "Tom",
+                 "metadata": {"channel": "email"}},
+            ],
+            subject=who,
+        )
+        sms = ArchivistRetriever(client=client, subject=who, metadata_filter={"channel": "sms"}).invoke("zephyrquill")
+        assert [d.page_content for d in sms] == ["The zephyrquill spare is in the shed."]
+        assert sms[0].metadata["name"] == "Maya"
+        assert datetime.fromisoformat(sms[0].metadata["occurred_at"]) == said
+        assert sms[0].metadata["entry_metadata"] == {"channel": "sms"}
 
         # The scope holds: roles, levels, sessions; recaps come as summaries.
         assert ArchivistRetriever(client=client, subject=who, roles=["assistant"]).invoke("vault code") == []

@@ -6,6 +6,7 @@ refused before anything is sent (or by the server, typed)."""
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -226,3 +227,65 @@ async def test_async_search_finds_scopes_and_refuses_as_the_blocking_one(server)
         assert caught.value.reason == "EMPTY_QUERY"
         await client.delete_session(f"{word}-a")
         assert [h.session_id for h in (await client.search(word)).hits] == [f"{word}-b"]
+
+
+def test_speakers_times_and_metadata_come_back_and_metadata_filters(server) -> None:
+    who = subject()
+    word = f"zq{uuid.uuid4().hex[:10]}"
+    monday = datetime(2023, 11, 13, 9, 12, tzinfo=timezone.utc)
+    thursday = datetime(2023, 11, 16, 18, 40, tzinfo=timezone.utc)
+    with Client(server.address) as client:
+        client.append(
+            f"{word}-chat",
+            [
+                {
+                    "role": "user",
+                    "content": f"The spare key {word} is under the flowerpot.",
+                    "name": "Maya",
+                    "occurred_at": monday,
+                    "metadata": {"channel": "sms"},
+                },
+                {
+                    "role": "user",
+                    "content": f"I moved the spare key {word} to Mrs Lindqvist.",
+                    "name": "Tom",
+                    "occurred_at": thursday,
+                    "metadata": {"channel": "email", "thread": "keys"},
+                },
+            ],
+            subject=who,
+        )
+        # Monday's segment closed at the three days' gap: its recap (no
+        # name, no metadata) is found too; the entries are what is asked.
+        hits = client.search(f"spare key {word}", subject=who, levels=0).hits
+        by_name = {h.name: h for h in hits}
+        assert set(by_name) == {"Maya", "Tom"}
+        assert by_name["Maya"].occurred_at == monday and by_name["Tom"].occurred_at == thursday
+        assert by_name["Tom"].metadata == {"channel": "email", "thread": "keys"}
+        # What is true now first: Thursday's move above Monday's place.
+        assert hits[0].name == "Tom"
+        # Every pair must match.
+        found = client.search(f"spare key {word}", subject=who, metadata={"channel": "sms"}).hits
+        assert [h.text for h in found] == [f"The spare key {word} is under the flowerpot."]
+        assert client.search(word, subject=who, metadata={"channel": "sms", "thread": "keys"}).hits == []
+        found = client.search(word, subject=who, metadata={"thread": "keys"}).hits
+        assert [h.name for h in found] == ["Tom"]
+        # The window reads when it was said, not when it was stored.
+        tuesday = datetime(2023, 11, 14, tzinfo=timezone.utc)
+        found = client.search(word, subject=who, before=tuesday, levels=0).hits
+        assert [h.name for h in found] == ["Maya"]
+        # Monday's segment closed at the gap; its recap is written by the
+        # server's own pass, so wait for it (bounded).
+        deadline = time.monotonic() + 30
+        while not (found := client.search(word, subject=who, before=tuesday, levels=1).hits):
+            assert time.monotonic() < deadline, "Monday's recap was never written"
+            time.sleep(0.05)
+        [recap] = found
+        # Monday's recap says who and when, and is dated by its last entry.
+        assert recap.occurred_at == monday and recap.metadata == {}
+        assert f"Maya (13 Nov 2023 09:12): The spare key {word} is under the flowerpot." in recap.text
+        with pytest.raises(TypeError, match="metadata"):
+            client.search(word, metadata={"channel": 1})  # type: ignore[dict-item]
+        with pytest.raises(InvalidArgument) as caught:
+            client.search(word, metadata={"bad key!": "x"})
+        assert any("metadata" in v.field for v in caught.value.violations)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Callable, TypeVar, cast
@@ -173,6 +173,7 @@ def _search_request(
     levels: Iterable[int] | int | None,
     limit: int | None,
     mode: str,
+    metadata: Mapping[str, str] | None = None,
 ) -> pb.SearchRequest:
     """A Search request from `search()`'s arguments, checked as far as the
     client can tell: wrong types raise TypeError, bad values
@@ -214,6 +215,11 @@ def _search_request(
         cast("pb.Role", role_value(r, f"roles[{i}]"))
         for i, r in enumerate(_strings("roles", roles))
     ]
+    if metadata is not None and not (
+        isinstance(metadata, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise TypeError("metadata must be a dict of str to str")
     return pb.SearchRequest(
         query=query,
         session_ids=_strings("session_ids", session_ids),
@@ -224,6 +230,7 @@ def _search_request(
         levels=_levels(levels, "0: entries, 1: segment recaps, 2 and up: roll-ups"),
         limit=limit or 0,
         mode=cast("pb.SearchMode", pb.SearchMode.Value("SEARCH_MODE_" + mode.upper())),
+        metadata=dict(metadata or {}),
     )
 
 
@@ -797,6 +804,7 @@ class Client(_Base):
         levels: Iterable[int] | int | None = None,
         limit: int | None = None,
         mode: str = "auto",
+        metadata: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT,
     ) -> SearchResult:
         """Searches the caller's memory (Search): entries and recaps found by
@@ -823,7 +831,7 @@ class Client(_Base):
         sent where the client can tell.
         """
         request = _search_request(
-            query, session_ids, subject, after, before, roles, levels, limit, mode
+            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata
         )
         return SearchResult.from_pb(self._call(self._stub.Search, request, timeout))
 
@@ -1054,11 +1062,12 @@ class AsyncClient(_Base):
         levels: Iterable[int] | int | None = None,
         limit: int | None = None,
         mode: str = "auto",
+        metadata: Mapping[str, str] | None = None,
         timeout: float | None = DEFAULT,
     ) -> SearchResult:
         """Searches the caller's memory, best first; see `Client.search`."""
         request = _search_request(
-            query, session_ids, subject, after, before, roles, levels, limit, mode
+            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata
         )
         return SearchResult.from_pb(await self._call(self._stub.Search, request, timeout))
 

@@ -341,6 +341,9 @@ def _document(hit: SearchHit) -> Document:
             "score": hit.score,
             "role": hit.role,
             "legs": hit.legs,
+            "name": hit.name or None,
+            "occurred_at": hit.occurred_at.isoformat() if hit.occurred_at else None,
+            "entry_metadata": dict(hit.metadata),
         },
     )
 
@@ -361,12 +364,16 @@ class ArchivistRetriever(BaseRetriever):
             "tool"); recaps have none, so a role leaves them out.
         limit: the most Documents per query, 1 to 100 (None: 10).
         mode: "auto", "lexical" or "semantic" (see `Client.search`).
+        metadata_filter: only entries whose metadata holds every one of
+            these pairs (recaps have none, so a pair leaves them out).
 
     Each Document's `page_content` is the hit's text and its `metadata`
     says where in memory it is: `session_id`, `kind` ("entry" or
     "summary"), `level`, `first_seq`, `last_seq`, `segment_id` (None for
     an entry), `created_at` (ISO 8601, UTC), `score`, `role` (None for a
-    recap) and `legs` (how it was found). Its `id` names the entry or node.
+    recap), `legs` (how it was found), `name` (the speaker, None when none
+    was given), `occurred_at` (when it was said, ISO 8601) and
+    `entry_metadata` (the entry's own pairs). Its `id` names the entry or node.
     A bad scope, limit or mode fails when the retriever is made (pydantic's
     ValidationError, a ValueError, with the client's InvalidArgument
     message); a query the server refuses raises its `ArchivistError`.
@@ -379,6 +386,7 @@ class ArchivistRetriever(BaseRetriever):
     roles: Optional[list[str]] = None
     limit: Optional[int] = None
     mode: str = "auto"
+    metadata_filter: Optional[dict[str, str]] = None
 
     def model_post_init(self, context: Any) -> None:
         # The scope is checked now, with the checks every search makes, so
@@ -393,6 +401,7 @@ class ArchivistRetriever(BaseRetriever):
             "levels": self.levels,
             "limit": self.limit,
             "mode": self.mode,
+            "metadata": self.metadata_filter,
         }
 
     def _get_relevant_documents(

@@ -666,7 +666,10 @@ class SearchHit:
     `level` 0 is an entry (`role` is its role, `first_seq == last_seq` its
     seq); 1 is a segment's recap and 2 and up a roll-up's (`role` None,
     `segment_id` the node, `first_seq..last_seq` the entries it stands for),
-    so every hit points back into the session's context. `score` is
+    so every hit points back into the session's context. `name` is an
+    entry's speaker ("" when none was given, and for a recap),
+    `occurred_at` when it was said (a recap's: when its last entry was) and
+    `metadata` an entry's pairs (a recap has none). `score` is
     higher for better hits, comparable within one search only; `legs` says
     how it was found ("lexical": by its words, "semantic": by meaning).
     """
@@ -682,6 +685,9 @@ class SearchHit:
     text: str
     legs: list[str]
     raw: pb.SearchHit = field(repr=False, compare=False)
+    name: str = ""
+    occurred_at: datetime | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def kind(self) -> Literal["entry", "summary"]:
@@ -703,6 +709,9 @@ class SearchHit:
             text=hit.text,
             legs=[leg_name(leg) for leg in hit.legs],
             raw=hit,
+            name=hit.name,
+            occurred_at=_ts(hit, "occurred_at"),
+            metadata=dict(hit.metadata),
         )
 
 
