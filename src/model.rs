@@ -242,6 +242,25 @@ impl SegmentState {
 /// An entry's metadata: a few caller-chosen pairs, in key order.
 pub type Metadata = std::collections::BTreeMap<String, String>;
 
+/// The bounds of an entry's (or a filter's) metadata: pairs, key length,
+/// value bytes (DESIGN, "Time and speakers"), for every edge that takes it.
+pub(crate) const MAX_METADATA_PAIRS: usize = 16;
+pub(crate) const MAX_METADATA_KEY: usize = 64;
+pub(crate) const MAX_METADATA_VALUE: usize = 256;
+
+/// A metadata key: 1 to `MAX_METADATA_KEY` of letters, digits and `. _ -`.
+pub(crate) fn metadata_key_ok(key: &str) -> bool {
+    (1..=MAX_METADATA_KEY).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// A metadata value: at most `MAX_METADATA_VALUE` bytes, with no NUL.
+pub(crate) fn metadata_value_ok(value: &str) -> bool {
+    value.len() <= MAX_METADATA_VALUE && !value.contains('\0')
+}
+
 /// An entry as a caller submits it, already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEntry {

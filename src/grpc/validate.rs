@@ -10,7 +10,10 @@ use tonic_types::FieldViolation;
 
 use super::status::invalid;
 use crate::config::LimitsConfig;
-use crate::model::{NewEntry, SegmentId, SessionName, Subject};
+use crate::model::{
+    MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, NewEntry, SegmentId, SessionName,
+    Subject, metadata_key_ok, metadata_value_ok,
+};
 use crate::pb;
 use crate::store::SegmentFilter;
 use crate::wire::{role_from_pb, state_from_pb};
@@ -23,10 +26,6 @@ const MAX_PAGE_SIZE: u32 = 1000;
 const MAX_CLIENT_ENTRY_ID: usize = 128;
 /// An entry's `name`: a participant's name, as a chat message's.
 const MAX_NAME_CHARS: usize = 64;
-/// An entry's metadata: pairs, key length, value bytes.
-const MAX_METADATA_PAIRS: usize = 16;
-const MAX_METADATA_KEY: usize = 64;
-const MAX_METADATA_VALUE: usize = 256;
 /// The deepest level ListSegments takes: with fanout 2, level 64 would
 /// cover 2^63 segments.
 const MAX_LEVEL: u32 = 64;
@@ -241,11 +240,7 @@ pub(super) fn check_metadata(
     let mut keys: Vec<&String> = metadata.keys().collect();
     keys.sort();
     for key in keys {
-        let good_key = (1..=MAX_METADATA_KEY).contains(&key.len())
-            && key
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        if !good_key {
+        if !metadata_key_ok(key) {
             violations.push(violation(
                 field,
                 "INVALID_METADATA_KEY",
@@ -254,7 +249,7 @@ pub(super) fn check_metadata(
                     crate::text::prefix(key, MAX_METADATA_KEY)
                 ),
             ));
-        } else if metadata[key].len() > MAX_METADATA_VALUE || metadata[key].contains('\0') {
+        } else if !metadata_value_ok(&metadata[key]) {
             violations.push(violation(
                 format!("{field}[{key}]"),
                 "INVALID_METADATA_VALUE",

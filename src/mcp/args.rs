@@ -14,6 +14,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 
 use super::error::Violation;
 use crate::model::{Role, SessionName, Subject};
@@ -77,6 +78,11 @@ pub(super) struct MessageArg {
     /// before the session's newest message.
     #[schemars(extend("x-check" = "time"))]
     pub occurred_at: Option<String>,
+    /// Labels of your own to find it by later with recall's metadata
+    /// (a channel, a thread, a source): at most 16 pairs, keys 1 to 64 of
+    /// letters, digits and . _ -, values text of at most 256 bytes.
+    #[schemars(extend("x-check" = "metadata"))]
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 /// `remember`'s arguments.
@@ -162,11 +168,11 @@ pub(super) struct RecallArgs {
     /// Only the sessions of this subject.
     #[schemars(length(min = 1, max = 256), regex(pattern = r"^[A-Za-z0-9._:@-]+$"), extend("x-check" = "subject"))]
     pub subject: Option<String>,
-    /// Only what was stored after this time: RFC 3339
-    /// (2026-11-30T09:00:00Z) or a date (2026-11-30, midnight UTC).
+    /// Only what was said after this time (a recap: its last message):
+    /// RFC 3339 (2026-11-30T09:00:00Z) or a date (2026-11-30, midnight UTC).
     #[schemars(extend("x-check" = "time"))]
     pub after: Option<String>,
-    /// Only what was stored before this time, written as for after.
+    /// Only what was said before this time, written as for after.
     #[schemars(extend("x-check" = "time"))]
     pub before: Option<String>,
     /// Only messages of these roles (recaps have none, so naming roles
@@ -182,6 +188,10 @@ pub(super) struct RecallArgs {
     pub limit: Option<u32>,
     /// How to match: auto (default), lexical or semantic.
     pub mode: Option<ModeArg>,
+    /// Only messages whose metadata (given at remember) holds every one of
+    /// these pairs; recaps have none, so a pair leaves them out.
+    #[schemars(extend("x-check" = "metadata"))]
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 /// `forget`'s arguments.
@@ -352,6 +362,22 @@ impl Walk<'_> {
         };
         // Models send null for "not given".
         fields.retain(|_, v| !v.is_null());
+        // A map (metadata): its keys are the caller's, each value as the
+        // map's schema says.
+        if let Some(each) = schema
+            .get("additionalProperties")
+            .and_then(Value::as_object)
+        {
+            if schema.get("x-check").and_then(Value::as_str) == Some("metadata")
+                && let Err(description) = metadata(fields)
+            {
+                return bad.add(path, description);
+            }
+            for (key, v) in fields.iter_mut() {
+                self.value(each, v, &format!("{path}[{key}]"), None, bad);
+            }
+            return;
+        }
         let empty = Map::new();
         let properties = schema
             .get("properties")
@@ -534,6 +560,34 @@ fn content(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Metadata pairs: within the bounds an entry's metadata has on the wire.
+fn metadata(pairs: &Map<String, Value>) -> Result<(), String> {
+    use crate::model::{
+        MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, metadata_key_ok,
+        metadata_value_ok,
+    };
+    if pairs.len() > MAX_METADATA_PAIRS {
+        return Err(format!(
+            "holds {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            pairs.len()
+        ));
+    }
+    for (key, value) in pairs {
+        if !metadata_key_ok(key) {
+            return Err(format!(
+                "key {:?} is not 1 to {MAX_METADATA_KEY} of letters, digits and . _ -",
+                crate::text::prefix(key, MAX_METADATA_KEY)
+            ));
+        }
+        if value.as_str().is_some_and(|v| !metadata_value_ok(v)) {
+            return Err(format!(
+                "the value of {key:?} is over {MAX_METADATA_VALUE} bytes or holds a NUL"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A search query: words to look for, within the server's bound.
 fn query(text: &str) -> Result<(), String> {
     use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
@@ -708,6 +762,58 @@ mod tests {
             violations[0].description.contains("several calls"),
             "{violations:?}"
         );
+    }
+
+    #[test]
+    fn metadata_is_checked_as_the_wire_checks_it() {
+        let args = RememberArgs::parse(object(json!({"session_id": "s", "messages": [
+            {"role": "user", "content": "hi", "metadata": {"channel": "sms", "thread.id": "7"}},
+        ]})))
+        .expect("good pairs");
+        let pairs = args.messages[0].metadata.clone().expect("kept");
+        assert_eq!(pairs["channel"], "sms");
+        assert_eq!(pairs["thread.id"], "7");
+        let too_many: Map<String, Value> = (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+        let violations = RememberArgs::parse(object(json!({"session_id": "s", "messages": [
+            {"role": "user", "content": "hi", "metadata": {"bad key": "x"}},
+            {"role": "user", "content": "hi", "metadata": {"k": 5}},
+            {"role": "user", "content": "hi", "metadata": {"k": "x".repeat(257)}},
+            {"role": "user", "content": "hi", "metadata": too_many},
+            {"role": "user", "content": "hi", "metadata": "channel=sms"},
+        ]})))
+        .expect_err("bad metadata");
+        assert_eq!(
+            fields(&violations),
+            [
+                "messages[0].metadata",
+                "messages[1].metadata[k]",
+                "messages[2].metadata",
+                "messages[3].metadata",
+                "messages[4].metadata",
+            ]
+        );
+        assert!(
+            violations[0].description.contains("\"bad key\""),
+            "{violations:?}"
+        );
+        assert_eq!(violations[1].description, "must be a string, not a number");
+        assert!(
+            violations[2].description.contains("256 bytes"),
+            "{violations:?}"
+        );
+        assert!(
+            violations[3].description.contains("17 pairs"),
+            "{violations:?}"
+        );
+        // recall's filter takes the same pairs.
+        let args = RecallArgs::parse(object(
+            json!({"query": "key", "metadata": {"channel": "sms"}}),
+        ))
+        .expect("a filter");
+        assert_eq!(args.metadata.expect("kept")["channel"], "sms");
+        let violations = RecallArgs::parse(object(json!({"query": "key", "metadata": {"": "x"}})))
+            .expect_err("an empty key");
+        assert_eq!(fields(&violations), ["metadata"]);
     }
 
     #[test]

@@ -354,7 +354,7 @@ pub(super) async fn remember(
                 .as_deref()
                 .and_then(|t| humantime::parse_rfc3339(t).ok())
                 .map(prost_types::Timestamp::from),
-            ..Default::default()
+            metadata: m.metadata.clone().unwrap_or_default().into_iter().collect(),
         })
         .collect();
     let session_id = match &args.session_id {

@@ -544,12 +544,31 @@ async def test_remember_takes_who_said_it_and_when(server, connect: Connect) -> 
             "subject": subject,
             "messages": [
                 {"role": "user", "content": "The spare key is under the flowerpot.",
-                 "name": "Tom", "occurred_at": "2023-11-14T09:12:00Z"},
+                 "name": "Tom", "occurred_at": "2023-11-14T09:12:00Z", "metadata": {"channel": "sms"}},
                 {"role": "assistant", "content": "Noted.", "name": "Maya",
                  "occurred_at": "2023-11-14T09:13:00Z"},
+                {"role": "user", "content": "The spare key for the shed is on the hook.",
+                 "occurred_at": "2023-11-14T09:14:00Z", "metadata": {"channel": "email"}},
             ],
         }))
         assert stored["session_id"] == f"{subject}:2023-11-14"
+        # recall names the speaker and the time it was said, and keeps only
+        # what holds every metadata pair asked for.
+        result = await client.call_tool("recall", {"query": "spare key", "subject": subject,
+                                                   "metadata": {"channel": "sms"}})
+        hits = ok(result)["hits"]
+        assert [(h["text"], h["name"], h["occurred_at"], h["metadata"]) for h in hits] == [
+            ("The spare key is under the flowerpot.", "Tom", "2023-11-14T09:12:00Z", {"channel": "sms"})
+        ]
+        assert text(result).splitlines()[1].startswith(
+            f'1. [{subject}:2023-11-14 seq 1, user "Tom", said 2023-11-14T09:12:00Z] '
+        )
+        hits = ok(await client.call_tool("recall", {"query": "spare key", "subject": subject}))["hits"]
+        assert {h["text"] for h in hits} == {
+            "The spare key is under the flowerpot.", "The spare key for the shed is on the hook."
+        }
+        refused = await client.call_tool("recall", {"query": "key", "metadata": {"bad key": "x"}})
+        assert "metadata" in json.dumps(failed(refused))
         refused = await client.call_tool("remember", {
             "session_id": f"{subject}:2023-11-14",
             "messages": [{"role": "user", "content": "earlier", "occurred_at": "2023-11-13T00:00:00Z"}],
@@ -557,9 +576,10 @@ async def test_remember_takes_who_said_it_and_when(server, connect: Connect) -> 
         assert "OCCURRED_OUT_OF_ORDER" in json.dumps(failed(refused))
     with ArchivistClient(server.address) as grpc_client:
         entries = list(grpc_client.entries(f"{subject}:2023-11-14"))
-    assert [(e.name, e.occurred_at.isoformat() if e.occurred_at else None) for e in entries] == [
-        ("Tom", "2023-11-14T09:12:00+00:00"),
-        ("Maya", "2023-11-14T09:13:00+00:00"),
+    assert [(e.name, e.occurred_at.isoformat() if e.occurred_at else None, e.metadata) for e in entries] == [
+        ("Tom", "2023-11-14T09:12:00+00:00", {"channel": "sms"}),
+        ("Maya", "2023-11-14T09:13:00+00:00", {}),
+        ("", "2023-11-14T09:14:00+00:00", {"channel": "email"}),
     ]
 
 
