@@ -23,6 +23,11 @@
 //! - `--show N`: print the first session of N entries (its facts, then
 //!   every entry with its estimated tokens; `--detail K`: session K) and
 //!   exit, starting no server;
+//! - `--history DAYS`: the imported-history benchmark instead
+//!   (`recall/history.rs`): each session of `--sizes` appended live and
+//!   imported with times over DAYS days and named speakers, GetContext of
+//!   both at every budget, and Search by day and speaker, with
+//!   corrections first (`--facts`: the misses);
 //! - `--search`: the Search benchmark instead (`recall/search.rs`): a
 //!   tenant of `--subjects K` subjects (default 3) of 30 sessions each,
 //!   `--search-sizes 1000,10000,100000,1000000` entries in all (the
@@ -69,6 +74,8 @@ use serde_json::{Value, json};
 mod common;
 #[path = "recall/fixture.rs"]
 mod fixture;
+#[path = "recall/history.rs"]
+mod history;
 #[path = "recall/pools.rs"]
 mod pools;
 #[path = "recall/score.rs"]
@@ -111,6 +118,8 @@ struct Options {
     embedder_model: String,
     embedder_query_model: String,
     server_query_model: bool,
+    /// `--history DAYS`: the imported-history benchmark instead.
+    history: Option<usize>,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -158,6 +167,7 @@ impl Options {
             embedder_model: "multilingual-e5-small-passage".to_owned(),
             embedder_query_model: "multilingual-e5-small-query".to_owned(),
             server_query_model: false,
+            history: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -189,6 +199,7 @@ impl Options {
                     o.embedder_query_model = args.next().expect("--embedder-query-model NAME")
                 }
                 "--server-query-model" => o.server_query_model = true,
+                "--history" => o.history = Some(number(&a, args.next())),
                 // cargo bench passes --bench.
                 _ => {}
             }
@@ -348,6 +359,11 @@ fn main() {
     let rt = common::runtime();
     if o.search {
         rt.block_on(search::run(&o));
+        return;
+    }
+    if let Some(days) = o.history {
+        assert!(days > 0, "--history: at least 1 day");
+        rt.block_on(history::run(&o, days));
         return;
     }
     let reports = rt.block_on(async {

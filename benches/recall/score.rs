@@ -42,7 +42,7 @@ impl Returned {
         }
     }
 
-    fn holds(&self, answer: &str) -> bool {
+    pub fn holds(&self, answer: &str) -> bool {
         self.lower.contains(&answer.to_lowercase())
     }
 }

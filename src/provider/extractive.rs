@@ -18,7 +18,7 @@ pub const NAME: &str = "extractive";
 /// Part of the provider's identity (and fingerprint): kept as it is across
 /// versions of the method, which `PROMPT_VERSION` tells apart.
 pub const MODEL: &str = "extractive-v1";
-pub const PROMPT_VERSION: &str = "extractive-4";
+pub const PROMPT_VERSION: &str = "extractive-5";
 
 /// The most a recap holds, in estimated tokens, whatever the output budget
 /// and whatever its level: about a tenth of a segment of the default size.
@@ -131,18 +131,21 @@ struct Unit<'a> {
 
 impl Unit<'_> {
     /// The kept line. `last_day` is the day of the line kept before it: a
-    /// line names its day (and time) when it is another, so a recap says
-    /// who and when (`Maya (14 Nov 2023 09:12): ...`) without repeating
+    /// line names its day when it is another, so a recap says who and
+    /// when (`Maya (14 Nov 2023): ...`) without repeating
     /// the date on every line of one sitting.
     fn line(&self, sentences: &[&str], last_day: &mut Option<String>) -> String {
         let body = sentences.join(" ");
         match (self.label, self.at, &self.day) {
             (Some(label), Some(at), _) => {
-                let (day, time) = crate::text::day_and_time(at);
+                // The day, not the time: a recap stands for a stretch of
+                // the day, its node carries the exact times, and every
+                // byte of a label is a byte less of what was said.
+                let (day, _) = crate::text::day_and_time(at);
                 if last_day.as_deref() == Some(day.as_str()) {
                     return format!("{label}: {body}");
                 }
-                let line = format!("{label} ({day} {time}): {body}");
+                let line = format!("{label} ({day}): {body}");
                 *last_day = Some(day);
                 line
             }
@@ -159,18 +162,19 @@ impl Unit<'_> {
     }
 }
 
-/// The day of a recap line labelled `Speaker (14 Nov 2023 09:12): ...`.
+/// The day of a recap line labelled `Speaker (14 Nov 2023): ...` (or, as
+/// extractive-4 wrote it, `Speaker (14 Nov 2023 09:12): ...`).
 fn dated(line: &str) -> Option<&str> {
     let (label, _) = line.split_once("): ")?;
     let (_, stamp) = label.rsplit_once(" (")?;
-    let (day, time) = stamp.rsplit_once(' ')?;
-    let looks = time.len() == 5
-        && time.as_bytes()[2] == b':'
-        && day.split(' ').count() == 3
-        && day
-            .split(' ')
-            .next()
-            .is_some_and(|d| d.parse::<u8>().is_ok());
+    let day = match stamp.rsplit_once(' ') {
+        Some((day, time)) if time.len() == 5 && time.as_bytes()[2] == b':' => day,
+        _ => stamp,
+    };
+    let mut parts = day.split(' ');
+    let looks = day.split(' ').count() == 3
+        && parts.next().is_some_and(|d| d.parse::<u8>().is_ok())
+        && parts.nth(1).is_some_and(|y| y.parse::<i32>().is_ok());
     (looks && label.len() <= 100).then_some(day)
 }
 
@@ -485,7 +489,7 @@ struct Term {
 /// of three letters or more or holding a digit, stop words and speaker
 /// labels left out.
 fn terms(sentence: &str) -> Vec<Term> {
-    // A recap line's dated label (`Tom (14 Nov 2023 09:12): `) is who and
+    // A recap line's dated label (`Tom (14 Nov 2023): `) is who and
     // when, not what: its words and numbers are no terms.
     let sentence = match dated(sentence) {
         Some(_) => sentence
@@ -935,7 +939,7 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "Maya (14 Nov 2023 09:12): The spare key is under the flowerpot.",
+                "Maya (14 Nov 2023): The spare key is under the flowerpot.",
                 "Tom: My locker code is 4711.",
             ]
         );
@@ -947,7 +951,7 @@ mod tests {
         )];
         let recap2 = Extractive.summarise(&day2, 512);
         assert!(
-            recap2.text.starts_with("Tom (15 Nov 2023 09:12): "),
+            recap2.text.starts_with("Tom (15 Nov 2023): "),
             "{}",
             recap2.text
         );
@@ -970,7 +974,7 @@ mod tests {
         assert!(
             lines
                 .iter()
-                .any(|l| l.starts_with("Tom (15 Nov 2023 09:12): I moved")),
+                .any(|l| l.starts_with("Tom (15 Nov 2023): I moved")),
             "{}",
             roll_up.text
         );
@@ -982,7 +986,7 @@ mod tests {
     fn never_empty_for_non_empty_input() {
         let entries = vec![entry(1, Role::Tool, "{}")];
         let recap = Extractive.summarise(&entries, 16);
-        assert_eq!(recap.text, "tool (1 Jan 1970 00:00): {}");
+        assert_eq!(recap.text, "tool (1 Jan 1970): {}");
     }
 
     #[test]
@@ -1061,7 +1065,7 @@ mod tests {
         let lines: Vec<&str> = recap.text.lines().collect();
         assert!(lines.len() <= 2, "{}", recap.text);
         assert!(
-            lines[0].starts_with("user (1 Jan 1970 00:00): ")
+            lines[0].starts_with("user (1 Jan 1970): ")
                 && lines[0].contains("AF-1742")
                 && lines[0].contains("8812"),
             "{}",
@@ -1137,7 +1141,7 @@ mod tests {
         assert!(
             recap
                 .text
-                .starts_with("user (1 Jan 1970 00:00): Ingrid code K7-4417"),
+                .starts_with("user (1 Jan 1970): Ingrid code K7-4417"),
             "{}",
             &recap.text[..40]
         );

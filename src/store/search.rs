@@ -154,7 +154,8 @@ fn newer(a: &SearchHit, b: &SearchHit) -> bool {
 /// `KEY_WORD_CHARS` or more) and at least half of those the one holding
 /// fewer holds ("the contractor doing our kitchen is Mira" and "my
 /// contractor's name is now Leopold"), and the newer holds no fewer of
-/// them than the older. Only such hits trade places, each
+/// them than the older (or one fewer, and states a value: a correction
+/// worded its own way). Only such hits trade places, each
 /// place keeping its score (scores stay best first); every other hit keeps
 /// its place.
 pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
@@ -181,6 +182,10 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
             })
         })
         .collect();
+    let valued: Vec<bool> = hits
+        .iter()
+        .map(|h| states_a_value(&h.text, &asked))
+        .collect();
     let alike = |a: u64, b: u64| {
         let shared = (a & b).count_ones();
         shared >= 1 && shared * 2 >= a.count_ones().min(b.count_ones())
@@ -194,12 +199,17 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
         for j in 1..order.len() {
             for i in j.saturating_sub(BAND)..j {
                 let (a, b) = (order[i], order[j]);
-                // The newer must say at least as much of what was asked:
-                // an acknowledgement naming one of the words ("noted, the
-                // locker") corrects nothing of the fact that holds them all.
+                // The newer must say as much of what was asked, or all
+                // but one of it with a value of its own ("I changed the
+                // staging server: it is now Orion" against "the staging
+                // server we deploy to is Vega"): an acknowledgement naming
+                // one of the words ("noted, the locker") corrects nothing
+                // of the fact that holds them all.
+                let (older, newer_holds) = (held[a].count_ones(), held[b].count_ones());
                 if newer(&hits[a], &hits[b])
                     && alike(held[a], held[b])
-                    && held[b].count_ones() >= held[a].count_ones()
+                    && (newer_holds >= older
+                        || (newer_holds >= 2 && newer_holds + 1 >= older && valued[b]))
                 {
                     order.swap(i, j);
                     trades -= 1;
@@ -215,6 +225,23 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
         hits[place] = placed[member].clone();
         hits[place].score = score;
     }
+}
+
+/// Whether `text` states a value the query does not name: a word holding
+/// a digit (`K7-4417`, `4711`) or a capitalised word inside a sentence
+/// (a name, a place); a sentence's first word and "I" are no value.
+fn states_a_value(text: &str, asked: &[&str]) -> bool {
+    let mut starts = true;
+    for raw in text.split_whitespace() {
+        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
+        let value = word.chars().any(|c| c.is_ascii_digit())
+            || (!starts && word != "I" && word.chars().next().is_some_and(char::is_uppercase));
+        if value && !asked.contains(&word.to_lowercase().as_str()) {
+            return true;
+        }
+        starts = raw.ends_with(['.', '!', '?', ':']);
+    }
+    false
 }
 
 /// A hit's identity, for dropping the relaxed leg's repeats.
@@ -382,6 +409,38 @@ mod tests {
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
         assert_eq!(hits[0].first_seq, 2);
+    }
+
+    #[test]
+    fn a_correction_in_its_own_words_with_a_value_takes_the_place() {
+        // The question's key words: which, staging, server, deploy. The
+        // fact holds three of them; its correction two, and a value.
+        let query = Query::parse("Which staging server do we deploy to?").expect("query");
+        let mut hits = vec![
+            said(1, 100, "The staging server we deploy to is Vega."),
+            said(9, 900, "I changed the staging server: it is now Orion."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 9);
+        // The same words without a value of its own correct nothing.
+        let mut hits = vec![
+            said(1, 100, "The staging server we deploy to is Vega."),
+            said(9, 900, "Remind me, the staging server again?"),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 1);
+        // A value the query names is none of the text's own.
+        assert!(!states_a_value(
+            "Where does Vega deploy?",
+            &["vega", "deploy"]
+        ));
+        assert!(states_a_value("my code is now K7-4417", &[]));
+        assert!(!states_a_value(
+            "Noted. I will remember where the locker is.",
+            &[]
+        ));
     }
 
     #[test]

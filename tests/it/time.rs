@@ -132,7 +132,7 @@ async fn a_history_comes_in_as_it_happened_and_is_cut_by_its_own_days() {
         found.expect("day 1's recap")
     };
     assert!(
-        recap_text.starts_with("Tom (14 Nov 2023 22:13): The spare key is under the flowerpot."),
+        recap_text.starts_with("Tom (14 Nov 2023): The spare key is under the flowerpot."),
         "{recap_text}"
     );
     // A live entry after it has no time of its own: its occurred_at is

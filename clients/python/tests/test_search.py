@@ -283,7 +283,7 @@ def test_speakers_times_and_metadata_come_back_and_metadata_filters(server) -> N
         [recap] = found
         # Monday's recap says who and when, and is dated by its last entry.
         assert recap.occurred_at == monday and recap.metadata == {}
-        assert f"Maya (13 Nov 2023 09:12): The spare key {word} is under the flowerpot." in recap.text
+        assert f"Maya (13 Nov 2023): The spare key {word} is under the flowerpot." in recap.text
         with pytest.raises(TypeError, match="metadata"):
             client.search(word, metadata={"channel": 1})  # type: ignore[dict-item]
         with pytest.raises(InvalidArgument) as caught:
