@@ -603,6 +603,7 @@ async fn measure(
         let request = pb::GetContextRequest {
             session_id: session.id.clone(),
             max_tokens: budget,
+            query: String::new(),
         };
         let mut answer = None;
         for call in 0..calls + 2 {
@@ -654,6 +655,8 @@ fn read_context(session: &Session, answer: pb::GetContextResponse) -> Reading {
                     format!("E {}", e.seq),
                     Returned::new(Source::Entry(e.seq), e.content),
                 ),
+                // Asked without a query: nothing is recalled.
+                pb::context_item::Item::Recalled(_) => return None,
             };
             cover.push(format!(
                 "{label} ({} tokens): {}",
