@@ -43,7 +43,11 @@
 //!   `--embedder-query-model NAME` the name the reference also embeds each
 //!   question with (default `multilingual-e5-small-query`);
 //!   `--server-query-model`: the server embeds its queries under that name
-//!   too (`embedding.query_model`).
+//!   too (`embedding.query_model`);
+//! - `--turn`: the turn's context instead (`recall/turn.rs`): facts of
+//!   older sessions of a subject asked in a new one through GetContext
+//!   with the question as `query`, and in-session with and without it;
+//!   `--embedder URL` there too.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -75,6 +79,8 @@ mod pools;
 mod score;
 #[path = "recall/search.rs"]
 mod search;
+#[path = "recall/turn.rs"]
+mod turn;
 
 use fixture::{Session, Speaker};
 use score::{Outcome, Returned, Source, Tally};
@@ -111,6 +117,8 @@ struct Options {
     embedder_model: String,
     embedder_query_model: String,
     server_query_model: bool,
+    /// `--turn`: the turn's context (recall/turn.rs) instead.
+    turn: bool,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -158,6 +166,7 @@ impl Options {
             embedder_model: "multilingual-e5-small-passage".to_owned(),
             embedder_query_model: "multilingual-e5-small-query".to_owned(),
             server_query_model: false,
+            turn: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -189,6 +198,7 @@ impl Options {
                     o.embedder_query_model = args.next().expect("--embedder-query-model NAME")
                 }
                 "--server-query-model" => o.server_query_model = true,
+                "--turn" => o.turn = true,
                 // cargo bench passes --bench.
                 _ => {}
             }
@@ -348,6 +358,10 @@ fn main() {
     let rt = common::runtime();
     if o.search {
         rt.block_on(search::run(&o));
+        return;
+    }
+    if o.turn {
+        rt.block_on(turn::run(&o));
         return;
     }
     let reports = rt.block_on(async {
