@@ -48,7 +48,11 @@
 //!   `--embedder-query-model NAME` the name the reference also embeds each
 //!   question with (default `multilingual-e5-small-query`);
 //!   `--server-query-model`: the server embeds its queries under that name
-//!   too (`embedding.query_model`).
+//!   too (`embedding.query_model`);
+//! - `--turn`: the turn's context instead (`recall/turn.rs`): facts of
+//!   older sessions of a subject asked in a new one through GetContext
+//!   with the question as `query`, and in-session with and without it;
+//!   `--embedder URL` there too.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -82,6 +86,8 @@ mod pools;
 mod score;
 #[path = "recall/search.rs"]
 mod search;
+#[path = "recall/turn.rs"]
+mod turn;
 
 use fixture::{Session, Speaker};
 use score::{Outcome, Returned, Source, Tally};
@@ -120,6 +126,8 @@ struct Options {
     server_query_model: bool,
     /// `--history DAYS`: the imported-history benchmark instead.
     history: Option<usize>,
+    /// `--turn`: the turn's context (recall/turn.rs) instead.
+    turn: bool,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -168,6 +176,7 @@ impl Options {
             embedder_query_model: "multilingual-e5-small-query".to_owned(),
             server_query_model: false,
             history: None,
+            turn: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -200,6 +209,7 @@ impl Options {
                 }
                 "--server-query-model" => o.server_query_model = true,
                 "--history" => o.history = Some(number(&a, args.next())),
+                "--turn" => o.turn = true,
                 // cargo bench passes --bench.
                 _ => {}
             }
@@ -364,6 +374,10 @@ fn main() {
     if let Some(days) = o.history {
         assert!(days > 0, "--history: at least 1 day");
         rt.block_on(history::run(&o, days));
+        return;
+    }
+    if o.turn {
+        rt.block_on(turn::run(&o));
         return;
     }
     let reports = rt.block_on(async {
@@ -619,6 +633,7 @@ async fn measure(
         let request = pb::GetContextRequest {
             session_id: session.id.clone(),
             max_tokens: budget,
+            query: String::new(),
         };
         let mut answer = None;
         for call in 0..calls + 2 {
@@ -670,6 +685,8 @@ fn read_context(session: &Session, answer: pb::GetContextResponse) -> Reading {
                     format!("E {}", e.seq),
                     Returned::new(Source::Entry(e.seq), e.content),
                 ),
+                // Asked without a query: nothing is recalled.
+                pb::context_item::Item::Recalled(_) => return None,
             };
             cover.push(format!(
                 "{label} ({} tokens): {}",

@@ -42,7 +42,8 @@
 //!   and summariser once, for serve, backfill, check and the benches, and
 //!   holds a run to the provider the database was served with.
 //! - `store/`: the backend-neutral store (`mod.rs`), the GetContext cover
-//!   over the memory tree (`context.rs`), Search's legs and their fusion
+//!   over the memory tree (`context.rs`), what a GetContext with a query
+//!   recalls before the cover (`recall.rs`), Search's legs and their fusion
 //!   (`search.rs`), what is owed an embedding and the vectors
 //!   (`embeddings.rs`), the SQLite backend (`sqlite/`: `writer.rs` group commit,
 //!   `schema.rs` migrations, `rows.rs` decoding, `sessions.rs` appends,

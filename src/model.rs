@@ -392,7 +392,8 @@ impl SegmentPolicy {
     }
 }
 
-/// One item of an agent's context, oldest first.
+/// One item of an agent's context: the recalled ones first, best first,
+/// then the cover, oldest first.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ContextItem {
     Summary {
@@ -405,6 +406,8 @@ pub enum ContextItem {
         said: (Option<Millis>, Option<Millis>),
     },
     Entry(Entry),
+    /// A text recalled for the call's query.
+    Recalled(Recalled),
 }
 
 impl ContextItem {
@@ -412,8 +415,30 @@ impl ContextItem {
         match self {
             ContextItem::Summary { summary, .. } => estimate_tokens(&summary.text),
             ContextItem::Entry(entry) => entry.tokens,
+            ContextItem::Recalled(hit) => estimate_tokens(&hit.text),
         }
     }
+}
+
+/// A search hit a context carries for its query: an entry (level 0) or a
+/// node's summary, of the session or another of its subject.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Recalled {
+    pub session: String,
+    pub level: u32,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// The node whose summary this is; None for an entry.
+    pub segment_id: Option<SegmentId>,
+    /// An entry's role (a summary has none).
+    pub role: Option<Role>,
+    /// An entry's speaker (a summary has none).
+    pub name: Option<String>,
+    /// When an entry was said; a summary's last entry's.
+    pub occurred_at: Millis,
+    pub text: String,
+    /// Search's fused reciprocal-rank score.
+    pub score: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]

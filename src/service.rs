@@ -65,6 +65,13 @@ pub(crate) struct Searched {
 const OVERFETCH: u32 = 3;
 const MAX_LEG: u32 = 300;
 
+/// How many hits a context's recall asks Search for: enough to fill
+/// `recall` tokens with short hits (about 16 tokens each) after the cover's
+/// own are dropped, within Search's own limit of 100.
+fn recall_limit(recall: u32) -> u32 {
+    (recall / 16).clamp(20, 100)
+}
+
 /// Why waiting on a pass ended without the pass's own end; the segment
 /// stays PENDING either way.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +98,7 @@ pub(crate) struct Service {
     policy: SegmentPolicy,
     limits: LimitsConfig,
     recent_tokens: u32,
+    recall_tokens: u32,
     flush_ceiling: Duration,
     flush_concurrency: usize,
     /// The most one search's statements may take (`search.budget`).
@@ -144,6 +152,7 @@ impl Service {
             policy: config.segment_policy(),
             limits: config.limits.clone(),
             recent_tokens: config.context.recent_tokens,
+            recall_tokens: config.context.recall_tokens,
             flush_ceiling: config.flush.ceiling,
             flush_concurrency: (config.reconciler.concurrency as usize).max(1),
             search_budget: config.search.budget,
@@ -472,12 +481,16 @@ impl Service {
     /// The context within `max_tokens`, which 0 (or anything larger than
     /// the server's cap) makes `limits.max_context_tokens`, and within the
     /// message limit: what one call reads and holds follows these caps,
-    /// never the session's length.
+    /// never the session's length. With a `query`, up to
+    /// `context.recall_tokens` of it (0: a quarter) go to Search's hits for
+    /// it (AUTO, bounded as a search is) within the session's subject, or
+    /// the session alone when it has none (`store/recall.rs`).
     pub(crate) async fn context(
         &self,
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
+        query: Option<&crate::search::query::Query>,
     ) -> Result<Context, ServiceError> {
         let cap = self.limits.max_context_tokens;
         let max_tokens = match max_tokens {
@@ -489,7 +502,41 @@ impl Service {
             max_bytes: self.limits.max_message_bytes as usize,
             recent_tokens: self.recent_tokens,
         };
-        Ok(self.store.context(tenant, session, budget).await?)
+        let Some(query) = query else {
+            return Ok(self.store.context(tenant, session, budget).await?);
+        };
+        let recall = match self.recall_tokens {
+            0 => max_tokens / 4,
+            n => n.min(max_tokens),
+        };
+        if recall == 0 {
+            return Ok(self.store.context(tenant, session, budget).await?);
+        }
+        let scope = match self.store.session_subject(tenant, session).await? {
+            Some(subject) => crate::store::SearchScope {
+                subject: Some(Subject::parse(&subject).map_err(|e| {
+                    StoreError::Corrupt(format!("session {session}'s subject: {e}"))
+                })?),
+                ..Default::default()
+            },
+            None => crate::store::SearchScope {
+                sessions: vec![session.clone()],
+                ..Default::default()
+            },
+        };
+        let searched = self
+            .search(
+                tenant,
+                &scope,
+                query,
+                recall_limit(recall),
+                SearchMode::Auto,
+            )
+            .await?;
+        Ok(self
+            .store
+            .context_recalling(tenant, session, budget, recall, &searched.hits)
+            .await?)
     }
 
     /// Makes the matching segments due now; and, when no segment is named

@@ -225,6 +225,18 @@ pub(crate) fn context_to_pb(c: Context) -> pb::GetContextResponse {
                         last_occurred_at: last.map(timestamp),
                     }),
                     ContextItem::Entry(e) => pb::context_item::Item::Entry(entry_to_pb(e)),
+                    ContextItem::Recalled(r) => pb::context_item::Item::Recalled(pb::RecalledHit {
+                        session_id: r.session,
+                        level: r.level,
+                        first_seq: r.first_seq,
+                        last_seq: r.last_seq,
+                        name: r.name.unwrap_or_default(),
+                        occurred_at: Some(timestamp(r.occurred_at)),
+                        text: r.text,
+                        score: r.score,
+                        segment_id: r.segment_id.unwrap_or(0),
+                        role: r.role.map_or(pb::Role::Unspecified, role_to_pb) as i32,
+                    }),
                 }),
             })
             .collect(),

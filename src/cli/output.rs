@@ -332,6 +332,31 @@ pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> S
     out
 }
 
+/// A context's recalled hit, as `session context --query` prints it: like
+/// a search hit, marked as recalled, its text indented beneath.
+pub(super) fn render_recalled(rank: usize, hit: &pb::RecalledHit, now: SystemTime) -> String {
+    let as_hit = pb::SearchHit {
+        session_id: hit.session_id.clone(),
+        level: hit.level,
+        first_seq: hit.first_seq,
+        last_seq: hit.last_seq,
+        segment_id: hit.segment_id,
+        role: hit.role,
+        score: hit.score,
+        text: hit.text.clone(),
+        name: hit.name.clone(),
+        occurred_at: hit.occurred_at,
+        ..Default::default()
+    };
+    let rendered = render_hit(rank, &as_hit, now);
+    // The hit's line ends with its legs, which a recalled hit does not
+    // name: " ()" before the first newline.
+    match rendered.split_once(" ()\n") {
+        Some((head, rest)) => format!("[recalled] {head}\n{rest}"),
+        None => format!("[recalled] {rendered}"),
+    }
+}
+
 /// Levels `session tree` asks for: with fanout 4, level 16 covers four
 /// billion segments.
 pub(super) const TREE_DEPTH: u32 = 16;

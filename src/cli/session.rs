@@ -125,6 +125,11 @@ pub enum SessionCommand {
         /// Token budget; 0 means the server's cap (limits.max_context_tokens).
         #[arg(long, default_value_t = 0)]
         max_tokens: u32,
+        /// The question of the turn (the user's message): what the memory of
+        /// the session's subject holds about it comes first, marked
+        /// [recalled], within the server's context.recall_tokens.
+        #[arg(long, value_name = "TEXT")]
+        query: Option<String>,
     },
     /// Make the session's (or, with no session, every) PENDING segment due
     /// now, and PARKED ones too with --include-parked.
@@ -399,6 +404,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
         SessionCommand::Context {
             session,
             max_tokens,
+            query,
         } => {
             let resp = client
                 .get_context(request(
@@ -406,6 +412,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                     pb::GetContextRequest {
                         session_id: session.clone(),
                         max_tokens,
+                        query: query.unwrap_or_default(),
                     },
                 ))
                 .await?
@@ -417,8 +424,14 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             if resp.truncated {
                 println!("[older items dropped to fit {max_tokens} tokens]");
             }
+            let now = std::time::SystemTime::now();
+            let mut rank = 0;
             for item in resp.items {
                 match item.item {
+                    Some(pb::context_item::Item::Recalled(r)) => {
+                        rank += 1;
+                        print!("{}", render_recalled(rank, &r, now));
+                    }
                     Some(pb::context_item::Item::Summary(s)) => {
                         let summary = s.summary.unwrap_or_default();
                         println!(

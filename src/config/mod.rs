@@ -190,6 +190,11 @@ pub struct ContextConfig {
     /// Estimated tokens of the newest entries a context always returns raw
     /// (the recent window), at most the call's budget; 0: a quarter of it.
     pub recent_tokens: u32,
+    /// Estimated tokens a context with a query spends at most on what it
+    /// recalls (Search's hits in the session's subject), at most the
+    /// call's budget; 0: a quarter of it. What recall leaves unused goes
+    /// to the cover.
+    pub recall_tokens: u32,
 }
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]

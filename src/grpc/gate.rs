@@ -599,14 +599,14 @@ pub(crate) struct Shed<S> {
 }
 
 impl<S> Shed<S> {
-    pub(crate) fn new(inner: S, max_concurrent_calls: usize) -> Shed<S> {
+    /// `searches` is shared with the handlers whose calls search only
+    /// with some requests (GetContext with a query), which take their
+    /// turn themselves.
+    pub(crate) fn new(inner: S, max_concurrent_calls: usize, searches: Arc<Searches>) -> Shed<S> {
         Shed {
             inner,
             permits: Arc::new(Semaphore::new(max_concurrent_calls)),
-            searches: Arc::new(Searches {
-                limit: (max_concurrent_calls / 2).max(1),
-                busy: Mutex::new(HashMap::new()),
-            }),
+            searches,
         }
     }
 }
@@ -616,12 +616,36 @@ impl<S> Shed<S> {
 /// in one tenant's searches and refuse everyone's appends. With at most
 /// half the slots each, another tenant, and the same tenant's other calls,
 /// always find slots.
-struct Searches {
+pub(crate) struct Searches {
     limit: usize,
     busy: Mutex<HashMap<Tenant, usize>>,
 }
 
 impl Searches {
+    /// Each tenant's searches may hold half of `max_concurrent_calls`.
+    pub(crate) fn new(max_concurrent_calls: usize) -> Arc<Searches> {
+        Arc::new(Searches {
+            limit: (max_concurrent_calls / 2).max(1),
+            busy: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A turn for one more of the tenant's searches, or the refusal
+    /// (RESOURCE_EXHAUSTED, TOO_MANY_SEARCHES) at its limit.
+    pub(crate) fn turn(self: &Arc<Self>, tenant: &Tenant) -> Result<SearchTurn, Status> {
+        self.enter(tenant).ok_or_else(|| {
+            let limit = self.limit;
+            shed(
+                "TOO_MANY_SEARCHES",
+                format!(
+                    "this tenant has {limit} searches running, half of the server's \
+                     concurrent calls (limits.max_concurrent_calls); retry shortly"
+                ),
+                HashMap::from([("limit".to_owned(), limit.to_string())]),
+            )
+        })
+    }
+
     /// A turn for one more of the tenant's searches; None at its limit.
     fn enter(self: &Arc<Self>, tenant: &Tenant) -> Option<SearchTurn> {
         // Poisoned only by a panic while counting, which leaves the count
@@ -640,7 +664,7 @@ impl Searches {
 }
 
 /// One running search of a tenant, counted until it is dropped.
-struct SearchTurn {
+pub(crate) struct SearchTurn {
     searches: Arc<Searches>,
     tenant: Tenant,
 }
@@ -691,19 +715,9 @@ where
         // one fails in its handler, and takes no search turn here.
         let search = match request.extensions().get::<Tenant>() {
             Some(tenant) if request.uri().path() == SEARCH_PATH => {
-                match self.searches.enter(tenant) {
-                    Some(turn) => Some(turn),
-                    None => {
-                        let limit = self.searches.limit;
-                        return refuse(shed(
-                            "TOO_MANY_SEARCHES",
-                            format!(
-                                "this tenant has {limit} searches running, half of the server's \
-                                 concurrent calls (limits.max_concurrent_calls); retry shortly"
-                            ),
-                            HashMap::from([("limit".to_owned(), limit.to_string())]),
-                        ));
-                    }
+                match self.searches.turn(tenant) {
+                    Ok(turn) => Some(turn),
+                    Err(status) => return refuse(status),
                 }
             }
             _ => None,

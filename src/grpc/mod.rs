@@ -41,22 +41,31 @@ use crate::wire::{
 pub(crate) use conn::Incoming;
 use fit::{fit_context, fit_entry, fit_flush, fit_page, fit_segment};
 pub(crate) use gate::{NameRefusals, RecordCalls};
-use gate::{Shed, Whole};
+use gate::{Searches, Shed, Whole};
 pub(crate) use status::ERROR_DOMAIN;
 use status::{invalid, service_status};
 use validate::{
-    call_deadline, page_token, parse_append, parse_list, parse_list_entries, parse_list_sessions,
-    parse_requeue, parse_search, parse_session, parse_subject, session_page_token,
+    call_deadline, page_token, parse_append, parse_get_context, parse_list, parse_list_entries,
+    parse_list_sessions, parse_requeue, parse_search, parse_session, parse_subject,
+    session_page_token,
 };
 
 pub(crate) struct GrpcService {
     service: Arc<Service>,
     limits: LimitsConfig,
+    /// Each tenant's running searches: Search's (taken in `Shed`) and
+    /// GetContext's with a query (taken in its handler).
+    searches: Arc<Searches>,
 }
 
 impl GrpcService {
     pub(crate) fn new(service: Arc<Service>, limits: LimitsConfig) -> GrpcService {
-        GrpcService { service, limits }
+        let searches = Searches::new(limits.max_concurrent_calls as usize);
+        GrpcService {
+            service,
+            limits,
+            searches,
+        }
     }
 
     /// The largest answer: what the server reads is what it sends.
@@ -78,10 +87,11 @@ impl GrpcService {
     pub(crate) fn into_server(self, auth: Arc<Auth>) -> ArchivistService {
         let limits = self.limits.clone();
         let max_message_bytes = limits.max_message_bytes as usize;
+        let searches = self.searches.clone();
         let server = pb::archivist_server::ArchivistServer::new(self)
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        let shed = Shed::new(server, limits.max_concurrent_calls as usize);
+        let shed = Shed::new(server, limits.max_concurrent_calls as usize, searches);
         InterceptedService::new(Whole::new(shed, &limits), Authenticator { auth })
     }
 }
@@ -243,10 +253,16 @@ impl pb::archivist_server::Archivist for GrpcService {
     ) -> Result<Response<pb::GetContextResponse>, Status> {
         let tenant = tenant(&request)?;
         let req = request.into_inner();
-        let session = parse_session(&req.session_id, "session_id").map_err(invalid)?;
+        let (session, query) = parse_get_context(&req)?;
+        // With a query the call searches, and waits on the embedder as a
+        // search does: it takes one of the tenant's search turns.
+        let _turn = match query {
+            Some(_) => Some(self.searches.turn(&tenant)?),
+            None => None,
+        };
         let context = self
             .service
-            .context(&tenant, &session, req.max_tokens)
+            .context(&tenant, &session, req.max_tokens, query.as_ref())
             .await
             .map_err(service_status)?;
         Ok(Response::new(fit_context(context, self.response_limit())))

@@ -483,12 +483,13 @@ fn millis(ts: &prost_types::Timestamp) -> Option<crate::model::Millis> {
 
 /// A Search request, checked: the parsed query, the scope, the limit and
 /// whether the semantic leg was asked for alone.
-pub(super) fn parse_search(
-    req: &pb::SearchRequest,
-) -> Result<(crate::search::query::Query, crate::store::SearchScope, u32), Status> {
+/// A search's query, or its violation added to `violations`.
+fn parse_query(
+    raw: &str,
+    violations: &mut Vec<FieldViolation>,
+) -> Option<crate::search::query::Query> {
     use crate::search::query::{MAX_QUERY_BYTES, Query, QueryError};
-    let mut violations = Vec::new();
-    let query = match Query::parse(&req.query) {
+    match Query::parse(raw) {
         Ok(q) => Some(q),
         Err(QueryError::TooLong) => {
             violations.push(violation(
@@ -496,7 +497,7 @@ pub(super) fn parse_search(
                 "QUERY_TOO_LONG",
                 format!(
                     "the query is {} bytes, over the cap of {MAX_QUERY_BYTES}",
-                    req.query.len()
+                    raw.len()
                 ),
             ));
             None
@@ -509,7 +510,33 @@ pub(super) fn parse_search(
             ));
             None
         }
+    }
+}
+
+/// GetContext's session, and its query when it has one (refused as
+/// Search's is).
+pub(super) fn parse_get_context(
+    req: &pb::GetContextRequest,
+) -> Result<(SessionName, Option<crate::search::query::Query>), Status> {
+    let mut violations = match parse_session(&req.session_id, "session_id") {
+        Ok(_) => Vec::new(),
+        Err(v) => v,
     };
+    let query = match req.query.is_empty() {
+        true => None,
+        false => parse_query(&req.query, &mut violations),
+    };
+    match SessionName::parse(&req.session_id) {
+        Ok(session) if violations.is_empty() => Ok((session, query)),
+        _ => Err(invalid(violations)),
+    }
+}
+
+pub(super) fn parse_search(
+    req: &pb::SearchRequest,
+) -> Result<(crate::search::query::Query, crate::store::SearchScope, u32), Status> {
+    let mut violations = Vec::new();
+    let query = parse_query(&req.query, &mut violations);
     if pb::SearchMode::try_from(req.mode).is_err() {
         violations.push(violation(
             "mode",

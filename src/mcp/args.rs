@@ -118,6 +118,13 @@ pub(super) struct ContextArgs {
     /// to fit, and the newest turns come verbatim.
     #[schemars(range(min = 1))]
     pub max_tokens: Option<u32>,
+    /// The turn's question or the user's last message: what the memory of
+    /// the session's subject (every session of it) holds about it comes
+    /// first, best first, within a quarter of max_tokens (the server's
+    /// setting), and what the memory of this session already shows
+    /// verbatim is not repeated. Words, at most 4096 bytes.
+    #[schemars(length(min = 1), extend("x-check" = "query"))]
+    pub query: Option<String>,
 }
 
 /// `list_sessions`' arguments.

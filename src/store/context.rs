@@ -79,7 +79,7 @@ const ROOT_PAGE: u32 = 16;
 
 /// What an item costs on the wire beyond its texts, at most: ids, seqs,
 /// role, timestamps, counts and the framing of each message.
-const ITEM_OVERHEAD_BYTES: u64 = 128;
+pub(super) const ITEM_OVERHEAD_BYTES: u64 = 128;
 
 /// What a part of a cover costs: estimated tokens, and bytes on the wire.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -523,6 +523,8 @@ impl Output {
         self.items.last().map(|item| match item {
             ContextItem::Summary { first_seq, .. } => *first_seq,
             ContextItem::Entry(entry) => entry.seq,
+            // A cover holds none; what it recalls comes after it is built.
+            ContextItem::Recalled(hit) => hit.first_seq,
         })
     }
 
@@ -707,6 +709,7 @@ mod tests {
                     ..
                 } => (*first_seq, *last_seq, *level),
                 ContextItem::Entry(e) => (e.seq, e.seq, 0),
+                ContextItem::Recalled(r) => panic!("a cover recalls nothing: {r:?}"),
             })
             .collect()
     }

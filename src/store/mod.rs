@@ -559,6 +559,7 @@ macro_rules! on_backend {
 mod embeddings;
 mod generations;
 mod index;
+mod recall;
 mod search;
 pub(crate) use embeddings::{Batch, EndedBatch};
 pub(crate) use generations::{DROP_BATCH, Dropped};

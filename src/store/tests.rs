@@ -375,6 +375,7 @@ async fn context_keeps_the_newest_that_fits() {
                 .map(|i| match i {
                     ContextItem::Entry(e) => e.content.clone(),
                     ContextItem::Summary { summary, .. } => format!("summary {}", summary.text),
+                    ContextItem::Recalled(r) => format!("recalled {}", r.text),
                 })
                 .collect()
         };
@@ -2697,5 +2698,183 @@ async fn a_session_expires_by_when_its_newest_entry_was_said() {
                 .expect("has")
         );
         assert!(store.has_session(&t, &session("live")).await.expect("has"));
+    }
+}
+
+/// What a context recalls for `q` within the session's subject (or the
+/// session alone without one), as the service asks for it.
+async fn recalling(store: &Store, t: &Tenant, s: &str, q: &str, budget: Budget) -> Context {
+    let query = crate::search::query::Query::parse(q).expect("query");
+    let scope = match store
+        .session_subject(t, &session(s))
+        .await
+        .expect("subject")
+    {
+        Some(name) => SearchScope {
+            subject: Some(subject(&name)),
+            ..Default::default()
+        },
+        None => SearchScope {
+            sessions: vec![session(s)],
+            ..Default::default()
+        },
+    };
+    let hits = store
+        .search(t, &scope, &query, 20, SEARCH_BUDGET)
+        .await
+        .expect("search");
+    store
+        .context_recalling(t, &session(s), budget, budget.max_tokens / 4, &hits)
+        .await
+        .expect("context")
+}
+
+/// The recalled items' (session, text), best first.
+fn recalled(ctx: &Context) -> Vec<(String, String)> {
+    ctx.items
+        .iter()
+        .filter_map(|i| match i {
+            ContextItem::Recalled(r) => Some((r.session.clone(), r.text.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_query_recalls_what_other_sessions_of_the_subject_said_and_nothing_twice() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let ada = subject("ada");
+        let budget = Budget {
+            max_tokens: 400,
+            max_bytes: usize::MAX,
+            recent_tokens: 0,
+        };
+        let append = |tenant: Tenant,
+                      s: &'static str,
+                      who: Option<Subject>,
+                      texts: &'static [&'static str]| {
+            let store = store.clone();
+            async move {
+                store
+                    .append_as(
+                        &tenant,
+                        &session(s),
+                        who.as_ref(),
+                        entries(texts),
+                        POLICY,
+                        0,
+                    )
+                    .await
+                    .expect("append");
+            }
+        };
+        // Monday: the fact, in Ada's first session.
+        append(
+            t.clone(),
+            "mon",
+            Some(ada.clone()),
+            &["My gym locker code is 4711, by the boiler.", "Noted."],
+        )
+        .await;
+        // The same words in another subject's session and another tenant's.
+        append(
+            t.clone(),
+            "bob",
+            Some(subject("bob")),
+            &["Bob's gym locker code is 9999."],
+        )
+        .await;
+        append(
+            Tenant("other".to_owned()),
+            "mon",
+            Some(ada.clone()),
+            &["The gym locker code is 1234."],
+        )
+        .await;
+        // Friday: Ada asks.
+        append(
+            t.clone(),
+            "fri",
+            Some(ada.clone()),
+            &["Good morning!", "What is my gym locker code?"],
+        )
+        .await;
+
+        let plain = store
+            .context(&t, &session("fri"), budget)
+            .await
+            .expect("context");
+        let ctx = recalling(&store, &t, "fri", "What is my gym locker code?", budget).await;
+        // Monday's fact first; the question, which the cover holds
+        // verbatim, not again; nothing of Bob's or the other tenant's.
+        assert_eq!(
+            recalled(&ctx),
+            [(
+                "mon".to_owned(),
+                "My gym locker code is 4711, by the boiler.".to_owned()
+            )]
+        );
+        // The cover after it is the one without a query (it all fits).
+        assert_eq!(ctx.items[1..], plain.items[..]);
+        assert_eq!(
+            ctx.tokens,
+            ctx.items.iter().map(ContextItem::tokens).sum::<u32>()
+        );
+        assert!(ctx.tokens <= budget.max_tokens);
+
+        // A query no text answers adds nothing: the answer without one.
+        let none = recalling(&store, &t, "fri", "zeppelin quartermaster", budget).await;
+        assert_eq!(none, plain);
+
+        // A session of no subject recalls from itself alone: its own older
+        // entries that the cover only summarises.
+        const FILLER: &str = "A long story about the garden, the roses, the hedge, the shed \
+            and the neighbours' cat, told at length one afternoon over tea and biscuits.";
+        append(
+            t.clone(),
+            "solo",
+            None,
+            &["The wifi password is hunter2.", FILLER, FILLER],
+        )
+        .await;
+        let id = store
+            .close_open_segment(&t, &session("solo"))
+            .await
+            .expect("close")
+            .expect("was open");
+        summarise(&store, id, "Talk of the wifi.").await;
+        append(
+            t.clone(),
+            "solo",
+            None,
+            &["Many words that fill the window of the newest entries for a while."],
+        )
+        .await;
+        let small = Budget {
+            max_tokens: 100,
+            ..budget
+        };
+        let solo = recalling(&store, &t, "solo", "wifi password", small).await;
+        assert_eq!(
+            recalled(&solo),
+            [(
+                "solo".to_owned(),
+                "The wifi password is hunter2.".to_owned()
+            )]
+        );
+        assert!(solo.tokens <= small.max_tokens, "{solo:?}");
+        // And never what another session holds, though it says the same.
+        let plain_solo = store
+            .context(&t, &session("solo"), small)
+            .await
+            .expect("context");
+        assert!(
+            plain_solo
+                .items
+                .iter()
+                .all(|i| !matches!(i, ContextItem::Entry(e) if e.content.contains("hunter2"))),
+            "the budget covers the old entry only by its recap: {plain_solo:?}"
+        );
     }
 }

@@ -233,6 +233,7 @@ async fn every_acknowledged_append_survives_sigkill() {
             .get_context(pb::GetContextRequest {
                 session_id: session.clone(),
                 max_tokens: 0,
+                query: String::new(),
             })
             .await
             .expect("context")

@@ -18,6 +18,9 @@ fn shape(ctx: &pb::GetContextResponse) -> Vec<String> {
                 format!("summary {}..{}", s.first_seq, s.last_seq)
             }
             Some(pb::context_item::Item::Entry(e)) => format!("entry {}", e.seq),
+            Some(pb::context_item::Item::Recalled(r)) => {
+                format!("recalled {} {}", r.session_id, r.first_seq)
+            }
             None => "nothing".to_owned(),
         })
         .collect()

@@ -90,6 +90,7 @@ async fn erase_beside_the_read(client: &mut archivist::client::Client) {
         .get_context(pb::GetContextRequest {
             session_id: "doomed".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect_err("erased");

@@ -204,6 +204,7 @@ async fn unknown_sessions_and_segments_are_not_found() {
         .get_context(pb::GetContextRequest {
             session_id: "nobody".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect_err("no session");

@@ -180,6 +180,7 @@ impl TestServer {
             .get_context(pb::GetContextRequest {
                 session_id: session.to_owned(),
                 max_tokens,
+                query: String::new(),
             })
             .await
             .map(tonic::Response::into_inner)

@@ -222,6 +222,7 @@ async fn endless_and_huge_provider_bodies_are_cut_at_the_cap_and_nothing_is_stor
             .get_context(pb::GetContextRequest {
                 session_id: "s".into(),
                 max_tokens: 0,
+                query: String::new(),
             })
             .await
             .expect("context");
@@ -585,6 +586,7 @@ async fn get_context_on_a_long_session_reads_only_what_the_cap_allows() {
                         session_id: "long".into(),
                         // No limit asked for, or one past the cap.
                         max_tokens: if i % 2 == 0 { 0 } else { u32::MAX },
+                        query: String::new(),
                     })
                     .await
                     .expect("context")

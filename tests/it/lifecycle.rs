@@ -115,6 +115,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
         .get_context(pb::GetContextRequest {
             session_id: "s".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect_err("gone");
@@ -131,6 +132,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
         .get_context(pb::GetContextRequest {
             session_id: "s".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect("b's session")
@@ -384,6 +386,7 @@ async fn a_watch_of_a_session_not_there_yet_waits_for_it_and_sees_only_its_tenan
     a.get_context(pb::GetContextRequest {
         session_id: "s".into(),
         max_tokens: 0,
+        query: String::new(),
     })
     .await
     .expect("a's session is untouched");
@@ -437,6 +440,7 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
             .get_context(pb::GetContextRequest {
                 session_id: "old".into(),
                 max_tokens: 0,
+                query: String::new(),
             })
             .await
             .is_err_and(|s| s.code() == Code::NotFound)
@@ -449,6 +453,7 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
         .get_context(pb::GetContextRequest {
             session_id: "young".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect("the young one stays");

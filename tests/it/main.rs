@@ -30,5 +30,6 @@ mod time;
 mod time_search;
 mod tooling;
 mod tree;
+mod turn;
 mod watches;
 mod winddown;

@@ -316,6 +316,7 @@ async fn appends_to_one_session_through_three_replicas_get_gapless_seqs() {
         .get_context(pb::GetContextRequest {
             session_id: "shared".to_owned(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect("context")

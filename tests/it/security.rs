@@ -111,6 +111,7 @@ async fn one_tenant_cannot_see_or_touch_anothers_sessions() {
         b.get_context(pb::GetContextRequest {
             session_id: "shared-name".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect_err("hidden"),
@@ -165,6 +166,7 @@ async fn one_tenant_cannot_see_or_touch_anothers_sessions() {
         .get_context(pb::GetContextRequest {
             session_id: "shared-name".into(),
             max_tokens: 0,
+            query: String::new(),
         })
         .await
         .expect("context")

@@ -104,6 +104,9 @@ fn ranges(ctx: &pb::GetContextResponse) -> Vec<(u64, u64, u32)> {
         .map(|item| match item.item.as_ref().expect("item") {
             pb::context_item::Item::Summary(s) => (s.first_seq, s.last_seq, s.level),
             pb::context_item::Item::Entry(e) => (e.seq, e.seq, 0),
+            pb::context_item::Item::Recalled(r) => {
+                panic!("nothing recalled without a query: {r:?}")
+            }
         })
         .collect()
 }

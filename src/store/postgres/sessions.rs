@@ -88,6 +88,26 @@ impl Postgres {
             .is_some())
     }
 
+    /// The session's subject (None: it has none); `SessionNotFound` when
+    /// the tenant has no such session.
+    pub(crate) async fn session_subject(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Option<String>, StoreError> {
+        let client = self.reader().await?;
+        let stmt = client
+            .prepare_cached("SELECT subject FROM sessions WHERE tenant = $1 AND name = $2")
+            .await?;
+        match client
+            .query_opt(&stmt, &[&tenant.0, &session.as_str()])
+            .await?
+        {
+            Some(row) => Ok(row.try_get(0)?),
+            None => Err(StoreError::SessionNotFound(session.as_str().to_owned())),
+        }
+    }
+
     pub(crate) async fn close_idle_segments(
         &self,
         cutoff: Millis,

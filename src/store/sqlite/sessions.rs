@@ -350,6 +350,25 @@ impl Sqlite {
             .await
     }
 
+    /// The session's subject (None: it has none); `SessionNotFound` when
+    /// the tenant has no such session.
+    pub(crate) async fn session_subject(
+        &self,
+        tenant: &Tenant,
+        session: &SessionName,
+    ) -> Result<Option<String>, StoreError> {
+        let tenant = tenant.0.clone();
+        let session = session.as_str().to_owned();
+        self.read(move |conn| {
+            let subject: Option<Option<String>> = conn
+                .prepare_cached("SELECT subject FROM sessions WHERE tenant = ?1 AND name = ?2")?
+                .query_row(params![tenant, session], |r| r.get(0))
+                .optional()?;
+            subject.ok_or(StoreError::SessionNotFound(session))
+        })
+        .await
+    }
+
     pub(crate) async fn close_idle_segments(
         &self,
         cutoff: Millis,

@@ -653,14 +653,29 @@ class Client(_Base):
         return FlushResult.from_pb(self._call(self._stub.FlushSession, request, timeout))
 
     def context(
-        self, session_id: str, *, max_tokens: int = 0, timeout: float | None = DEFAULT
+        self,
+        session_id: str,
+        *,
+        max_tokens: int = 0,
+        query: str | None = None,
+        timeout: float | None = DEFAULT,
     ) -> Context:
         """What an agent puts in its prompt: summaries where segments have
         one, raw entries elsewhere, oldest first, the oldest dropped to fit
         `max_tokens` (0: the server's cap; `truncated` says something was
-        dropped)."""
+        dropped).
+
+        With `query` (the turn's question, or the user's last message; at
+        most 4096 bytes, searched as `search` does), what the memory of the
+        session's subject holds about it (every session of the subject; the
+        session alone without one) comes first, best first, as
+        `Context.recalled`, within the server's `context.recall_tokens`
+        (default a quarter of the budget); nothing the session's items
+        already show verbatim is repeated."""
         request = pb.GetContextRequest(
-            session_id=session_id, max_tokens=count_value("max_tokens", max_tokens)
+            session_id=session_id,
+            max_tokens=count_value("max_tokens", max_tokens),
+            query=query or "",
         )
         return Context.from_pb(self._call(self._stub.GetContext, request, timeout))
 
@@ -938,11 +953,19 @@ class AsyncClient(_Base):
         return FlushResult.from_pb(await self._call(self._stub.FlushSession, request, timeout))
 
     async def context(
-        self, session_id: str, *, max_tokens: int = 0, timeout: float | None = DEFAULT
+        self,
+        session_id: str,
+        *,
+        max_tokens: int = 0,
+        query: str | None = None,
+        timeout: float | None = DEFAULT,
     ) -> Context:
-        """Summaries and raw entries for a prompt; see `Client.context`."""
+        """Summaries and raw entries for a prompt, and with `query` what was
+        recalled for it first; see `Client.context`."""
         request = pb.GetContextRequest(
-            session_id=session_id, max_tokens=count_value("max_tokens", max_tokens)
+            session_id=session_id,
+            max_tokens=count_value("max_tokens", max_tokens),
+            query=query or "",
         )
         return Context.from_pb(await self._call(self._stub.GetContext, request, timeout))
 

@@ -35,6 +35,7 @@ __all__ = [
     "FlushResult",
     "MessageLike",
     "ROLES",
+    "RecalledHit",
     "STATES",
     "SEARCH_MODES",
     "SearchHit",
@@ -419,15 +420,58 @@ class ContextSummary:
         )
 
 
-#: One item of a context: a summary or a raw entry; `item.kind` says which.
-ContextItem = Union[ContextSummary, Entry]
+@dataclass(frozen=True)
+class RecalledHit:
+    """A text recalled for `context(query=...)` from the memory of the
+    session's subject (every session of it; the session alone without a
+    subject): an entry (`level` 0, `first_seq == last_seq` its seq, `role`
+    and `name` its own) or a recap (`level` 1) or roll-up (2 and up) of
+    `first_seq..last_seq` in session `session_id`. `score` is Search's,
+    higher for better hits."""
+
+    session_id: str
+    level: int
+    first_seq: int
+    last_seq: int
+    segment_id: int | None
+    role: str | None
+    name: str | None
+    occurred_at: datetime | None
+    text: str
+    score: float
+    raw: pb.RecalledHit = field(repr=False, compare=False)
+
+    kind: Literal["recalled"] = field(default="recalled", init=False)
+
+    @classmethod
+    def from_pb(cls, hit: pb.RecalledHit) -> RecalledHit:
+        return cls(
+            session_id=hit.session_id,
+            level=hit.level,
+            first_seq=hit.first_seq,
+            last_seq=hit.last_seq,
+            segment_id=hit.segment_id or None,
+            role=role_name(hit.role) if hit.level == 0 else None,
+            name=hit.name or None,
+            occurred_at=_ts(hit, "occurred_at"),
+            text=hit.text,
+            score=hit.score,
+            raw=hit,
+        )
+
+
+#: One item of a context: a recalled hit, a summary or a raw entry;
+#: `item.kind` says which ("recalled", "summary", "entry").
+ContextItem = Union[RecalledHit, ContextSummary, Entry]
 
 
 @dataclass(frozen=True)
 class Context:
-    """What an agent puts in its prompt, oldest first.
+    """What an agent puts in its prompt.
 
-    `items` cover the session: summaries (`ContextSummary`, kind "summary")
+    With `context(query=...)`, `items` open with what was recalled for the
+    query (`RecalledHit`, kind "recalled"), best first. Then they cover the
+    session, oldest first: summaries (`ContextSummary`, kind "summary")
     of segments or, for older history, roll-ups, and raw entries (`Entry`,
     kind "entry") where no recap exists, their seq ranges contiguous.
     `truncated` says the oldest history was dropped to fit `max_tokens`.
@@ -446,6 +490,11 @@ class Context:
     def entries(self) -> list[Entry]:
         return [i for i in self.items if isinstance(i, Entry)]
 
+    @property
+    def recalled(self) -> list[RecalledHit]:
+        """What was recalled for the query, best first (none without one)."""
+        return [i for i in self.items if isinstance(i, RecalledHit)]
+
     @classmethod
     def from_pb(cls, response: pb.GetContextResponse) -> Context:
         items: list[ContextItem] = []
@@ -455,6 +504,8 @@ class Context:
                 items.append(ContextSummary.from_pb(item.summary))
             elif which == "entry":
                 items.append(Entry.from_pb(item.entry))
+            elif which == "recalled":
+                items.append(RecalledHit.from_pb(item.recalled))
             # An item of a kind newer than these stubs is left out.
         return cls(
             items=items,

@@ -347,12 +347,14 @@ class ListSegmentsResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetContextRequest(_message.Message):
-    __slots__ = ("session_id", "max_tokens")
+    __slots__ = ("session_id", "max_tokens", "query")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_tokens: int
-    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+    query: str
+    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., query: _Optional[str] = ...) -> None: ...
 
 class ContextSummary(_message.Message):
     __slots__ = ("segment_id", "first_seq", "last_seq", "summary", "level", "first_occurred_at", "last_occurred_at")
@@ -372,13 +374,39 @@ class ContextSummary(_message.Message):
     last_occurred_at: _timestamp_pb2.Timestamp
     def __init__(self, segment_id: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., summary: _Optional[_Union[Summary, _Mapping]] = ..., level: _Optional[int] = ..., first_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class RecalledHit(_message.Message):
+    __slots__ = ("session_id", "level", "first_seq", "last_seq", "name", "occurred_at", "text", "score", "segment_id", "role")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    level: int
+    first_seq: int
+    last_seq: int
+    name: str
+    occurred_at: _timestamp_pb2.Timestamp
+    text: str
+    score: float
+    segment_id: int
+    role: Role
+    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., name: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ...) -> None: ...
+
 class ContextItem(_message.Message):
-    __slots__ = ("summary", "entry")
+    __slots__ = ("summary", "entry", "recalled")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
+    RECALLED_FIELD_NUMBER: _ClassVar[int]
     summary: ContextSummary
     entry: Entry
-    def __init__(self, summary: _Optional[_Union[ContextSummary, _Mapping]] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ...) -> None: ...
+    recalled: RecalledHit
+    def __init__(self, summary: _Optional[_Union[ContextSummary, _Mapping]] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., recalled: _Optional[_Union[RecalledHit, _Mapping]] = ...) -> None: ...
 
 class GetContextResponse(_message.Message):
     __slots__ = ("items", "truncated", "estimated_tokens")
