@@ -21,7 +21,19 @@
 //!   retries and the breaker, at the defaults), and the append rates of
 //!   `hanging` over `off` at the end. Every entry appended to `hanging` is
 //!   owed a vector (a row written with it), so the ratio is the price of
-//!   owing plus whatever the stuck embedder costs appends.
+//!   owing plus whatever the stuck embedder costs appends;
+//! - `--unindexed PATH`: also start PATH, this code built with the
+//!   measurement-only feature `measure-unindexed` (appended entries left out
+//!   of the search index; docs/benchmarks.md says how to build it), named
+//!   `unindexed`, and print at the end the append rates of `this` over it:
+//!   what the index costs an append;
+//! - `--pg`: every server on PostgreSQL (`storage.backend = "postgres"`, a
+//!   fresh database each on `ARCHIVIST_BENCH_PG_URL`, by default the local
+//!   server) instead of SQLite.
+//!
+//! After the rounds, each SQLite server's data directory in bytes per
+//! 1,000 entries stored (the database file, and with the write-ahead log),
+//! the bench's texts with the index (or without, `unindexed`).
 //!
 //! **Ratios to the transport** (needs `h2load`, Debian's nghttp2-client; the
 //! bench says how to install it and skips this part when it is missing).
@@ -83,6 +95,8 @@ const APPEND_PATH: &str = "/archivist.v1.Archivist/AppendEntries";
 /// `/proc` does not say).
 struct Round {
     rate: f64,
+    /// Entries the round stored (warm-up included); 0 for other calls.
+    entries: u64,
     took_us: Vec<f64>,
     server_cpu_us: Option<f64>,
     h2load_cpu_us: f64,
@@ -156,6 +170,7 @@ fn h2load(server: &Server, path: &str, body: &[u8], calls: u64, streams: usize) 
     assert!(!took_us.is_empty(), "h2load logged no requests");
     Round {
         rate,
+        entries: 0,
         took_us,
         server_cpu_us,
         h2load_cpu_us,
@@ -220,7 +235,7 @@ async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag:
     };
     let warm = h2load(server, path, &body, WARM_UP_CALLS, streams);
     let calls = ((warm.rate * seconds) as u64).max(WARM_UP_CALLS);
-    let round = h2load(server, path, &body, calls, streams);
+    let mut round = h2load(server, path, &body, calls, streams);
     if let Some((session, batch)) = session {
         let sent = (WARM_UP_CALLS + calls) * batch as u64;
         assert_eq!(
@@ -228,6 +243,7 @@ async fn measure(server: &Server, call: Call, streams: usize, seconds: f64, tag:
             sent,
             "{session}: every entry sent is stored"
         );
+        round.entries = sent;
     }
     round
 }
@@ -319,40 +335,72 @@ fn print_figures(name: &str, figures: &Figures, plan: &Plan<'_>) {
 async fn start_servers(
     before: &[PathBuf],
     hanging: Option<&FakeEmbedder>,
+    unindexed: Option<&Path>,
+    pg: &mut Vec<common::PgDatabase>,
 ) -> Vec<(String, Server)> {
     let mut servers = Vec::new();
     for (i, path) in before.iter().enumerate() {
-        servers.push((
-            format!("before-{}", i + 1),
-            common::start_server(path, &[], &BIG_SEGMENTS).await,
-        ));
+        let name = format!("before-{}", i + 1);
+        let server = start(path, &BIG_SEGMENTS, &name, pg).await;
+        servers.push((name, server));
+    }
+    if let Some(path) = unindexed {
+        let server = start(path, &BIG_SEGMENTS, "unindexed", pg).await;
+        servers.push(("unindexed".to_owned(), server));
     }
     let this = Path::new(env!("CARGO_BIN_EXE_archivist"));
     let Some(fake) = hanging else {
-        servers.push((
-            "this".to_owned(),
-            common::start_server(this, &[], &BIG_SEGMENTS).await,
-        ));
+        let server = start(this, &BIG_SEGMENTS, "this", pg).await;
+        servers.push(("this".to_owned(), server));
         return servers;
     };
-    servers.push((
-        "off".to_owned(),
-        common::start_server(this, &[], &BIG_SEGMENTS).await,
-    ));
+    let server = start(this, &BIG_SEGMENTS, "off", pg).await;
+    servers.push(("off".to_owned(), server));
     let mut env = BIG_SEGMENTS.to_vec();
     env.extend([
         ("ARCHIVIST_EMBEDDING_KIND", "openai"),
         ("ARCHIVIST_EMBEDDING_BASE_URL", fake.url.as_str()),
         ("ARCHIVIST_EMBEDDING_MODEL", "fake"),
     ]);
-    servers.push((
-        "hanging".to_owned(),
-        common::start_server(this, &[], &env).await,
-    ));
+    let server = start(this, &env, "hanging", pg).await;
+    servers.push(("hanging".to_owned(), server));
     servers
 }
 
-async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize, hanging: bool) {
+/// Starts `binary` with `env`: on SQLite, or with `--pg` (a database in
+/// `pg`, kept until the run ends) on PostgreSQL.
+async fn start(
+    binary: &Path,
+    env: &[(&str, &str)],
+    name: &str,
+    pg: &mut Vec<common::PgDatabase>,
+) -> Server {
+    if !PG.load(std::sync::atomic::Ordering::Relaxed) {
+        return common::start_server(binary, &[], env).await;
+    }
+    let db = common::pg_database(&name.replace('-', "_"))
+        .await
+        .expect("PostgreSQL for --pg");
+    let mut env = env.to_vec();
+    env.extend([
+        ("ARCHIVIST_STORAGE_BACKEND", "postgres"),
+        ("ARCHIVIST_STORAGE_URL", db.url.as_str()),
+    ]);
+    let server = common::start_server(binary, &[], &env).await;
+    pg.push(db);
+    server
+}
+
+/// `--pg`: every server on PostgreSQL.
+static PG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+async fn ratios(
+    before: &[PathBuf],
+    seconds: f64,
+    repeat: usize,
+    hanging: bool,
+    unindexed: Option<&Path>,
+) {
     println!(
         "Ratios to the transport: h2load, {CONNECTIONS} connections × calls in flight on each; {repeat} rounds of ~{seconds} s (each after a warm-up) per figure, interleaved."
     );
@@ -372,19 +420,32 @@ async fn ratios(before: &[PathBuf], seconds: f64, repeat: usize, hanging: bool) 
         repeat,
     };
     let fake = hanging.then(FakeEmbedder::hanging);
-    let figures = run_and_print(before, &plan, fake.as_ref()).await;
+    let figures = run_and_print(before, &plan, fake.as_ref(), unindexed).await;
     for (i, path) in before.iter().enumerate() {
         println!("  (before-{}: {})", i + 1, path.display());
     }
     if let Some(fake) = &fake {
-        print_hanging(&figures, &plan, fake);
+        println!(
+            "Appends beside a hanging embedder: the median round's calls/s of `hanging` over `off`, and each server's ratio to its own health checks (which cancels some of a shared machine's noise); the fake was sent {} requests and answered none.",
+            fake.counts
+                .requests
+                .load(std::sync::atomic::Ordering::SeqCst)
+        );
+        print_pair(&figures, &plan, "off", "hanging");
+    }
+    if let Some(path) = unindexed {
+        println!(
+            "What the index costs an append: the median round's calls/s of `this` over `unindexed` ({}), and each server's ratio to its own health checks.",
+            path.display()
+        );
+        print_pair(&figures, &plan, "unindexed", "this");
     }
 }
 
-/// The append rates of `hanging` over `off`, load by load.
-fn print_hanging(figures: &[(String, Figures)], plan: &Plan<'_>, fake: &FakeEmbedder) {
+/// The append rates of server `b` over server `a`, load by load.
+fn print_pair(figures: &[(String, Figures)], plan: &Plan<'_>, a: &str, b: &str) {
     let of = |name: &str| &figures.iter().find(|(n, _)| n == name).expect(name).1;
-    let (off, hanging) = (of("off"), of("hanging"));
+    let (fa, fb) = (of(a), of(b));
     let rate = |f: &Figures, streams: usize, call: Call| {
         median(
             f.iter()
@@ -393,27 +454,49 @@ fn print_hanging(figures: &[(String, Figures)], plan: &Plan<'_>, fake: &FakeEmbe
                 .collect(),
         )
     };
-    println!(
-        "Appends beside a hanging embedder: the median round's calls/s of `hanging` over `off`, and each server's ratio to its own health checks (which cancels some of a shared machine's noise); the fake was sent {} requests and answered none.",
-        fake.counts
-            .requests
-            .load(std::sync::atomic::Ordering::SeqCst)
-    );
     for &streams in plan.loads {
-        let (ho, hh) = (
-            rate(off, streams, Call::Health),
-            rate(hanging, streams, Call::Health),
+        let (ha, hb) = (
+            rate(fa, streams, Call::Health),
+            rate(fb, streams, Call::Health),
         );
         for &call in plan.calls {
-            let (h, o) = (rate(hanging, streams, call), rate(off, streams, call));
+            let (rb, ra) = (rate(fb, streams, call), rate(fa, streams, call));
             println!(
-                "  {CONNECTIONS}×{streams:<3} {:<30} off {o:>9.0}  hanging {h:>9.0}  {:>6.1} %;  of health: off {:>5.1} %, hanging {:>5.1} %",
+                "  {CONNECTIONS}×{streams:<3} {:<30} {a} {ra:>9.0}  {b} {rb:>9.0}  {:>6.1} %;  of health: {a} {:>5.1} %, {b} {:>5.1} %",
                 call.label(),
-                100.0 * h / o,
-                100.0 * o / ho,
-                100.0 * h / hh,
+                100.0 * rb / ra,
+                100.0 * ra / ha,
+                100.0 * rb / hb,
             );
         }
+    }
+}
+
+/// Each SQLite server's data directory per 1,000 entries it stored.
+fn print_disk(servers: &[(&str, &Server)], figures: &[Figures]) {
+    if PG.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    println!(
+        "Data directory per 1,000 entries stored (the bench's texts): the database file, and with the write-ahead log."
+    );
+    for ((name, server), figures) in servers.iter().zip(figures) {
+        let entries: u64 = figures.iter().map(|(_, _, r)| r.entries).sum();
+        let (mut db, mut all) = (0u64, 0u64);
+        for file in std::fs::read_dir(server.data_dir()).expect("data directory") {
+            let file = file.expect("data directory entry");
+            let len = file.metadata().map_or(0, |m| m.len());
+            all += len;
+            if file.file_name() == "archivist.sqlite3" {
+                db += len;
+            }
+        }
+        let per = |bytes: u64| bytes as f64 * 1000.0 / entries.max(1) as f64;
+        println!(
+            "  {name:<10} {entries:>9} entries  {:>9.0} B (database)  {:>9.0} B (with the log)",
+            per(db),
+            per(all)
+        );
     }
 }
 
@@ -423,8 +506,10 @@ async fn run_and_print(
     before: &[PathBuf],
     plan: &Plan<'_>,
     hanging: Option<&FakeEmbedder>,
+    unindexed: Option<&Path>,
 ) -> Vec<(String, Figures)> {
-    let started = start_servers(before, hanging).await;
+    let mut pg = Vec::new();
+    let started = start_servers(before, hanging, unindexed, &mut pg).await;
     let servers: Vec<(&str, &Server)> = started.iter().map(|(n, s)| (n.as_str(), s)).collect();
     let figures = ratio_rounds(&servers, plan).await;
     println!(
@@ -434,6 +519,7 @@ async fn run_and_print(
     for ((name, _), figures) in servers.iter().zip(&figures) {
         print_figures(name, figures, plan);
     }
+    print_disk(&servers, &figures);
     started
         .iter()
         .map(|(name, _)| name.clone())
@@ -459,7 +545,7 @@ async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
         seconds,
         repeat,
     };
-    for (name, figures) in run_and_print(before, &plan, None).await {
+    for (name, figures) in run_and_print(before, &plan, None, None).await {
         let p50 = |call: Call| {
             median(
                 figures
@@ -550,6 +636,7 @@ fn main() {
     let mut before: Vec<PathBuf> = Vec::new();
     let mut only_stages = false;
     let mut hanging = false;
+    let mut unindexed: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -569,6 +656,10 @@ fn main() {
             "--before" => before.push(args.next().expect("--before PATH").into()),
             "--stages" => only_stages = true,
             "--embedder-hanging" => hanging = true,
+            "--unindexed" => {
+                unindexed = Some(PathBuf::from(args.next().expect("--unindexed PATH")))
+            }
+            "--pg" => PG.store(true, std::sync::atomic::Ordering::Relaxed),
             // cargo bench passes --bench.
             _ => {}
         }
@@ -578,7 +669,14 @@ fn main() {
         if only_stages {
             stages(&before, round_seconds, repeat).await;
         } else {
-            ratios(&before, round_seconds, repeat, hanging).await;
+            ratios(
+                &before,
+                round_seconds,
+                repeat,
+                hanging,
+                unindexed.as_deref(),
+            )
+            .await;
         }
     });
 }

@@ -172,9 +172,14 @@ impl Reconciler {
     /// Makes the embedder's generation the active one (a change starts
     /// the re-embedding) and owed embeddings parked under another embedder
     /// configuration due again (as recaps are at start-up); true when
-    /// embeddings are on.
+    /// embeddings are on. When they are off, the store stops owing texts
+    /// vectors.
     async fn start_embeddings(&self) -> bool {
         let Some(e) = &self.embedding else {
+            // Off: nothing is written for embeddings from now on.
+            if let Err(err) = self.store.stop_owing_embeddings().await {
+                warn!(error = %cause_chain(&err).join(": "), "recording that embeddings are off failed");
+            }
             return false;
         };
         if let Err(err) = e.start_generation().await {

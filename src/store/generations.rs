@@ -6,10 +6,11 @@
 //! step looks at a bounded number of texts past the range's lower bound and
 //! owes those that lack a vector of the generation and are not owed
 //! already (texts stored since the change are owed by the statement that
-//! stores them). The old vectors stay, unused by Search, until nothing
-//! owed has one and the range is walked: then they go, a bounded batch a
-//! step (and, on PostgreSQL, the old generation's HNSW index with the last
-//! of them).
+//! stores them). Turning embeddings on walks the same way: while they are
+//! off no text is owed (nothing is written for them). The old vectors
+//! stay, unused by Search, until nothing owed has one and the range is
+//! walked: then they go, a bounded batch a step (and, on PostgreSQL, the
+//! old generation's HNSW index with the last of them).
 
 use super::{Backend, Store, StoreError};
 use crate::model::{Generation, Tenant};
@@ -71,15 +72,24 @@ pub(super) fn pick(scanned: &[Walked], limit: u64, until: i64) -> (Vec<(i64, i64
 }
 
 impl Store {
-    /// Makes `generation` the active one. When it was another, every text
-    /// stored so far is walked again for it (from none, nothing is: every
-    /// text is owed already); returns the generation before, when it
-    /// changed (`Some(None)`: there was none).
+    /// Makes `generation` the active one and has every text stored from
+    /// now on owed a vector. When it was another, or embeddings were off
+    /// (nothing stored meanwhile is owed), every text stored so far is
+    /// walked for it; returns the generation before, when it changed
+    /// (`Some(None)`: there was none).
     pub(crate) async fn set_embedding_generation(
         &self,
         generation: &Generation,
     ) -> Result<Option<Option<String>>, StoreError> {
         on_backend!(self, b => b.set_embedding_generation(generation).await)
+    }
+
+    /// Embeddings are off: no text stored from now on is owed a vector
+    /// (nothing is written for embeddings; turning them on again walks
+    /// what was stored meanwhile). The generation stays, so a backfill
+    /// still knows what the vectors are of.
+    pub(crate) async fn stop_owing_embeddings(&self) -> Result<(), StoreError> {
+        on_backend!(self, b => b.stop_owing_embeddings().await)
     }
 
     /// The active generation, if embeddings ever ran.

@@ -1661,6 +1661,12 @@ async fn vector_stores() -> Vec<(Box<dyn Any>, Store)> {
     }
     for (_, store) in &all {
         store.require_vectors().await.expect("vectors can be kept");
+        // A run with embeddings on starts its generation before it stores
+        // anything, so every text from then on is owed.
+        store
+            .set_embedding_generation(&crate::model::Generation::new("m", 2))
+            .await
+            .expect("generation");
     }
     all
 }
@@ -2256,6 +2262,69 @@ async fn the_semantic_leg_finds_every_hit_within_its_scope_however_many_are_near
 }
 
 #[tokio::test]
+async fn nothing_is_owed_while_embeddings_are_off_and_turning_them_on_walks_what_was_stored() {
+    use crate::model::Generation;
+    use crate::store::generations::Reowed;
+    for (_db, store) in vector_stores().await {
+        let t = Tenant::default();
+        let generation = Generation::new("m", 2);
+        store.stop_owing_embeddings().await.expect("off");
+        let id = closed_segment(&store, &["one", "two", "three"]).await;
+        summarise(&store, id, "the recap").await;
+        // No row was written for the three entries nor the summary.
+        assert!(
+            store
+                .claim_owed("w", LEASE, 100)
+                .await
+                .expect("claim")
+                .is_none()
+        );
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (0, 0));
+        // On again with the same generation: the walk owes what was
+        // stored meanwhile (counted as pending before it walks), and a
+        // text stored now is owed by its append.
+        assert_eq!(
+            store
+                .set_embedding_generation(&generation)
+                .await
+                .expect("on"),
+            None
+        );
+        let backlog = store
+            .embedding_backlog(None, &generation)
+            .await
+            .expect("backlog");
+        assert_eq!((backlog.pending, backlog.embedded), (4, 0));
+        // Entries first, then the summary.
+        let mut owed = 0;
+        loop {
+            let step = store.reowe(&generation, 100).await.expect("walk");
+            owed += step.owed;
+            if step.done {
+                break;
+            }
+        }
+        assert_eq!(owed, 4);
+        store
+            .append(&t, &session("b"), entries(&["four"]), POLICY, 0)
+            .await
+            .expect("append");
+        assert_eq!(embed_all(&store, &generation, |_| vec![0.6, 0.8]).await, 5);
+        assert_eq!(
+            store.reowe(&generation, 100).await.expect("walk"),
+            Reowed {
+                owed: 0,
+                done: true
+            }
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_new_generation_owes_everything_again_in_bounded_steps_and_drops_the_old_once_complete() {
     use crate::model::Generation;
     use crate::store::generations::Reowed;
@@ -2263,9 +2332,10 @@ async fn a_new_generation_owes_everything_again_in_bounded_steps_and_drops_the_o
         let t = Tenant::default();
         let old = Generation::new("m", 2);
         let new = Generation::new("n", 3);
+        // Active already (vector_stores), and owing.
         assert_eq!(
             store.set_embedding_generation(&old).await.expect("set"),
-            Some(None)
+            None
         );
         let id = closed_segment(&store, &["one", "two", "three", "four", "five"]).await;
         summarise(&store, id, "the recap").await;

@@ -118,25 +118,35 @@ impl Postgres {
         self.writable()?;
         let client = self.client().await?;
         let body = async {
-            let before = active(&client, true).await?;
-            if before.as_deref() == Some(generation.as_str()) {
-                return Ok(None);
-            }
-            // The first generation walks nothing: every text stored so far
-            // is owed already, by the statement that stored it.
-            let walk = before.is_some();
-            client
-                .execute(
-                    "UPDATE embedding_state SET generation = $1, \
-                     entries_after = CASE WHEN $2 THEN 0 END, \
-                     entries_until = CASE WHEN $2 THEN (SELECT (session_id << 32) | seq FROM entries \
-                                      ORDER BY session_id DESC, seq DESC LIMIT 1) END, \
-                     summaries_after = CASE WHEN $2 THEN 0 END, \
-                     summaries_until = CASE WHEN $2 THEN (SELECT max(segment_id) FROM summaries) END \
-                     WHERE id = 1",
-                    &[&generation.as_str(), &walk],
+            let row = client
+                .query_one(
+                    "SELECT generation, owing FROM embedding_state WHERE id = 1 FOR UPDATE",
+                    &[],
                 )
                 .await?;
+            let (before, owing): (Option<String>, bool) = (row.try_get(0)?, row.try_get(1)?);
+            let same = before.as_deref() == Some(generation.as_str());
+            if same && owing {
+                return Ok(None);
+            }
+            // Another generation, or embeddings turned on: nothing stored
+            // while they were off is owed, so every text is walked (what
+            // has a vector of this generation or a debt is skipped).
+            client
+                .execute(
+                    "UPDATE embedding_state SET generation = $1, owing = true, \
+                     entries_after = 0, \
+                     entries_until = (SELECT (session_id << 32) | seq FROM entries \
+                                      ORDER BY session_id DESC, seq DESC LIMIT 1), \
+                     summaries_after = 0, \
+                     summaries_until = (SELECT max(segment_id) FROM summaries) \
+                     WHERE id = 1",
+                    &[&generation.as_str()],
+                )
+                .await?;
+            if same {
+                return Ok(None);
+            }
             // Back to a generation whose vectors are still there: what was
             // owed for the one between and has its vector needs nothing.
             client
@@ -150,6 +160,17 @@ impl Postgres {
             Ok(Some(before))
         };
         self.noting_full(transact(&client, body).await)
+    }
+
+    pub(crate) async fn stop_owing_embeddings(&self) -> Result<(), StoreError> {
+        self.writable()?;
+        let client = self.client().await?;
+        let done = client
+            .execute("UPDATE embedding_state SET owing = false WHERE id = 1", &[])
+            .await
+            .map(drop)
+            .map_err(StoreError::from);
+        self.noting_full(done)
     }
 
     pub(crate) async fn embedding_generation(&self) -> Result<Option<String>, StoreError> {

@@ -358,6 +358,49 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS last_said_at BIGINT;
 CREATE INDEX IF NOT EXISTS sessions_by_last_said
     ON sessions ((coalesce(last_said_at, last_append_at, created_at)));
 "#,
+    r#"
+-- Nothing is written for embeddings while they are off: `owing` says
+-- whether a run with `[embedding]` on holds the store (set by the run that
+-- starts the generation, cleared by a server started without embeddings),
+-- and the functions behind the triggers owe a stored text only then.
+-- Turning embeddings on walks every stored text (generations.rs), so what
+-- was stored while they were off is owed then. A database that never
+-- embedded drops the rows its texts were owed by: the walk owes them
+-- again if it ever does.
+ALTER TABLE embedding_state ADD COLUMN IF NOT EXISTS owing BOOLEAN NOT NULL DEFAULT false;
+UPDATE embedding_state SET owing = generation IS NOT NULL WHERE id = 1;
+DELETE FROM embeddings_owed WHERE (SELECT generation FROM embedding_state WHERE id = 1) IS NULL;
+CREATE OR REPLACE FUNCTION archivist_owe_entries() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (SELECT owing FROM embedding_state WHERE id = 1) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO embeddings_owed (doc, session_id)
+    SELECT (session_id << 32) | seq, session_id FROM stored
+    ON CONFLICT (doc) DO NOTHING;
+    RETURN NULL;
+END
+$$;
+-- A changed summary's old vectors go whether or not embeddings are on (a
+-- vector of a text no longer stored must not be found); it is owed again
+-- only while they are.
+CREATE OR REPLACE FUNCTION archivist_owe_summary() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        DELETE FROM embeddings WHERE doc = -OLD.segment_id;
+    END IF;
+    IF NOT (SELECT owing FROM embedding_state WHERE id = 1) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO embeddings_owed (doc, session_id)
+    SELECT -NEW.segment_id, g.session_id FROM segments g WHERE g.id = NEW.segment_id
+    ON CONFLICT (doc) DO UPDATE SET state = 0, next_attempt_at = 0, passes = 0,
+        attempts = 0, failure_class = NULL, last_failure = NULL, failed_at = NULL,
+        fingerprint = NULL;
+    RETURN NULL;
+END
+$$;
+"#,
 ];
 
 fn migration_error(version: usize) -> impl Fn(tokio_postgres::Error) -> StoreError {

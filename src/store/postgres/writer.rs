@@ -29,6 +29,15 @@ use crate::model::{
 };
 use crate::store::StoreError;
 
+/// An appended entry's search vector, in the index's language; NULL in a
+/// measurement-only build (Cargo.toml's `measure-unindexed`), to weigh the
+/// index against this same code.
+const ENTRY_TSV: &str = if cfg!(feature = "measure-unindexed") {
+    "NULL::tsvector"
+} else {
+    "to_tsvector((SELECT language FROM search_state WHERE id = 1), u.content)"
+};
+
 /// Most appends committed in one transaction.
 const MAX_BATCH: usize = 256;
 
@@ -518,6 +527,16 @@ async fn write_all(
         .map(|(tenant, (_, added))| (tenant.as_str(), signed(*added)))
         .unzip();
 
+    // The text's search vector in the index's language (schema.rs).
+    let insert_entries_sql = format!(
+        "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, \
+         created_at, tsv, occurred_at, name, metadata) \
+         SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1, {ENTRY_TSV}, \
+         u.occurred_at, u.name, u.metadata::jsonb \
+         FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
+         $7::bigint[], $8::bigint[], $9::text[], $10::text[]) \
+         AS u (session_id, seq, cid, role, content, tokens, occurred_at, name, metadata)"
+    );
     // Prepared first (once per connection), so that the statements below
     // reach the server in the order they are written: the sessions'
     // open_segment_id reads the segments inserted just before.
@@ -542,17 +561,7 @@ async fn write_all(
              FROM unnest($3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bool[]) \
              AS u (id, entry_count, tokens, last_seq, closed) WHERE s.id = u.id",
         ),
-        client.prepare_cached(
-            // The text's search vector in the index's language (schema.rs).
-            "INSERT INTO entries (session_id, seq, client_entry_id, role, content, tokens, \
-             created_at, tsv, occurred_at, name, metadata) \
-             SELECT u.session_id, u.seq, u.cid, u.role, u.content, u.tokens, $1, \
-             to_tsvector((SELECT language FROM search_state WHERE id = 1), u.content), \
-             u.occurred_at, u.name, u.metadata::jsonb \
-             FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
-             $7::bigint[], $8::bigint[], $9::text[], $10::text[]) \
-             AS u (session_id, seq, cid, role, content, tokens, occurred_at, name, metadata)",
-        ),
+        client.prepare_cached(&insert_entries_sql),
         client.prepare_cached(
             "UPDATE sessions x SET next_seq = u.next_seq, next_ordinal = u.next_ordinal, \
              open_segment_id = (SELECT s.id FROM segments s \

@@ -100,22 +100,30 @@ impl Sqlite {
     ) -> Result<Option<Option<String>>, StoreError> {
         let generation = generation.as_str().to_owned();
         self.write(move |conn| {
-            let before = active(conn)?;
-            if before.as_deref() == Some(generation.as_str()) {
+            let (before, owing): (Option<String>, bool) = conn.query_row(
+                "SELECT generation, owing FROM embedding_state WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            let same = before.as_deref() == Some(generation.as_str());
+            if same && owing {
                 return Ok(None);
             }
-            // The first generation walks nothing: every text stored so far
-            // is owed already, by the statement that stored it.
-            let walk = before.is_some();
+            // Another generation, or embeddings turned on: nothing stored
+            // while they were off is owed, so every text is walked (what
+            // has a vector of this generation or a debt is skipped).
             conn.execute(
-                "UPDATE embedding_state SET generation = ?1, \
-                 entries_after = CASE WHEN ?2 THEN 0 END, \
-                 entries_until = CASE WHEN ?2 THEN (SELECT max((session_id << 32) | seq) FROM entries) END, \
-                 summaries_after = CASE WHEN ?2 THEN 0 END, \
-                 summaries_until = CASE WHEN ?2 THEN (SELECT max(segment_id) FROM summaries) END \
+                "UPDATE embedding_state SET generation = ?1, owing = 1, \
+                 entries_after = 0, \
+                 entries_until = (SELECT max((session_id << 32) | seq) FROM entries), \
+                 summaries_after = 0, \
+                 summaries_until = (SELECT max(segment_id) FROM summaries) \
                  WHERE id = 1",
-                params![generation, walk],
+                params![generation],
             )?;
+            if same {
+                return Ok(None);
+            }
             // Back to a generation whose vectors are still there: what was
             // owed for the one between and has its vector needs nothing.
             conn.execute(
@@ -124,6 +132,14 @@ impl Sqlite {
                 params![generation],
             )?;
             Ok(Some(before))
+        })
+        .await
+    }
+
+    pub(crate) async fn stop_owing_embeddings(&self) -> Result<(), StoreError> {
+        self.write(|conn| {
+            conn.execute("UPDATE embedding_state SET owing = 0 WHERE id = 1", [])?;
+            Ok(())
         })
         .await
     }

@@ -565,6 +565,42 @@ ALTER TABLE sessions ADD COLUMN last_said_at INTEGER;
 CREATE INDEX sessions_by_last_said
     ON sessions (coalesce(last_said_at, last_append_at, created_at));
 "#,
+    r#"
+-- Nothing is written for embeddings while they are off: `owing` says
+-- whether a run with `[embedding]` on holds the store (set by the run that
+-- starts the generation, cleared by a server started without embeddings),
+-- and the triggers owe a stored text only then. Turning embeddings on
+-- walks every stored text (generations.rs), so what was stored while they
+-- were off is owed then. A database that never embedded drops the rows
+-- its texts were owed by: the walk owes them again if it ever does.
+ALTER TABLE embedding_state ADD COLUMN owing INTEGER NOT NULL DEFAULT 0;
+UPDATE embedding_state SET owing = generation IS NOT NULL WHERE id = 1;
+DELETE FROM embeddings_owed WHERE (SELECT generation FROM embedding_state WHERE id = 1) IS NULL;
+DROP TRIGGER entries_owed;
+DROP TRIGGER summaries_owed;
+DROP TRIGGER summaries_reembedded;
+CREATE TRIGGER entries_owed AFTER INSERT ON entries
+WHEN (SELECT owing FROM embedding_state WHERE id = 1)
+BEGIN
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    VALUES ((new.session_id << 32) | new.seq, new.session_id);
+END;
+CREATE TRIGGER summaries_owed AFTER INSERT ON summaries
+WHEN (SELECT owing FROM embedding_state WHERE id = 1)
+BEGIN
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    SELECT -new.segment_id, g.session_id FROM segments g WHERE g.id = new.segment_id;
+END;
+-- A changed summary's old vectors go whether or not embeddings are on (a
+-- vector of a text no longer stored must not be found); it is owed again
+-- only while they are.
+CREATE TRIGGER summaries_reembedded AFTER UPDATE OF text ON summaries BEGIN
+    DELETE FROM embeddings WHERE doc = -old.segment_id;
+    INSERT OR REPLACE INTO embeddings_owed (doc, session_id)
+    SELECT -new.segment_id, g.session_id FROM segments g
+    WHERE g.id = new.segment_id AND (SELECT owing FROM embedding_state WHERE id = 1);
+END;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -821,6 +821,10 @@ async fn the_vector_cache_follows_another_process_and_every_deletion() {
     use crate::model::Generation;
     use crate::store::search::SearchScope;
     let (dir, server) = open().await;
+    server
+        .set_embedding_generation(&Generation::new("m", 2))
+        .await
+        .expect("generation");
     // Another process on the same file (a backfill beside the server).
     let backfill = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
         .await
@@ -934,6 +938,11 @@ async fn append_as(store: &Sqlite, tenant: &str, texts: &[&str]) {
 /// has 2, `large` 6; a budget of 600 bytes holds either alone, not both.
 async fn two_tenants() -> (tempfile::TempDir, Sqlite, crate::model::Generation) {
     let (dir, store) = open().await;
+    // Embeddings on (a run with them starts its generation first).
+    store
+        .set_embedding_generation(&crate::model::Generation::new("m", 2))
+        .await
+        .expect("generation");
     append_as(&store, "small", &["e 1", "e 2"]).await;
     append_as(&store, "large", &["e 1", "e 2", "e 3", "e 4", "e 5", "e 6"]).await;
     let g = crate::model::Generation::new("m", 2);
