@@ -43,7 +43,12 @@
 //!   `--embedder-query-model NAME` the name the reference also embeds each
 //!   question with (default `multilingual-e5-small-query`);
 //!   `--server-query-model`: the server embeds its queries under that name
-//!   too (`embedding.query_model`).
+//!   too (`embedding.query_model`); `--dump-legs FILE` writes, per
+//!   question, each leg's first 30 texts (LEXICAL as the server ranks
+//!   them, the semantic leg as an exact cosine ranking of the subject's
+//!   texts against the query as the server embeds it), with their cosine,
+//!   relevance and the query's words' document counts, as JSON lines: what
+//!   a fusion can be tried on offline.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -111,6 +116,8 @@ struct Options {
     embedder_model: String,
     embedder_query_model: String,
     server_query_model: bool,
+    /// `--dump-legs FILE`: each question's legs, as JSON lines.
+    dump_legs: Option<PathBuf>,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -158,6 +165,7 @@ impl Options {
             embedder_model: "multilingual-e5-small-passage".to_owned(),
             embedder_query_model: "multilingual-e5-small-query".to_owned(),
             server_query_model: false,
+            dump_legs: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -189,6 +197,7 @@ impl Options {
                     o.embedder_query_model = args.next().expect("--embedder-query-model NAME")
                 }
                 "--server-query-model" => o.server_query_model = true,
+                "--dump-legs" => o.dump_legs = Some(args.next().expect("--dump-legs FILE").into()),
                 // cargo bench passes --bench.
                 _ => {}
             }

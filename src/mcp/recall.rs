@@ -60,6 +60,9 @@ pub(super) struct Hit {
     pub text: String,
     /// lexical, semantic, or both.
     pub matched_by: Vec<String>,
+    /// The cosine to the query, when meaning matched it (-1 to 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub similarity: Option<f32>,
 }
 
 pub(super) async fn recall(
@@ -87,6 +90,7 @@ pub(super) async fn recall(
             ModeArg::Semantic => pb::SearchMode::Semantic,
         } as i32,
         metadata: Default::default(),
+        min_similarity: args.min_similarity,
     };
     let mut client = backend.client().await?;
     let resp = client
@@ -175,6 +179,7 @@ fn hit(h: pb::SearchHit) -> Hit {
         score: h.score,
         text: h.text,
         matched_by: h.legs.iter().map(|l| leg(*l).to_owned()).collect(),
+        similarity: (h.semantic_rank > 0).then_some(h.similarity),
     }
 }
 
@@ -194,6 +199,10 @@ fn hit_line(rank: usize, h: &Hit) -> String {
         .as_deref()
         .map(|t| format!(", {t}"))
         .unwrap_or_default();
+    let at = match h.similarity {
+        Some(s) => format!("{at}, similarity {s:.2}"),
+        None => at,
+    };
     match (&h.role, h.level) {
         (Some(role), _) => format!(
             "{rank}. [{} seq {}, {role}{at}] {text}",
@@ -235,6 +244,7 @@ mod tests {
             score: 0.016,
             text: "migration 0042 timed out".to_owned(),
             matched_by: vec!["lexical".to_owned()],
+            similarity: None,
         };
         assert_eq!(
             hit_line(1, &message),
@@ -252,6 +262,14 @@ mod tests {
         assert_eq!(
             hit_line(2, &recap),
             r#"2. [ada recap of seq 1-200, level 2] "migration 0042 timed out""#
+        );
+        let by_meaning = Hit {
+            similarity: Some(0.875),
+            ..recap
+        };
+        assert_eq!(
+            hit_line(3, &by_meaning),
+            r#"3. [ada recap of seq 1-200, level 2, similarity 0.88] "migration 0042 timed out""#
         );
     }
 }

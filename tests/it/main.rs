@@ -23,6 +23,7 @@ mod replicas;
 mod search;
 mod search_bounds;
 mod search_cli;
+mod search_fusion;
 mod security;
 mod segments;
 mod subjects;
