@@ -341,6 +341,9 @@ def _document(hit: SearchHit) -> Document:
             "score": hit.score,
             "role": hit.role,
             "legs": hit.legs,
+            "similarity": hit.similarity,
+            "lexical_rank": hit.lexical_rank,
+            "semantic_rank": hit.semantic_rank,
         },
     )
 
@@ -361,12 +364,18 @@ class ArchivistRetriever(BaseRetriever):
             "tool"); recaps have none, so a role leaves them out.
         limit: the most Documents per query, 1 to 100 (None: 10).
         mode: "auto", "lexical" or "semantic" (see `Client.search`).
+        min_similarity: a cosine from -1 to 1 (None: none): the hits only
+            the semantic leg found below it are dropped (see
+            `Client.search`), so a question nothing in memory answers
+            retrieves nothing rather than the nearest texts.
 
     Each Document's `page_content` is the hit's text and its `metadata`
     says where in memory it is: `session_id`, `kind` ("entry" or
     "summary"), `level`, `first_seq`, `last_seq`, `segment_id` (None for
     an entry), `created_at` (ISO 8601, UTC), `score`, `role` (None for a
-    recap) and `legs` (how it was found). Its `id` names the entry or node.
+    recap), `legs` (how it was found), `similarity` (the cosine to the
+    query; 0 when not found by meaning), `lexical_rank` and
+    `semantic_rank` (its place in each leg; 0: not found by it). Its `id` names the entry or node.
     A bad scope, limit or mode fails when the retriever is made (pydantic's
     ValidationError, a ValueError, with the client's InvalidArgument
     message); a query the server refuses raises its `ArchivistError`.
@@ -379,6 +388,7 @@ class ArchivistRetriever(BaseRetriever):
     roles: Optional[list[str]] = None
     limit: Optional[int] = None
     mode: str = "auto"
+    min_similarity: Optional[float] = None
 
     def model_post_init(self, context: Any) -> None:
         # The scope is checked now, with the checks every search makes, so
@@ -393,6 +403,7 @@ class ArchivistRetriever(BaseRetriever):
             "levels": self.levels,
             "limit": self.limit,
             "mode": self.mode,
+            "min_similarity": self.min_similarity,
         }
 
     def _get_relevant_documents(

@@ -669,6 +669,11 @@ class SearchHit:
     so every hit points back into the session's context. `score` is
     higher for better hits, comparable within one search only; `legs` says
     how it was found ("lexical": by its words, "semantic": by meaning).
+    `similarity` is the cosine of the hit's embedding to the query's (0
+    when the semantic leg did not find it: compare it with a threshold
+    only for hits whose `semantic_rank` is not 0); `lexical_rank` and
+    `semantic_rank` are its places, from 1, in each leg's own ranking (0
+    when that leg did not find it).
     """
 
     session_id: str
@@ -681,6 +686,9 @@ class SearchHit:
     score: float
     text: str
     legs: list[str]
+    similarity: float
+    lexical_rank: int
+    semantic_rank: int
     raw: pb.SearchHit = field(repr=False, compare=False)
 
     @property
@@ -702,6 +710,9 @@ class SearchHit:
             score=hit.score,
             text=hit.text,
             legs=[leg_name(leg) for leg in hit.legs],
+            similarity=hit.similarity,
+            lexical_rank=hit.lexical_rank,
+            semantic_rank=hit.semantic_rank,
             raw=hit,
         )
 
