@@ -48,7 +48,12 @@
 //!   `--embedder-query-model NAME` the name the reference also embeds each
 //!   question with (default `multilingual-e5-small-query`);
 //!   `--server-query-model`: the server embeds its queries under that name
-//!   too (`embedding.query_model`);
+//!   too (`embedding.query_model`); `--dump-legs FILE` writes, per
+//!   question, each leg's first 30 texts (LEXICAL as the server ranks
+//!   them, the semantic leg as an exact cosine ranking of the subject's
+//!   texts against the query as the server embeds it), with their cosine,
+//!   relevance and the query's words' document counts, as JSON lines: what
+//!   a fusion can be tried on offline.
 //! - `--turn`: the turn's context instead (`recall/turn.rs`): facts of
 //!   older sessions of a subject asked in a new one through GetContext
 //!   with the question as `query`, and in-session with and without it;
@@ -128,6 +133,8 @@ struct Options {
     history: Option<usize>,
     /// `--turn`: the turn's context (recall/turn.rs) instead.
     turn: bool,
+    /// `--dump-legs FILE`: each question's legs, as JSON lines.
+    dump_legs: Option<PathBuf>,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -177,6 +184,7 @@ impl Options {
             server_query_model: false,
             history: None,
             turn: false,
+            dump_legs: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -210,6 +218,7 @@ impl Options {
                 "--server-query-model" => o.server_query_model = true,
                 "--history" => o.history = Some(number(&a, args.next())),
                 "--turn" => o.turn = true,
+                "--dump-legs" => o.dump_legs = Some(args.next().expect("--dump-legs FILE").into()),
                 // cargo bench passes --bench.
                 _ => {}
             }

@@ -258,7 +258,7 @@ impl Service {
             ran.push(Leg::Semantic);
         }
         Ok(Searched {
-            hits: fuse(legs, limit as usize, query),
+            hits: fuse(legs, limit as usize, query, scope.min_similarity),
             legs: ran,
             embedded_share,
         })

@@ -185,6 +185,10 @@ async fn measure(
         }
     }
 
+    if let Some(path) = &o.dump_legs {
+        dump_legs(o, proxy, &mut client, subjects, size, path).await;
+    }
+
     proxy.serve_cached(true);
     let queries = super::latency_queries(o, subjects);
     let mut took_us = Vec::new();
@@ -484,4 +488,165 @@ fn print_tables(o: &Options, url: &str, rows: &[Row]) {
     println!(
         "  (texts: GetBacklog's embedded; items/s: texts over the drain; endpoint: the inputs the endpoint embedded over the time a request was outstanding; share: items/s of endpoint; requests: requests/inputs the server sent; ! the wait ran out)"
     );
+}
+
+/// The words archivist embeds for a question (`Query::text`): its words,
+/// lowercased, an English clitic ending dropped.
+fn query_text(question: &str) -> String {
+    let mut out = Vec::new();
+    for chunk in question.split_whitespace() {
+        let word = chunk.trim_end_matches(|c: char| !c.is_alphanumeric());
+        let kept = match word.rfind(['\'', '\u{2019}']) {
+            Some(at)
+                if matches!(
+                    word[at..]
+                        .trim_start_matches(['\'', '\u{2019}'])
+                        .to_lowercase()
+                        .as_str(),
+                    "s" | "t" | "d" | "m" | "ll" | "re" | "ve"
+                ) =>
+            {
+                &word[..at]
+            }
+            _ => chunk,
+        };
+        out.extend(
+            kept.split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .map(str::to_lowercase),
+        );
+    }
+    out.join(" ")
+}
+
+fn words_of(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// `--dump-legs`: per question, both legs' first 30 with what a fusion
+/// needs, one JSON line each (appended to `path`).
+async fn dump_legs(
+    o: &Options,
+    proxy: &Proxy,
+    client: &mut archivist::client::Client,
+    subjects: &Arc<Vec<Subject>>,
+    size: usize,
+    path: &std::path::Path,
+) {
+    use std::io::Write;
+    const DEPTH: usize = 30;
+    let mut corpora = Vec::new();
+    let mut df: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut docs = 0u64;
+    for subject in subjects.iter() {
+        let corpus = corpus(client, subject).await;
+        for h in &corpus {
+            docs += 1;
+            for w in words_of(&h.text) {
+                *df.entry(w).or_default() += 1;
+            }
+        }
+        corpora.push(corpus);
+    }
+    let model = if o.server_query_model {
+        &o.embedder_query_model
+    } else {
+        &o.embedder_model
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("--dump-legs FILE");
+    for (subject, corpus) in subjects.iter().zip(&corpora) {
+        let texts: Vec<String> = corpus.iter().map(|h| h.text.clone()).collect();
+        let vectors = proxy.embed(&o.embedder_model, &texts).await;
+        for fact in &subject.timeline.facts {
+            for (kind, question) in ["direct", "paraphrase"]
+                .into_iter()
+                .zip([fact.question, fact.paraphrase])
+            {
+                let said = query_text(question);
+                let q = &proxy.embed(model, std::slice::from_ref(&said)).await[0];
+                let cos: Vec<f32> = vectors.iter().map(|v| cosine(v, q)).collect();
+                let mark = |h: &pb::SearchHit| {
+                    let source = match h.level {
+                        0 => super::score::Source::Entry(h.first_seq),
+                        level => super::score::Source::Summary(level),
+                    };
+                    match super::score::outcome(
+                        fact,
+                        &[super::Returned::new(source, h.text.clone())],
+                    ) {
+                        super::score::Outcome::Returned(_) => "relevant",
+                        super::score::Outcome::Stale => "stale",
+                        super::score::Outcome::Missing => "other",
+                    }
+                };
+                let at = |h: &pb::SearchHit| {
+                    corpus.iter().position(|c| {
+                        c.session_id == h.session_id
+                            && c.level == h.level
+                            && c.first_seq == h.first_seq
+                    })
+                };
+                let item = |i: usize, h: &pb::SearchHit| {
+                    serde_json::json!({
+                        "doc": i,
+                        "cos": cos[i],
+                        "mark": mark(h),
+                        "text": h.text,
+                        "level": h.level,
+                        "occurred": h.occurred_at.as_ref().map_or(0, |t| t.seconds),
+                        "session": h.session_id,
+                        "seq": h.first_seq,
+                    })
+                };
+                let lexical = client
+                    .search(pb::SearchRequest {
+                        query: question.to_owned(),
+                        subject: subject.name.clone(),
+                        limit: DEPTH as u32,
+                        mode: pb::SearchMode::Lexical.into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|a| a.into_inner().hits)
+                    .unwrap_or_default();
+                let lexical: Vec<_> = lexical
+                    .iter()
+                    .filter_map(|h| at(h).map(|i| item(i, &corpus[i])))
+                    .collect();
+                let mut order: Vec<usize> = (0..corpus.len()).collect();
+                order.sort_by(|&a, &b| cos[b].total_cmp(&cos[a]).then(a.cmp(&b)));
+                let semantic: Vec<_> = order
+                    .iter()
+                    .take(DEPTH)
+                    .map(|&i| item(i, &corpus[i]))
+                    .collect();
+                let relevant = corpus.iter().filter(|h| mark(h) == "relevant").count();
+                let qwords: Vec<(String, u64)> = said
+                    .split(' ')
+                    .map(|w| (w.to_owned(), df.get(w).copied().unwrap_or(0)))
+                    .collect();
+                let line = serde_json::json!({
+                    "size": size,
+                    "subject": subject.name,
+                    "kind": kind,
+                    "question": question,
+                    "said": said,
+                    "words": qwords,
+                    "docs": docs,
+                    "relevant": relevant,
+                    "updated": fact.update.is_some(),
+                    "lexical": lexical,
+                    "semantic": semantic,
+                });
+                writeln!(file, "{line}").expect("write --dump-legs");
+            }
+        }
+    }
 }

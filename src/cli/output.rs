@@ -318,8 +318,14 @@ pub(super) fn render_hit(rank: usize, hit: &pb::SearchHit, now: SystemTime) -> S
         .or(hit.created_at.as_ref())
         .map(|t| format!(", {}", when(t, now)))
         .unwrap_or_default();
+    // The cosine only where the semantic leg found the hit: a 0 there
+    // means "not found by meaning", not a similarity of 0.
+    let similarity = match hit.semantic_rank {
+        0 => String::new(),
+        _ => format!(", similarity {:.3}", hit.similarity),
+    };
     let mut out = format!(
-        "{rank}. {} {what}{at}; score {:.4} ({})\n",
+        "{rank}. {} {what}{at}; score {:.4} ({}){similarity}\n",
         hit.session_id,
         hit.score,
         legs(&hit.legs)
@@ -465,11 +471,14 @@ mod tests {
                 pb::SearchLeg::Lexical as i32,
                 pb::SearchLeg::Semantic as i32,
             ],
+            similarity: 0.75,
+            lexical_rank: 2,
+            semantic_rank: 1,
             ..Default::default()
         };
         assert_eq!(
             render_hit(3, &hit, SystemTime::now()),
-            "3. ada level 2 roll-up of seq 1..200 (node 9); score 0.0325 (lexical+semantic)\n    first line\n    second line\n"
+            "3. ada level 2 roll-up of seq 1..200 (node 9); score 0.0325 (lexical+semantic), similarity 0.750\n    first line\n    second line\n"
         );
     }
 

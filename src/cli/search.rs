@@ -59,6 +59,11 @@ pub struct SearchArgs {
     /// lexical (by words), semantic (by meaning; needs embeddings).
     #[arg(long, value_enum, default_value_t = Mode::Auto)]
     pub mode: Mode,
+    /// Leave out the hits found only by meaning whose similarity (the
+    /// cosine to the query, -1 to 1) is below this; hits found by their
+    /// words stay. Default: none.
+    #[arg(long, value_name = "COSINE", allow_negative_numbers = true)]
+    pub min_similarity: Option<f32>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -94,6 +99,13 @@ fn search_request(args: &SearchArgs) -> Result<pb::SearchRequest, Failed> {
     if let Some(subject) = &args.subject {
         check_subject(subject)?;
     }
+    if let Some(m) = args.min_similarity
+        && !(-1.0..=1.0).contains(&m)
+    {
+        return Err(Failed::Usage(format!(
+            "--min-similarity {m}: a cosine is from -1 to 1"
+        )));
+    }
     let time = |flag: &str, text: &Option<String>| {
         text.as_deref()
             .map(|t| {
@@ -117,6 +129,7 @@ fn search_request(args: &SearchArgs) -> Result<pb::SearchRequest, Failed> {
         levels: args.levels.clone(),
         limit: args.limit.unwrap_or(0),
         mode: pb::SearchMode::from(args.mode).into(),
+        min_similarity: args.min_similarity,
         metadata: args
             .metadata
             .iter()

@@ -390,6 +390,9 @@ impl pb::archivist_server::Archivist for GrpcService {
                     name: h.name.unwrap_or_default(),
                     occurred_at: Some(timestamp(h.occurred_at)),
                     metadata: h.metadata.into_iter().collect(),
+                    similarity: h.similarity,
+                    lexical_rank: h.lexical_rank,
+                    semantic_rank: h.semantic_rank,
                 })
                 .collect(),
             legs: searched.legs.iter().map(leg).collect(),

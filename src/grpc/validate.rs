@@ -625,6 +625,16 @@ pub(super) fn parse_search(
         }
     }
     check_metadata(&req.metadata, "metadata", &mut violations);
+    if let Some(m) = req.min_similarity
+        && !(-1.0..=1.0).contains(&m)
+    {
+        // NaN is in no range, so it lands here too.
+        violations.push(violation(
+            "min_similarity",
+            "INVALID_MIN_SIMILARITY",
+            format!("{m} is no cosine: a similarity is from -1 to 1"),
+        ));
+    }
     violations.truncate(MAX_LISTED_VIOLATIONS);
     let Some(query) = query.filter(|_| violations.is_empty()) else {
         return Err(invalid(violations));
@@ -645,6 +655,7 @@ pub(super) fn parse_search(
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        min_similarity: req.min_similarity,
     };
     Ok((query, scope, limit))
 }

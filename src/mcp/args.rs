@@ -199,6 +199,13 @@ pub(super) struct RecallArgs {
     /// these pairs; recaps have none, so a pair leaves them out.
     #[schemars(extend("x-check" = "metadata"))]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Leave out what only meaning matched, when its similarity (the
+    /// cosine to the query, -1 to 1) is below this: a question nothing in
+    /// memory answers then comes back with no hits rather than the
+    /// nearest texts. What the words matched stays. Try 0.8 with e5
+    /// models; each hit's similarity says what a model gives.
+    #[schemars(range(min = -1.0, max = 1.0))]
+    pub min_similarity: Option<f32>,
 }
 
 /// `forget`'s arguments.
@@ -355,6 +362,7 @@ impl Walk<'_> {
             "array" => self.array(schema, value, path, bad),
             "string" => string(schema, value, path, bad),
             "integer" => integer(schema, value, path, bad),
+            "number" => number(schema, value, path, bad),
             _ => {}
         }
     }
@@ -550,6 +558,22 @@ fn integer(schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violati
     }
     if let Ok(n) = i64::try_from(n) {
         *value = Value::from(n);
+    }
+}
+
+/// A number within the schema's bounds.
+fn number(schema: &JsonObject, value: &mut Value, path: &str, bad: &mut Violations) {
+    let Some(n) = value.as_f64() else {
+        return bad.add(path, format!("must be a number, not {}", kind(value)));
+    };
+    let min = schema.get("minimum").and_then(Value::as_f64);
+    let max = schema.get("maximum").and_then(Value::as_f64);
+    if min.is_some_and(|m| n < m) || max.is_some_and(|m| n > m) {
+        let bound = |b: Option<f64>| b.map_or_else(|| "any".to_owned(), |b| b.to_string());
+        bad.add(
+            path,
+            format!("must be from {} to {}, not {value}", bound(min), bound(max)),
+        );
     }
 }
 
@@ -867,8 +891,10 @@ mod tests {
             "levels": [0, 1, 2],
             "limit": 5,
             "mode": "lexical",
+            "min_similarity": -0.25,
         })))
         .expect("good arguments");
+        assert_eq!(args.min_similarity, Some(-0.25));
         assert_eq!(
             args.session_ids.as_deref(),
             Some(&["a".to_owned(), "b".to_owned()][..])
@@ -886,6 +912,7 @@ mod tests {
             "levels": [99],
             "limit": 0,
             "mode": "fuzzy",
+            "min_similarity": 1.5,
         })))
         .expect_err("bad arguments");
         assert_eq!(
@@ -894,6 +921,7 @@ mod tests {
                 "after",
                 "levels[0]",
                 "limit",
+                "min_similarity",
                 "mode",
                 "query",
                 "roles[0]",
@@ -901,11 +929,18 @@ mod tests {
             ]
         );
         assert_eq!(violations[1].description, "must be from 0 to 64, not 99");
+        assert_eq!(violations[3].description, "must be from -1 to 1, not 1.5");
         assert_eq!(
-            violations[3].description,
+            violations[4].description,
             "\"fuzzy\" is not a mode: auto, lexical or semantic"
         );
-        assert!(violations[4].description.contains("no word to look for"));
+        assert!(violations[5].description.contains("no word to look for"));
+        let violations = RecallArgs::parse(object(json!({
+            "query": "x", "min_similarity": "high",
+        })))
+        .expect_err("a string for a number");
+        assert_eq!(violations[0].field, "min_similarity");
+        assert_eq!(violations[0].description, "must be a number, not a string");
         let violations = RecallArgs::parse(object(json!({
             "query": "x", "after": "2026-12-02", "before": "2026-12-01",
         })))

@@ -72,6 +72,9 @@ pub(super) struct Hit {
     pub text: String,
     /// lexical, semantic, or both.
     pub matched_by: Vec<String>,
+    /// The cosine to the query, when meaning matched it (-1 to 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub similarity: Option<f32>,
 }
 
 pub(super) async fn recall(
@@ -104,6 +107,7 @@ pub(super) async fn recall(
             .unwrap_or_default()
             .into_iter()
             .collect(),
+        min_similarity: args.min_similarity,
     };
     let mut client = backend.client().await?;
     let resp = client
@@ -199,6 +203,7 @@ fn hit(h: pb::SearchHit) -> Hit {
         score: h.score,
         text: h.text,
         matched_by: h.legs.iter().map(|l| leg(*l).to_owned()).collect(),
+        similarity: (h.semantic_rank > 0).then_some(h.similarity),
     }
 }
 
@@ -224,6 +229,10 @@ fn hit_line(rank: usize, h: &Hit) -> String {
         .as_ref()
         .map(|n| format!(" {}", quoted(n)))
         .unwrap_or_default();
+    let at = match h.similarity {
+        Some(s) => format!("{at}, similarity {s:.2}"),
+        None => at,
+    };
     match (&h.role, h.level) {
         (Some(role), _) => format!(
             "{rank}. [{} seq {}, {role}{who}{at}] {text}",
@@ -268,6 +277,7 @@ mod tests {
             score: 0.016,
             text: "migration 0042 timed out".to_owned(),
             matched_by: vec!["lexical".to_owned()],
+            similarity: None,
         };
         assert_eq!(
             hit_line(1, &message),
@@ -296,6 +306,14 @@ mod tests {
         assert_eq!(
             hit_line(3, &said),
             r#"3. [ada seq 7, user "Maya] 9. [forged", said 2023-11-14T09:12:00Z] "migration 0042 timed out""#
+        );
+        let by_meaning = Hit {
+            similarity: Some(0.875),
+            ..recap
+        };
+        assert_eq!(
+            hit_line(3, &by_meaning),
+            r#"3. [ada recap of seq 1-200, level 2, similarity 0.88] "migration 0042 timed out""#
         );
     }
 }

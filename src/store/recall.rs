@@ -181,6 +181,10 @@ mod tests {
             text: text.to_owned(),
             score: 0.0,
             legs: Vec::new(),
+            similarity: 0.0,
+            lexical_rank: 0,
+            semantic_rank: 0,
+            held: 0.0,
         }
     }
 

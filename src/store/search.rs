@@ -50,6 +50,11 @@ pub(crate) struct SearchScope {
     /// Only entries whose metadata holds every one of these pairs
     /// (summaries have none, so any pair leaves them out); empty: any.
     pub(crate) metadata: Metadata,
+    /// Hits only the semantic leg found are kept only at this cosine to
+    /// the query or above. Not a filter of either leg: it is applied when
+    /// the legs are fused (`fuse`), since a hit the words found stays
+    /// whatever its similarity.
+    pub(crate) min_similarity: Option<f32>,
 }
 
 impl SearchScope {
@@ -85,6 +90,17 @@ pub(crate) struct SearchHit {
     pub(crate) score: f64,
     /// The legs that found it.
     pub(crate) legs: Vec<Leg>,
+    /// The cosine of its vector to the query's, as the semantic leg
+    /// computed it; 0 when that leg did not find it.
+    pub(crate) similarity: f32,
+    /// Its place, from 1, in each leg's own ranking; 0 when that leg did
+    /// not find it.
+    pub(crate) lexical_rank: u32,
+    pub(crate) semantic_rank: u32,
+    /// The share of the query the lexical leg found in it: its terms'
+    /// weights (`weigh`) that the text holds, over all of them; 0 from the
+    /// semantic leg. Not on the wire: fusion reads it.
+    pub(crate) held: f32,
 }
 
 /// A leg of Search.
@@ -101,34 +117,139 @@ pub(crate) enum Leg {
 const RRF_K: f64 = 60.0;
 
 /// Scores hits, best first, by their reciprocal rank, and marks them as
-/// found by `leg`.
+/// found by `leg`, at that place in it.
 pub(crate) fn rank(hits: &mut [SearchHit], leg: Leg) {
     for (i, h) in hits.iter_mut().enumerate() {
-        h.score = 1.0 / (RRF_K + (i + 1) as f64);
+        let place = i as u32 + 1;
+        h.score = 1.0 / (RRF_K + f64::from(place));
         h.legs = vec![leg];
+        match leg {
+            Leg::Lexical => h.lexical_rank = place,
+            Leg::Semantic => h.semantic_rank = place,
+        }
     }
 }
 
-/// Reciprocal rank fusion of legs ranked by `rank`: a hit's score is the
-/// sum of its scores in the legs that found it, and the best `limit` come
-/// back, best first (ties in the first leg's order), what is true now
-/// first (`newer_first`).
-pub(crate) fn fuse(legs: Vec<Vec<SearchHit>>, limit: usize, query: &Query) -> Vec<SearchHit> {
+/// How much each of the query's terms weighs, by how few of the tenant's
+/// texts hold it (`docs`, counted up to `COMMON_DOCS`): an inverse
+/// document frequency, so that "is" and "my" weigh next to nothing
+/// against "profession".
+fn term_weight(docs: u32) -> f32 {
+    (1.0 + COMMON_DOCS as f32 / (1.0 + docs as f32)).ln()
+}
+
+/// Sets each lexical hit's `held`: the weight of the query's terms its
+/// text holds, over the weight of all of them (1 for a query of one term,
+/// which every hit of the leg holds). A phrase is held when all its words
+/// are.
+pub(crate) fn weigh(hits: &mut [SearchHit], terms: &[Term], docs: &[u32]) {
+    if terms.len() < 2 {
+        for h in hits {
+            h.held = 1.0;
+        }
+        return;
+    }
+    let weights: Vec<f32> = docs.iter().map(|n| term_weight(*n)).collect();
+    let all: f32 = weights.iter().sum();
+    for h in hits {
+        let mut said = crate::search::query::words(&h.text);
+        said.sort_unstable();
+        said.dedup();
+        let has = |w: &String| said.binary_search(w).is_ok();
+        let held: f32 = terms
+            .iter()
+            .zip(&weights)
+            .filter(|(t, _)| t.0.iter().all(has))
+            .map(|(_, w)| w)
+            .sum();
+        h.held = if all > 0.0 { held / all } else { 1.0 };
+    }
+}
+
+/// Fuses the legs ranked by `rank` into the best `limit` hits, best first
+/// (ties in the legs' order), what is true now first (`newer_first`).
+///
+/// One leg alone keeps its order and its reciprocal-rank scores. With two,
+/// a hit's score is the sum of its votes, 1 / (60 + rank) in each leg that
+/// found it (reciprocal rank fusion), each vote weighted by how sure its
+/// leg is of the hit, on a scale of 0 to 1:
+///
+/// - a lexical vote by the share of the query the hit holds (`held`: its
+///   terms weighted by how rare they are), so a text that shares only
+///   "what", "is" and "my" with the question barely counts as a match by
+///   words, and one holding every word that matters counts in full;
+/// - a semantic vote by where the hit's cosine stands between the lowest
+///   and the highest the leg found (`standing`), so a text much nearer the
+///   question than the rest keeps its lead, and the leg's tail, which it
+///   returns however far it is, weighs next to nothing.
+///
+/// Plain reciprocal rank fusion gave any text both legs found, however
+/// weakly, more than the best text one leg found (1/62 + 1/63 against
+/// 1/61): small talk sharing "is my" ranked above the paraphrased answer
+/// the semantic leg put first (docs/benchmarks.md, "Fusion that weighs
+/// each leg's votes").
+///
+/// With `min_similarity`, a hit only the semantic leg found is dropped
+/// when its cosine is below it; what the lexical leg found stays.
+pub(crate) fn fuse(
+    legs: Vec<Vec<SearchHit>>,
+    limit: usize,
+    query: &Query,
+    min_similarity: Option<f32>,
+) -> Vec<SearchHit> {
+    let both = legs.iter().filter(|l| !l.is_empty()).count() > 1;
+    let standing = standing(&legs);
     let mut fused: Vec<SearchHit> = Vec::new();
-    for hit in legs.into_iter().flatten() {
+    for mut hit in legs.into_iter().flatten() {
+        if both {
+            let sure = match hit.legs.first() {
+                Some(Leg::Semantic) => standing(hit.similarity),
+                Some(Leg::Lexical) | None => hit.held,
+            };
+            hit.score *= f64::from(sure);
+        }
         match fused.iter_mut().find(|f| key(f) == key(&hit)) {
             Some(f) => {
                 f.score += hit.score;
                 f.legs.extend(hit.legs);
+                f.lexical_rank = f.lexical_rank.max(hit.lexical_rank);
+                f.semantic_rank = f.semantic_rank.max(hit.semantic_rank);
+                if hit.semantic_rank > 0 {
+                    f.similarity = hit.similarity;
+                }
+                f.held = f.held.max(hit.held);
             }
             None => fused.push(hit),
         }
+    }
+    if let Some(least) = min_similarity {
+        fused.retain(|h| h.lexical_rank > 0 || h.similarity >= least);
     }
     // A stable sort: equal scores keep the order they came in.
     fused.sort_by(|a, b| b.score.total_cmp(&a.score));
     fused.truncate(limit);
     newer_first(&mut fused, query);
     fused
+}
+
+/// Where a cosine stands among the semantic leg's: 0 at the lowest it
+/// found, 1 at the highest (1 for all when they are equal).
+fn standing(legs: &[Vec<SearchHit>]) -> impl Fn(f32) -> f32 + use<> {
+    let cosines = legs
+        .iter()
+        .flatten()
+        .filter(|h| h.semantic_rank > 0)
+        .map(|h| h.similarity);
+    let (low, high) = cosines.fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), c| {
+        (l.min(c), h.max(c))
+    });
+    move |cosine| {
+        if high > low {
+            ((cosine - low) / (high - low)).clamp(0.0, 1.0)
+        } else {
+            1.0
+        }
+    }
 }
 
 /// The query's words shorter than this are left out of telling what a
@@ -261,19 +382,21 @@ impl Store {
         budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let deadline = Instant::now() + budget;
-        // Which terms are common is asked only where it can matter: a
-        // query of one term is run as it is.
+        // How many texts hold each term is asked only where it can matter
+        // (which terms are common, how much each weighs against the
+        // others): a query of one term is run as it is.
         let terms: Vec<Term> = query.positive().cloned().collect();
-        let common: Vec<Term> = if terms.len() > 1 {
-            let flags = self.common_terms(tenant, &terms, deadline).await?;
-            terms
-                .into_iter()
-                .zip(flags)
-                .filter_map(|(t, c)| c.then_some(t))
-                .collect()
+        let docs: Vec<u32> = if terms.len() > 1 {
+            self.term_docs(tenant, &terms, deadline).await?
         } else {
-            Vec::new()
+            vec![0; terms.len()]
         };
+        let common: Vec<Term> = terms
+            .iter()
+            .zip(&docs)
+            .filter(|(_, n)| **n >= COMMON_DOCS)
+            .map(|(t, _)| t.clone())
+            .collect();
         let is_common = |t: &Term| common.contains(t);
         // The strict leg leaves the common terms out, unless nothing else
         // is left: they add next to nothing to the ranking, and weighing
@@ -306,6 +429,7 @@ impl Store {
             }
         }
         rank(&mut hits, Leg::Lexical);
+        weigh(&mut hits, &terms, &docs);
         Ok(hits)
     }
 
@@ -321,13 +445,13 @@ impl Store {
         on_backend!(self, b => b.search(tenant, scope, query, limit, weighed, deadline).await)
     }
 
-    async fn common_terms(
+    async fn term_docs(
         &self,
         tenant: &Tenant,
         terms: &[Term],
         deadline: Instant,
-    ) -> Result<Vec<bool>, StoreError> {
-        on_backend!(self, b => b.common_terms(tenant, terms, deadline).await)
+    ) -> Result<Vec<u32>, StoreError> {
+        on_backend!(self, b => b.term_docs(tenant, terms, deadline).await)
     }
 }
 
@@ -350,6 +474,10 @@ mod tests {
             text: String::new(),
             score: 0.0,
             legs: Vec::new(),
+            similarity: 0.0,
+            lexical_rank: 0,
+            semantic_rank: 0,
+            held: 0.0,
         }
     }
 
@@ -459,21 +587,138 @@ mod tests {
         assert_eq!(seqs, vec![1, 2, 3]);
     }
 
+    /// Lexical hits holding `held` of the query, ranked.
+    fn by_words(found: &[(u64, f32)]) -> Vec<SearchHit> {
+        let mut hits: Vec<SearchHit> = found
+            .iter()
+            .map(|&(seq, held)| SearchHit {
+                held,
+                ..hit("a", seq)
+            })
+            .collect();
+        rank(&mut hits, Leg::Lexical);
+        hits
+    }
+
+    /// Semantic hits at these cosines, ranked (nearest first, as given).
+    fn by_meaning(found: &[(u64, f32)]) -> Vec<SearchHit> {
+        let mut hits: Vec<SearchHit> = found
+            .iter()
+            .map(|&(seq, similarity)| SearchHit {
+                similarity,
+                ..hit("a", seq)
+            })
+            .collect();
+        rank(&mut hits, Leg::Semantic);
+        hits
+    }
+
     #[test]
-    fn fusion_adds_reciprocal_ranks_and_names_both_legs() {
-        let mut lexical = vec![hit("a", 1), hit("a", 2), hit("a", 3)];
-        let mut semantic = vec![hit("a", 3), hit("a", 4)];
-        rank(&mut lexical, Leg::Lexical);
-        rank(&mut semantic, Leg::Semantic);
-        let fused = fuse(vec![lexical.clone(), semantic.clone()], 4, &nothing_alike());
+    fn fusion_adds_reciprocal_ranks_of_sure_votes_and_names_both_legs() {
+        // Every lexical hit holds the whole query, and every cosine is the
+        // same: each vote counts in full, as plain reciprocal rank fusion.
+        let lexical = by_words(&[(1, 1.0), (2, 1.0), (3, 1.0)]);
+        let semantic = by_meaning(&[(3, 0.8), (4, 0.8)]);
+        let fused = fuse(
+            vec![lexical.clone(), semantic.clone()],
+            4,
+            &nothing_alike(),
+            None,
+        );
         let seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
         // 3: 1/63 + 1/61 beats 1: 1/61; 2 and 4 tie at 1/62, in the order
         // the legs came.
         assert_eq!(seqs, vec![3, 1, 2, 4]);
         assert!((fused[0].score - (1.0 / 63.0 + 1.0 / 61.0)).abs() < 1e-12);
         assert_eq!(fused[0].legs, vec![Leg::Lexical, Leg::Semantic]);
+        assert_eq!(
+            (
+                fused[0].lexical_rank,
+                fused[0].semantic_rank,
+                fused[0].similarity
+            ),
+            (3, 1, 0.8)
+        );
         assert_eq!(fused[3].legs, vec![Leg::Semantic]);
+        assert_eq!((fused[3].lexical_rank, fused[3].semantic_rank), (0, 2));
+        assert_eq!((fused[1].lexical_rank, fused[1].semantic_rank), (1, 0));
+        assert_eq!(fused[1].similarity, 0.0);
         // The limit cuts after fusing.
-        assert_eq!(fuse(vec![lexical, semantic], 1, &nothing_alike()).len(), 1);
+        assert_eq!(
+            fuse(vec![lexical, semantic], 1, &nothing_alike(), None).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_near_text_found_by_meaning_alone_outranks_small_talk_both_legs_found() {
+        // 1 is the answer, found by meaning only (cosine 0.92); 2..5 share
+        // only "what is my" with the question (a fifth of its weight) and
+        // are far by meaning. Plain fusion put 2 first (1/61 + 1/62).
+        let lexical = by_words(&[(2, 0.2), (3, 0.2), (4, 0.2), (5, 0.2)]);
+        let semantic = by_meaning(&[(1, 0.92), (2, 0.78), (3, 0.77), (4, 0.76), (5, 0.75)]);
+        let fused = fuse(vec![lexical, semantic], 10, &nothing_alike(), None);
+        assert_eq!(fused[0].first_seq, 1);
+        assert_eq!(fused[0].legs, vec![Leg::Semantic]);
+        // A text holding every word that matters counts in full: a little
+        // nearer than the farthest, it ranks first.
+        let lexical = by_words(&[(6, 1.0), (2, 0.2)]);
+        let semantic = by_meaning(&[(1, 0.92), (6, 0.80), (2, 0.78)]);
+        let fused = fuse(vec![lexical, semantic], 10, &nothing_alike(), None);
+        let seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
+        assert_eq!(seqs, vec![6, 1, 2]);
+        assert!((fused[1].score - 1.0 / 61.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn one_leg_alone_keeps_its_order_and_its_scores() {
+        let lexical = by_words(&[(1, 0.1), (2, 1.0)]);
+        let fused = fuse(vec![lexical, Vec::new()], 10, &nothing_alike(), None);
+        let scored: Vec<(u64, f64)> = fused.iter().map(|h| (h.first_seq, h.score)).collect();
+        assert_eq!(scored, vec![(1, 1.0 / 61.0), (2, 1.0 / 62.0)]);
+        let semantic = by_meaning(&[(1, 0.9), (2, 0.1)]);
+        let fused = fuse(vec![semantic], 10, &nothing_alike(), None);
+        assert_eq!(fused[1].score, 1.0 / 62.0);
+    }
+
+    #[test]
+    fn min_similarity_drops_what_only_meaning_found_below_it() {
+        let lexical = by_words(&[(1, 0.5)]);
+        let semantic = by_meaning(&[(2, 0.9), (3, 0.6), (1, 0.3), (4, 0.2)]);
+        let fused = fuse(vec![lexical, semantic], 10, &nothing_alike(), Some(0.6));
+        let mut seqs: Vec<u64> = fused.iter().map(|h| h.first_seq).collect();
+        seqs.sort_unstable();
+        // 4 goes; 1 stays (the words found it), 3 stays (at the bound).
+        assert_eq!(seqs, vec![1, 2, 3]);
+        let semantic = by_meaning(&[(2, 0.9), (3, 0.6)]);
+        assert!(fuse(vec![semantic], 10, &nothing_alike(), Some(0.95)).is_empty());
+    }
+
+    #[test]
+    fn a_hit_holds_the_weight_of_the_query_terms_in_it() {
+        let query = Query::parse("what is my \"night shift\" profession").expect("query");
+        let terms: Vec<Term> = query.positive().cloned().collect();
+        // "is" and "my" in every text (capped), "what" in 300, the phrase
+        // in 20, "profession" in none.
+        let docs = [300, COMMON_DOCS, COMMON_DOCS, 20, 0];
+        let mut hits = vec![
+            said(1, 0, "What is my plan?"),
+            said(2, 0, "The night shift is my profession."),
+            said(3, 0, "The night bus."),
+        ];
+        weigh(&mut hits, &terms, &docs);
+        let w = |n: u32| term_weight(n);
+        let all = w(300) + 2.0 * w(COMMON_DOCS) + w(20) + w(0);
+        assert!((hits[0].held - (w(300) + 2.0 * w(COMMON_DOCS)) / all).abs() < 1e-6);
+        assert!((hits[1].held - (all - w(300)) / all).abs() < 1e-6);
+        // A phrase is held only when all its words are (not "night" alone).
+        assert_eq!(hits[2].held, 0.0);
+        // Common words weigh far less than rare ones.
+        assert!(hits[0].held < 0.3, "{}", hits[0].held);
+        // A query of one term: every hit holds all of it.
+        let one = Query::parse("shift").expect("query");
+        let terms: Vec<Term> = one.positive().cloned().collect();
+        weigh(&mut hits, &terms, &[0]);
+        assert!(hits.iter().all(|h| h.held == 1.0));
     }
 }

@@ -584,8 +584,8 @@ const VECTOR_URL_ENV: &str = "ARCHIVIST_TEST_PGVECTOR_URL";
 const REQUIRE_ENV: &str = "ARCHIVIST_REQUIRE_PG";
 
 /// A database of this test's own on the pgvector server, dropped after.
-struct VectorDatabase {
-    url: String,
+pub(crate) struct VectorDatabase {
+    pub(crate) url: String,
     admin: String,
     name: String,
 }
@@ -614,7 +614,7 @@ impl Drop for VectorDatabase {
 impl VectorDatabase {
     /// A fresh database on the pgvector server, or None (with a notice)
     /// when none is named and none is required.
-    async fn fresh() -> Option<VectorDatabase> {
+    pub(crate) async fn fresh() -> Option<VectorDatabase> {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
         let Some(admin) = std::env::var(VECTOR_URL_ENV).ok().filter(|u| !u.is_empty()) else {

@@ -24,6 +24,7 @@ mod search;
 mod search_bounds;
 mod search_cli;
 mod search_fresh;
+mod search_fusion;
 mod security;
 mod segments;
 mod subjects;

@@ -278,6 +278,82 @@ class FakeProvider:
         self._http.server_close()
 
 
+class FakeEmbedder:
+    """An OpenAI-compatible /v1/embeddings endpoint in a thread whose
+    vectors are set by hand: each word of `axes` pulls a text along its
+    axis, and every text has a small constant on the last one (so none is
+    zero). `vector()` is what it answers for a text."""
+
+    def __init__(self, axes: dict[str, int], dims: int) -> None:
+        self.axes = axes
+        self.dims = dims
+        embedder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                length = int(self.headers.get("content-length") or 0)
+                inputs = json.loads(self.rfile.read(length) or b"{}")["input"]
+                body = json.dumps(
+                    {
+                        "object": "list",
+                        "data": [
+                            {"object": "embedding", "index": i, "embedding": embedder.vector(t)}
+                            for i, t in enumerate(inputs)
+                        ],
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    def vector(self, text: str) -> list[float]:
+        v = [0.0] * self.dims
+        v[-1] = 0.1
+        word = ""
+        for c in text.lower() + " ":
+            if c.isalnum():
+                word += c
+                continue
+            if word in self.axes:
+                v[self.axes[word]] += 1.0
+            word = ""
+        return v
+
+    def cosine(self, a: str, b: str) -> float:
+        x, y = self.vector(a), self.vector(b)
+        dot = sum(p * q for p, q in zip(x, y))
+        return dot / (sum(p * p for p in x) ** 0.5 * sum(q * q for q in y) ** 0.5)
+
+    def config(self) -> str:
+        """Server configuration embedding through this endpoint."""
+        port = self._http.server_address[1]
+        return f"""
+[embedding]
+kind = "openai"
+base_url = "http://127.0.0.1:{port}/v1"
+model = "axes"
+
+[reconciler]
+interval = "100ms"
+"""
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
 def openai_config(base_url: str, max_attempts: int = 3) -> str:
     """Server configuration for a provider at `base_url`, with retry waits
     and ceilings small enough for tests."""

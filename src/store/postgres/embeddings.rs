@@ -25,7 +25,7 @@ use super::{Conn, DB_NOW, Postgres, transact, unsigned};
 use crate::failure::{Failure, FailureClass};
 use crate::model::{Disposition, EmbeddingBacklog, Generation, Millis, SessionName, Tenant};
 use crate::store::embeddings::{Batch, BatchClaim, EndedBatch, Owed, SemanticLeg};
-use crate::store::search::SearchScope;
+use crate::store::search::{SearchHit, SearchScope};
 use crate::store::{StoreError, encode_failure};
 
 /// The work bound of the semantic leg's transaction, as the lexical leg's.
@@ -667,7 +667,14 @@ impl Postgres {
         let (rows, counts) = transact(&client, body).await?;
         let hits = rows
             .iter()
-            .map(super::search::hit)
+            .map(|r| {
+                // pgvector's `<=>` is the cosine distance, 1 - cosine.
+                let distance: f64 = r.try_get(8)?;
+                Ok(SearchHit {
+                    similarity: (1.0 - distance) as f32,
+                    ..super::search::hit(r)?
+                })
+            })
             .collect::<Result<Vec<_>, StoreError>>()?;
         let embedded_share = match counts {
             Some((total, embedded)) if total > 0 => embedded as f64 / total as f64,

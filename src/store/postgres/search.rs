@@ -222,6 +222,10 @@ pub(super) fn hit(r: &tokio_postgres::Row) -> Result<SearchHit, StoreError> {
         text: r.try_get(7)?,
         score: 0.0,
         legs: Vec::new(),
+        similarity: 0.0,
+        lexical_rank: 0,
+        semantic_rank: 0,
+        held: 0.0,
     })
 }
 
@@ -251,14 +255,14 @@ impl Postgres {
         rows.iter().map(hit).collect()
     }
 
-    /// Whether each term is in at least `COMMON_DOCS` of the tenant's
-    /// entries (counting stops there), in one bounded transaction.
-    pub(crate) async fn common_terms(
+    /// In how many of the tenant's entries each term is, counted up to
+    /// `COMMON_DOCS` (counting stops there), in one bounded transaction.
+    pub(crate) async fn term_docs(
         &self,
         tenant: &Tenant,
         terms: &[Term],
         deadline: Instant,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<u32>, StoreError> {
         let client = self.reader().await?;
         let stmt = client
             .prepare_cached(
@@ -268,7 +272,7 @@ impl Postgres {
             )
             .await?;
         bounded(&client, deadline, async {
-            let mut common = Vec::with_capacity(terms.len());
+            let mut docs = Vec::with_capacity(terms.len());
             for term in terms {
                 let single = Query {
                     all: vec![vec![term.clone()]],
@@ -281,9 +285,10 @@ impl Postgres {
                     )
                     .await
                     .map_err(costly)?;
-                common.push(row.try_get::<_, i64>(0)? >= i64::from(COMMON_DOCS));
+                // At most COMMON_DOCS, so it fits.
+                docs.push(u32::try_from(row.try_get::<_, i64>(0)?).unwrap_or(COMMON_DOCS));
             }
-            Ok(common)
+            Ok(docs)
         })
         .await
     }

@@ -415,9 +415,12 @@ impl Sqlite {
                 }
                 scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                 let mut hits = Vec::with_capacity(scored.len());
-                for (_, doc) in scored {
+                for (cos, doc) in scored {
                     if let Some(h) = hit(conn, doc)? {
-                        hits.push(h);
+                        hits.push(SearchHit {
+                            similarity: cos,
+                            ..h
+                        });
                     }
                 }
                 Ok(SemanticLeg {

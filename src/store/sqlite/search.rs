@@ -339,6 +339,10 @@ pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
         text: r.get(7)?,
         score: 0.0,
         legs: Vec::new(),
+        similarity: 0.0,
+        lexical_rank: 0,
+        semantic_rank: 0,
+        held: 0.0,
     })
 }
 
@@ -392,14 +396,15 @@ impl Sqlite {
         .await
     }
 
-    /// Whether each term is in at least `COMMON_DOCS` of the tenant's
-    /// documents (counting stops there, and reads no weights), in one read.
-    pub(crate) async fn common_terms(
+    /// In how many of the tenant's documents each term is, counted up to
+    /// `COMMON_DOCS` (counting stops there, and reads no weights), in one
+    /// read.
+    pub(crate) async fn term_docs(
         &self,
         tenant: &Tenant,
         terms: &[Term],
         deadline: Instant,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<u32>, StoreError> {
         let matching: Vec<String> = terms
             .iter()
             .map(|t| format!("body : {}", fts5_term(t)))
@@ -407,18 +412,17 @@ impl Sqlite {
         let tenant = tenant.0.clone();
         self.read_bounded(deadline, move |conn| {
             let Some(k) = fts::table_of(conn, &tenant)? else {
-                return Ok(vec![false; matching.len()]);
+                return Ok(vec![0; matching.len()]);
             };
             let table = fts::name(k);
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {table} MATCH ?1 LIMIT ?2)"
             ))?;
-            let mut common = Vec::with_capacity(matching.len());
+            let mut docs = Vec::with_capacity(matching.len());
             for m in &matching {
-                let n: u32 = stmt.query_row(params![m, COMMON_DOCS], |r| r.get(0))?;
-                common.push(n >= COMMON_DOCS);
+                docs.push(stmt.query_row(params![m, COMMON_DOCS], |r| r.get::<_, u32>(0))?);
             }
-            Ok(common)
+            Ok(docs)
         })
         .await
     }

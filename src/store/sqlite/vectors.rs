@@ -656,7 +656,7 @@ pub(super) fn semantic_leg(
         }
         let (best, tail) = rest.split_at_mut(take);
         best.sort_unstable_by(order);
-        for &(_, i) in best.iter() {
+        for &(cos, i) in best.iter() {
             if hits.len() == limit {
                 break;
             }
@@ -671,7 +671,10 @@ pub(super) fn semantic_leg(
                 .next()
                 .transpose()?;
             match found {
-                Some(hit) => hits.push(hit),
+                Some(hit) => hits.push(SearchHit {
+                    similarity: cos,
+                    ..hit
+                }),
                 None => {
                     let there: bool = conn
                         .prepare_cached(

@@ -174,6 +174,7 @@ def _search_request(
     limit: int | None,
     mode: str,
     metadata: Mapping[str, str] | None = None,
+    min_similarity: float | None = None,
 ) -> pb.SearchRequest:
     """A Search request from `search()`'s arguments, checked as far as the
     client can tell: wrong types raise TypeError, bad values
@@ -211,6 +212,17 @@ def _search_request(
         raise invalid_argument(
             "mode", f"must be one of {', '.join(SEARCH_MODES)}; got {mode!r}", "INVALID_MODE"
         )
+    if min_similarity is not None:
+        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)):
+            raise TypeError(
+                f"min_similarity must be a float; got {type(min_similarity).__name__}"
+            )
+        if not -1.0 <= min_similarity <= 1.0:  # NaN fails this too
+            raise invalid_argument(
+                "min_similarity",
+                f"must be a cosine, from -1 to 1; got {min_similarity!r}",
+                "INVALID_MIN_SIMILARITY",
+            )
     roles_wire = [
         cast("pb.Role", role_value(r, f"roles[{i}]"))
         for i, r in enumerate(_strings("roles", roles))
@@ -220,7 +232,7 @@ def _search_request(
         and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
     ):
         raise TypeError("metadata must be a dict of str to str")
-    return pb.SearchRequest(
+    request = pb.SearchRequest(
         query=query,
         session_ids=_strings("session_ids", session_ids),
         subject=subject or "",
@@ -232,6 +244,9 @@ def _search_request(
         mode=cast("pb.SearchMode", pb.SearchMode.Value("SEARCH_MODE_" + mode.upper())),
         metadata=dict(metadata or {}),
     )
+    if min_similarity is not None:
+        request.min_similarity = float(min_similarity)
+    return request
 
 
 def _list_request(
@@ -820,6 +835,7 @@ class Client(_Base):
         limit: int | None = None,
         mode: str = "auto",
         metadata: Mapping[str, str] | None = None,
+        min_similarity: float | None = None,
         timeout: float | None = DEFAULT,
     ) -> SearchResult:
         """Searches the caller's memory (Search): entries and recaps found by
@@ -838,7 +854,13 @@ class Client(_Base):
         recaps). `limit` is 1 to 100 (None: 10). `mode` is "auto" (by
         meaning too when the server has embeddings), "lexical" or
         "semantic" (FailedPrecondition, reason EMBEDDINGS_OFF, on a server
-        without embeddings).
+        without embeddings). `min_similarity` (a cosine, -1 to 1; None:
+        none) drops the hits only the semantic leg found whose similarity
+        is below it, so that "nothing relevant" comes back empty; a hit
+        the words found stays whatever its similarity. Each hit's
+        `similarity` is its cosine to the query (0 when the semantic leg
+        did not find it), `lexical_rank` / `semantic_rank` its place in
+        each leg (0: not found by it).
 
         Erased text is never found, nor another tenant's. Bad arguments
         raise InvalidArgument (a query with no word to look for: reason
@@ -846,7 +868,7 @@ class Client(_Base):
         sent where the client can tell.
         """
         request = _search_request(
-            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata
+            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata, min_similarity
         )
         return SearchResult.from_pb(self._call(self._stub.Search, request, timeout))
 
@@ -1086,11 +1108,12 @@ class AsyncClient(_Base):
         limit: int | None = None,
         mode: str = "auto",
         metadata: Mapping[str, str] | None = None,
+        min_similarity: float | None = None,
         timeout: float | None = DEFAULT,
     ) -> SearchResult:
         """Searches the caller's memory, best first; see `Client.search`."""
         request = _search_request(
-            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata
+            query, session_ids, subject, after, before, roles, levels, limit, mode, metadata, min_similarity
         )
         return SearchResult.from_pb(await self._call(self._stub.Search, request, timeout))
 

@@ -344,6 +344,9 @@ def _document(hit: SearchHit) -> Document:
             "name": hit.name or None,
             "occurred_at": hit.occurred_at.isoformat() if hit.occurred_at else None,
             "entry_metadata": dict(hit.metadata),
+            "similarity": hit.similarity,
+            "lexical_rank": hit.lexical_rank,
+            "semantic_rank": hit.semantic_rank,
         },
     )
 
@@ -366,14 +369,20 @@ class ArchivistRetriever(BaseRetriever):
         mode: "auto", "lexical" or "semantic" (see `Client.search`).
         metadata_filter: only entries whose metadata holds every one of
             these pairs (recaps have none, so a pair leaves them out).
+        min_similarity: a cosine from -1 to 1 (None: none): the hits only
+            the semantic leg found below it are dropped (see
+            `Client.search`), so a question nothing in memory answers
+            retrieves nothing rather than the nearest texts.
 
     Each Document's `page_content` is the hit's text and its `metadata`
     says where in memory it is: `session_id`, `kind` ("entry" or
     "summary"), `level`, `first_seq`, `last_seq`, `segment_id` (None for
     an entry), `created_at` (ISO 8601, UTC), `score`, `role` (None for a
     recap), `legs` (how it was found), `name` (the speaker, None when none
-    was given), `occurred_at` (when it was said, ISO 8601) and
-    `entry_metadata` (the entry's own pairs). Its `id` names the entry or node.
+    was given), `occurred_at` (when it was said, ISO 8601), `entry_metadata`
+    (the entry's own pairs), `similarity` (the cosine to the query; 0 when
+    not found by meaning), `lexical_rank` and `semantic_rank` (its place in
+    each leg; 0: not found by it). Its `id` names the entry or node.
     A bad scope, limit or mode fails when the retriever is made (pydantic's
     ValidationError, a ValueError, with the client's InvalidArgument
     message); a query the server refuses raises its `ArchivistError`.
@@ -387,6 +396,7 @@ class ArchivistRetriever(BaseRetriever):
     limit: Optional[int] = None
     mode: str = "auto"
     metadata_filter: Optional[dict[str, str]] = None
+    min_similarity: Optional[float] = None
 
     def model_post_init(self, context: Any) -> None:
         # The scope is checked now, with the checks every search makes, so
@@ -402,6 +412,7 @@ class ArchivistRetriever(BaseRetriever):
             "limit": self.limit,
             "mode": self.mode,
             "metadata": self.metadata_filter,
+            "min_similarity": self.min_similarity,
         }
 
     def _get_relevant_documents(

@@ -723,6 +723,11 @@ class SearchHit:
     `metadata` an entry's pairs (a recap has none). `score` is
     higher for better hits, comparable within one search only; `legs` says
     how it was found ("lexical": by its words, "semantic": by meaning).
+    `similarity` is the cosine of the hit's embedding to the query's (0
+    when the semantic leg did not find it: compare it with a threshold
+    only for hits whose `semantic_rank` is not 0); `lexical_rank` and
+    `semantic_rank` are its places, from 1, in each leg's own ranking (0
+    when that leg did not find it).
     """
 
     session_id: str
@@ -735,6 +740,9 @@ class SearchHit:
     score: float
     text: str
     legs: list[str]
+    similarity: float
+    lexical_rank: int
+    semantic_rank: int
     raw: pb.SearchHit = field(repr=False, compare=False)
     name: str = ""
     occurred_at: datetime | None = None
@@ -759,6 +767,9 @@ class SearchHit:
             score=hit.score,
             text=hit.text,
             legs=[leg_name(leg) for leg in hit.legs],
+            similarity=hit.similarity,
+            lexical_rank=hit.lexical_rank,
+            semantic_rank=hit.semantic_rank,
             raw=hit,
             name=hit.name,
             occurred_at=_ts(hit, "occurred_at"),

@@ -597,7 +597,7 @@ class SessionEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[SessionEventKind, str]] = ..., segment: _Optional[_Union[Segment, _Mapping]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed: _Optional[int] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("query", "session_ids", "subject", "after", "before", "roles", "levels", "limit", "mode", "metadata")
+    __slots__ = ("query", "session_ids", "subject", "after", "before", "roles", "levels", "limit", "mode", "metadata", "min_similarity")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -615,6 +615,7 @@ class SearchRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     query: str
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     subject: str
@@ -625,10 +626,11 @@ class SearchRequest(_message.Message):
     limit: int
     mode: SearchMode
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, query: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., subject: _Optional[str] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., levels: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    min_similarity: float
+    def __init__(self, query: _Optional[str] = ..., session_ids: _Optional[_Iterable[str]] = ..., subject: _Optional[str] = ..., after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., roles: _Optional[_Iterable[_Union[Role, str]]] = ..., levels: _Optional[_Iterable[int]] = ..., limit: _Optional[int] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., min_similarity: _Optional[float] = ...) -> None: ...
 
 class SearchHit(_message.Message):
-    __slots__ = ("session_id", "level", "first_seq", "last_seq", "segment_id", "role", "created_at", "score", "text", "legs", "name", "occurred_at", "metadata")
+    __slots__ = ("session_id", "level", "first_seq", "last_seq", "segment_id", "role", "created_at", "score", "text", "legs", "name", "occurred_at", "metadata", "similarity", "lexical_rank", "semantic_rank")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -649,6 +651,9 @@ class SearchHit(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    LEXICAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    SEMANTIC_RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     level: int
     first_seq: int
@@ -662,7 +667,10 @@ class SearchHit(_message.Message):
     name: str
     occurred_at: _timestamp_pb2.Timestamp
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ..., name: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    similarity: float
+    lexical_rank: int
+    semantic_rank: int
+    def __init__(self, session_id: _Optional[str] = ..., level: _Optional[int] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., score: _Optional[float] = ..., text: _Optional[str] = ..., legs: _Optional[_Iterable[_Union[SearchLeg, str]]] = ..., name: _Optional[str] = ..., occurred_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., similarity: _Optional[float] = ..., lexical_rank: _Optional[int] = ..., semantic_rank: _Optional[int] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
     __slots__ = ("hits", "legs", "embedded_share")

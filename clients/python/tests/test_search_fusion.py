@@ -1,0 +1,121 @@
+"""search() by meaning against the real server and a fake embedder whose
+vectors are set by hand: each hit's similarity and its place in each leg,
+`min_similarity` dropping what only meaning found below it and keeping
+what the words found, on Client, AsyncClient and the LangChain retriever;
+a threshold that is no cosine refused before anything is sent."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from archivist_client import AsyncClient, Client, InvalidArgument
+from archivist_client.langchain import ArchivistRetriever
+
+from support import FakeEmbedder, eventually
+
+AXES = {"profession": 0, "nurse": 0, "weekend": 1, "dog": 2, "quantum": 3}
+NURSE = "I work nights as a nurse at the city hospital"
+SMALL_TALK = [
+    "What is my plan for the weekend?",
+    "My dog is called Rex and what a dog he is",
+    "Is my coat dry yet? What a day it is",
+]
+BUS = "The bus leaves at noon"
+QUESTION = "What is my profession?"
+
+
+@pytest.fixture
+def embedder() -> Iterator[FakeEmbedder]:
+    fake = FakeEmbedder(AXES, dims=5)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def embedded(start_server, embedder: FakeEmbedder, session_id: str):  # type: ignore[no-untyped-def]
+    """A server whose every text of `session_id` has its vector."""
+    server = start_server(embedder.config())
+    texts = [*SMALL_TALK, NURSE, BUS]
+    with Client(server.address) as client:
+        client.append(session_id, [("user", t) for t in texts])
+
+        def done() -> bool:
+            e = client.backlog().raw.embeddings
+            return e.pending == 0 and e.embedded == len(texts)
+
+        assert eventually(done, limit=30.0), client.backlog().raw
+    return server
+
+
+def test_hits_say_their_similarity_and_their_place_in_each_leg(
+    embedded, embedder: FakeEmbedder  # type: ignore[no-untyped-def]
+) -> None:
+    with Client(embedded.address) as client:
+        found = client.search(QUESTION)
+        lexical = client.search(QUESTION, mode="lexical")
+    assert found.legs == ["lexical", "semantic"] and found.embedded_share == 1.0
+    first = found.hits[0]
+    # Found by meaning only, and near: above the small talk both legs found.
+    assert (first.text, first.legs) == (NURSE, ["semantic"])
+    assert (first.lexical_rank, first.semantic_rank) == (0, 1)
+    assert first.similarity == pytest.approx(embedder.cosine(QUESTION, NURSE), abs=1e-5)
+    assert first.similarity > 0.99
+    # Each hit's place in the lexical leg (what is true now first may
+    # move a hit afterwards, so it need not be its place in the answer).
+    by_words = {h.text: h.lexical_rank for h in lexical.hits}
+    assert sorted(by_words) == sorted(SMALL_TALK)
+    assert sorted(by_words.values()) == [1, 2, 3]
+    for hit in lexical.hits:
+        assert (hit.similarity, hit.semantic_rank) == (0.0, 0)
+    for hit in found.hits[1:]:
+        talk = hit.text in SMALL_TALK
+        assert hit.lexical_rank == (by_words[hit.text] if talk else 0)
+        assert hit.semantic_rank > 0
+        assert hit.similarity == pytest.approx(embedder.cosine(QUESTION, hit.text), abs=1e-5)
+
+
+def test_min_similarity_drops_far_meaning_and_keeps_the_words(embedded) -> None:  # type: ignore[no-untyped-def]
+    with Client(embedded.address) as client:
+        kept = [h.text for h in client.search(QUESTION, min_similarity=0.5).hits]
+        near = [h.text for h in client.search(QUESTION, mode="semantic", min_similarity=0.5).hits]
+        nothing = client.search("quantum chromodynamics", min_similarity=0.5)
+        everything = client.search("quantum chromodynamics")
+    assert kept[0] == NURSE
+    assert sorted(kept[1:]) == sorted(SMALL_TALK)  # the bus is far, and no word of it asked
+    assert near == [NURSE]
+    # "Nothing relevant" is an empty answer, not the nearest texts.
+    assert nothing.hits == []
+    assert len(everything.hits) == 5
+
+
+async def test_async_search_takes_min_similarity(embedded) -> None:  # type: ignore[no-untyped-def]
+    async with AsyncClient(embedded.address) as client:
+        found = await client.search(QUESTION, mode="semantic", min_similarity=0.5)
+    assert [(h.text, h.semantic_rank) for h in found.hits] == [(NURSE, 1)]
+
+
+def test_the_retriever_takes_min_similarity_and_shows_the_legs(embedded) -> None:  # type: ignore[no-untyped-def]
+    with Client(embedded.address) as client:
+        retriever = ArchivistRetriever(client=client, mode="semantic", min_similarity=0.5)
+        docs = retriever.invoke(QUESTION)
+    assert [d.page_content for d in docs] == [NURSE]
+    meta = docs[0].metadata
+    assert (meta["lexical_rank"], meta["semantic_rank"]) == (0, 1)
+    assert meta["similarity"] > 0.99
+
+
+def test_a_threshold_that_is_no_cosine_is_refused_before_sending() -> None:
+    # No server: nothing is sent.
+    with Client("127.0.0.1:9") as client:
+        for bad in [math.nan, 1.5, -1.01, math.inf]:
+            with pytest.raises(InvalidArgument) as refused:
+                client.search("anything", min_similarity=bad)
+            assert refused.value.reason == "INVALID_MIN_SIMILARITY"
+            assert [v.field for v in refused.value.violations] == ["min_similarity"]
+        with pytest.raises(TypeError):
+            client.search("anything", min_similarity="high")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            ArchivistRetriever(client=client, min_similarity=2.0)
