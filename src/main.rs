@@ -102,7 +102,7 @@ enum Command {
     /// Serve the Model Context Protocol (stdio, or streamable HTTP with
     /// --listen) in front of a running server, so an MCP-capable agent
     /// gets a memory: tools remember, recall, context, list_sessions, and
-    /// forget with --allow-forget.
+    /// forget and forget_subject with --allow-forget.
     Mcp(McpArgs),
 }
 

@@ -513,8 +513,9 @@ fn parse_query(
     }
 }
 
-/// GetContext's session, and its query when it has one (refused as
-/// Search's is).
+/// GetContext's session, and its query when it has one. A query past the
+/// cap is refused as Search's is; one with no word to look for ("👍",
+/// "...") is no query: a host passes the user's message, whatever it is.
 pub(super) fn parse_get_context(
     req: &pb::GetContextRequest,
 ) -> Result<(SessionName, Option<crate::search::query::Query>), Status> {
@@ -522,9 +523,10 @@ pub(super) fn parse_get_context(
         Ok(_) => Vec::new(),
         Err(v) => v,
     };
-    let query = match req.query.is_empty() {
-        true => None,
-        false => parse_query(&req.query, &mut violations),
+    let query = match crate::search::query::Query::parse(&req.query) {
+        _ if req.query.is_empty() => None,
+        Err(crate::search::query::QueryError::NoWords) => None,
+        _ => parse_query(&req.query, &mut violations),
     };
     match SessionName::parse(&req.session_id) {
         Ok(session) if violations.is_empty() => Ok((session, query)),

@@ -383,10 +383,15 @@ impl Walk<'_> {
             .get("additionalProperties")
             .and_then(Value::as_object)
         {
-            if schema.get("x-check").and_then(Value::as_str) == Some("metadata")
-                && let Err(description) = metadata(fields)
-            {
-                return bad.add(path, description);
+            if schema.get("x-check").and_then(Value::as_str) == Some("metadata") {
+                let problems = metadata(fields);
+                let refused = !problems.is_empty();
+                for description in problems {
+                    bad.add(path, description);
+                }
+                if refused {
+                    return;
+                }
             }
             for (key, v) in fields.iter_mut() {
                 self.value(each, v, &format!("{path}[{key}]"), None, bad);
@@ -591,32 +596,33 @@ fn content(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Metadata pairs: within the bounds an entry's metadata has on the wire.
-fn metadata(pairs: &Map<String, Value>) -> Result<(), String> {
+/// Metadata pairs: what is wrong with them, each, as the bounds an
+/// entry's metadata has on the wire say.
+fn metadata(pairs: &Map<String, Value>) -> Vec<String> {
     use crate::model::{
         MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, metadata_key_ok,
         metadata_value_ok,
     };
     if pairs.len() > MAX_METADATA_PAIRS {
-        return Err(format!(
+        return vec![format!(
             "holds {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
             pairs.len()
-        ));
+        )];
     }
+    let mut problems = Vec::new();
     for (key, value) in pairs {
         if !metadata_key_ok(key) {
-            return Err(format!(
+            problems.push(format!(
                 "key {:?} is not 1 to {MAX_METADATA_KEY} of letters, digits and . _ -",
                 crate::text::prefix(key, MAX_METADATA_KEY)
             ));
-        }
-        if value.as_str().is_some_and(|v| !metadata_value_ok(v)) {
-            return Err(format!(
+        } else if value.as_str().is_some_and(|v| !metadata_value_ok(v)) {
+            problems.push(format!(
                 "the value of {key:?} is over {MAX_METADATA_VALUE} bytes or holds a NUL"
             ));
         }
     }
-    Ok(())
+    problems
 }
 
 /// A search query: words to look for, within the server's bound.
@@ -845,6 +851,12 @@ mod tests {
         let violations = RecallArgs::parse(object(json!({"query": "key", "metadata": {"": "x"}})))
             .expect_err("an empty key");
         assert_eq!(fields(&violations), ["metadata"]);
+        // Every bad pair is named at once.
+        let violations = RecallArgs::parse(object(
+            json!({"query": "key", "metadata": {"bad key": "v", "k": "a\u{0}b", "": "x"}}),
+        ))
+        .expect_err("three bad pairs");
+        assert_eq!(fields(&violations), ["metadata", "metadata", "metadata"]);
     }
 
     #[test]

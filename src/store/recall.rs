@@ -16,7 +16,8 @@
 //!   cover, built once more within the larger share; a hit that cover now
 //!   holds verbatim is dropped again.
 //! - **The cover before recall.** A budget whose cover would not fit
-//!   beside recall's share is answered as without a query.
+//!   beside recall's share, or would lose the oldest history there that
+//!   the whole budget keeps, is answered as without a query.
 
 use super::context::ITEM_OVERHEAD_BYTES;
 use super::{Backend, Budget, SearchHit, Store, StoreError};
@@ -147,16 +148,27 @@ impl Store {
         };
         let (chosen, tokens, bytes) =
             choose(hits, session, &first, recall.into(), recall_bytes as u64);
-        if tokens == u64::from(recall) {
-            return Ok(joined(chosen, first));
+        let (chosen, cover) = if tokens == u64::from(recall) {
+            (chosen, first)
+        } else {
+            // What recall left goes back to the cover; the larger cover
+            // may hold some of the chosen verbatim now.
+            let cover = self.context(tenant, session, within(tokens, bytes)).await?;
+            let chosen: Vec<SearchHit> = chosen
+                .into_iter()
+                .filter(|h| !verbatim(h, session, &cover))
+                .collect();
+            (chosen, cover)
+        };
+        // Recall never costs the session its oldest history: when the
+        // cover beside it is cut and the whole budget holds the session
+        // whole, the answer is the one without a query.
+        if cover.truncated && !chosen.is_empty() {
+            let whole = self.context(tenant, session, budget).await?;
+            if !whole.truncated {
+                return Ok(whole);
+            }
         }
-        // What recall left goes back to the cover; the larger cover may
-        // hold some of the chosen verbatim now.
-        let cover = self.context(tenant, session, within(tokens, bytes)).await?;
-        let chosen = chosen
-            .into_iter()
-            .filter(|h| !verbatim(h, session, &cover))
-            .collect();
         Ok(joined(chosen, cover))
     }
 }

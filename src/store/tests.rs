@@ -2946,5 +2946,36 @@ async fn a_query_recalls_what_other_sessions_of_the_subject_said_and_nothing_twi
                 .all(|i| !matches!(i, ContextItem::Entry(e) if e.content.contains("hunter2"))),
             "the budget covers the old entry only by its recap: {plain_solo:?}"
         );
+        // A query never cuts history that the cover without one keeps:
+        // newer turns that fill most of a budget leave recall's share to
+        // come out of the recap of the oldest.
+        append(
+            t.clone(),
+            "solo",
+            None,
+            &[
+                "We talked about the weather for a while and then the train.",
+                "The train was late again, the third time this week, sadly.",
+                "Then lunch: soup and bread at the corner cafe by the station.",
+                "After lunch a walk along the river to the old mill and back.",
+                "In the evening we read for an hour and went to bed early.",
+            ],
+        )
+        .await;
+        for max_tokens in (40..=200).step_by(5) {
+            let b = Budget {
+                max_tokens,
+                ..budget
+            };
+            let Ok(plain) = store.context(&t, &session("solo"), b).await else {
+                continue;
+            };
+            let asked = recalling(&store, &t, "solo", "wifi password", b).await;
+            assert!(
+                plain.truncated || !asked.truncated,
+                "at {max_tokens}: {asked:?} against {plain:?}"
+            );
+            assert!(asked.tokens <= max_tokens);
+        }
     }
 }

@@ -130,11 +130,21 @@ async fn monday_to_friday(c: &mut archivist::client::Client) {
         );
     }
 
+    // A message with no word to look for is no query: the cover alone.
+    for wordless in ["!!! ???", "👍", "or", "-gym"] {
+        let answer = c
+            .get_context(ask("ada-fri", 400, wordless))
+            .await
+            .expect("no query")
+            .into_inner();
+        assert_eq!(
+            answer.encode_to_vec(),
+            plain.encode_to_vec(),
+            "{wordless:?}"
+        );
+    }
     // Refused as Search refuses a query.
-    for (query, expected) in [
-        ("!!! ???", "EMPTY_QUERY"),
-        (&"word ".repeat(1000)[..], "QUERY_TOO_LONG"),
-    ] {
+    for (query, expected) in [(&"word ".repeat(1000)[..], "QUERY_TOO_LONG")] {
         let status = c
             .get_context(ask("ada-fri", 400, query))
             .await

@@ -40,10 +40,14 @@ def test_a_fact_told_on_monday_reaches_fridays_context_with_the_question(server)
         # A query nothing answers adds nothing.
         assert client.context(f"{ada}-fri", max_tokens=400, query="zeppelin quartermaster").raw == plain.raw
 
+        # A message with no word to look for is no query: the cover alone.
+        assert client.context(f"{ada}-fri", max_tokens=400, query="👍").raw == plain.raw
         with pytest.raises(InvalidArgument) as bad:
-            client.context(f"{ada}-fri", query="!!! ???")
-        assert bad.value.reason == "EMPTY_QUERY"
+            client.context(f"{ada}-fri", query="word " * 1000)
+        assert bad.value.reason == "QUERY_TOO_LONG"
         assert [v.field for v in bad.value.violations] == ["query"]
+        with pytest.raises(TypeError, match="query must be a str"):
+            client.context(f"{ada}-fri", query=123)  # type: ignore[arg-type]
 
 
 def test_the_async_client_recalls_too(server) -> None:

@@ -249,6 +249,16 @@ def _search_request(
     return request
 
 
+def _context_request(session_id: str, max_tokens: int, query: str | None) -> pb.GetContextRequest:
+    if query is not None and not isinstance(query, str):
+        raise TypeError(f"query must be a str; got {type(query).__name__}")
+    return pb.GetContextRequest(
+        session_id=session_id,
+        max_tokens=count_value("max_tokens", max_tokens),
+        query=query or "",
+    )
+
+
 def _list_request(
     session_id: str | None,
     states: Iterable[str | int] | None,
@@ -686,12 +696,9 @@ class Client(_Base):
         session alone without one) comes first, best first, as
         `Context.recalled`, within the server's `context.recall_tokens`
         (default a quarter of the budget); nothing the session's items
-        already show verbatim is repeated."""
-        request = pb.GetContextRequest(
-            session_id=session_id,
-            max_tokens=count_value("max_tokens", max_tokens),
-            query=query or "",
-        )
+        already show verbatim is repeated. A message with no word to look
+        for ("👍") is no query."""
+        request = _context_request(session_id, max_tokens, query)
         return Context.from_pb(self._call(self._stub.GetContext, request, timeout))
 
     def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:
@@ -984,11 +991,7 @@ class AsyncClient(_Base):
     ) -> Context:
         """Summaries and raw entries for a prompt, and with `query` what was
         recalled for it first; see `Client.context`."""
-        request = pb.GetContextRequest(
-            session_id=session_id,
-            max_tokens=count_value("max_tokens", max_tokens),
-            query=query or "",
-        )
+        request = _context_request(session_id, max_tokens, query)
         return Context.from_pb(await self._call(self._stub.GetContext, request, timeout))
 
     async def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:
