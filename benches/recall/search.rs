@@ -8,7 +8,8 @@
 //! sessions at even seqs, so that each opens with the user and a confirmed
 //! fact's ask stays beside it; an update may land in a later session than
 //! its fact, as a correction in a later conversation does. Every session
-//! is appended with its subject, `PARALLEL` sessions at a time, in batches
+//! is appended with its subject, session k of up to `PARALLEL` subjects at
+//! a time (a subject's sessions in order), in batches
 //! of `BATCH` (the server's default cap), and the bench waits until every
 //! recap is written. The other subjects hold the same kinds of facts with
 //! other answers: the subject scope has to keep them out.
@@ -390,41 +391,56 @@ async fn measure(
 /// Appends every subject's sessions, `PARALLEL` at a time (each session's
 /// batches in order), and returns how long it took.
 async fn load(server: &common::Server, subjects: &Arc<Vec<Subject>>) -> Duration {
-    let jobs: Vec<(usize, usize)> = (0..subjects.len())
-        .flat_map(|s| (0..SESSIONS).map(move |k| (s, k)))
-        .collect();
     let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for w in 0..PARALLEL {
-        let mine: Vec<(usize, usize)> = jobs.iter().copied().skip(w).step_by(PARALLEL).collect();
-        let subjects = subjects.clone();
-        let address = server.address.clone();
-        workers.spawn(async move {
-            let mut client = archivist::client::connect(&address).await.expect("connect");
-            for (s, k) in mine {
-                let subject = &subjects[s];
-                let name = subject.session_name(k);
-                for (b, chunk) in subject.session(k).chunks(BATCH).enumerate() {
-                    let answer = client
-                        .append_entries(pb::AppendEntriesRequest {
-                            session_id: name.clone(),
-                            entries: super::new_entries(chunk),
-                            subject: subject.name.clone(),
-                        })
-                        .await
-                        .unwrap_or_else(|s| panic!("append to {name}: {s}"))
-                        .into_inner();
-                    assert_eq!(
-                        answer.entries.last().map(|e| e.seq),
-                        Some((b * BATCH + chunk.len()) as u64),
-                        "{name}: a fresh session numbers its entries from 1"
-                    );
-                }
-            }
-        });
+    // Session k of every subject at once, then k + 1: a subject's sessions
+    // are said in its timeline's order, so a correction in a later
+    // session is never stamped before what it corrects (which a race
+    // between two of one subject's sessions could do).
+    let mut clients = Vec::new();
+    for _ in 0..subjects.len().min(PARALLEL) {
+        clients.push(
+            archivist::client::connect(&server.address)
+                .await
+                .expect("connect"),
+        );
     }
-    while let Some(done) = workers.join_next().await {
-        done.expect("a loader");
+    for k in 0..SESSIONS {
+        for wave in (0..subjects.len())
+            .collect::<Vec<_>>()
+            .chunks(clients.len())
+        {
+            let mut workers = tokio::task::JoinSet::new();
+            for (&s, mut client) in wave
+                .iter()
+                .zip(clients.drain(..wave.len()).collect::<Vec<_>>())
+            {
+                let subjects = subjects.clone();
+                workers.spawn(async move {
+                    let subject = &subjects[s];
+                    let name = subject.session_name(k);
+                    for (b, chunk) in subject.session(k).chunks(BATCH).enumerate() {
+                        let answer = client
+                            .append_entries(pb::AppendEntriesRequest {
+                                session_id: name.clone(),
+                                entries: super::new_entries(chunk),
+                                subject: subject.name.clone(),
+                            })
+                            .await
+                            .unwrap_or_else(|s| panic!("append to {name}: {s}"))
+                            .into_inner();
+                        assert_eq!(
+                            answer.entries.last().map(|e| e.seq),
+                            Some((b * BATCH + chunk.len()) as u64),
+                            "{name}: a fresh session numbers its entries from 1"
+                        );
+                    }
+                    client
+                });
+            }
+            while let Some(done) = workers.join_next().await {
+                clients.push(done.expect("a loader"));
+            }
+        }
     }
     started.elapsed()
 }

@@ -260,6 +260,21 @@ const KEY_WORD_CHARS: usize = 4;
 /// rank near each other, and an older hit that is merely alike to a newer
 /// one far below it is not pushed down the answer.
 const BAND: usize = 1;
+/// How far a newer hit that states a value of its own and says as much of
+/// what was asked may reach up to what it corrects.
+const VALUE_BAND: usize = 3;
+
+/// Whether two words are one word in two forms: the same, or sharing a
+/// stem of `KEY_WORD_CHARS` letters or more that leaves at most three of
+/// the shorter one ("park" and "parking", "renewed" and "renewal").
+fn same_stem(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let common = a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    let shorter = a.chars().count().min(b.chars().count());
+    common >= KEY_WORD_CHARS && common + 3 >= shorter
+}
 
 /// Whether `b` was said after `a`: by `occurred_at`, and within one
 /// session at one time (a batch appended at once) by its seq.
@@ -295,7 +310,7 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
             said.sort_unstable();
             said.dedup();
             asked.iter().take(64).enumerate().fold(0u64, |set, (i, w)| {
-                if said.binary_search_by(|s| s.as_str().cmp(w)).is_ok() {
+                if said.iter().any(|s| same_stem(s, w)) {
                     set | (1 << i)
                 } else {
                     set
@@ -318,8 +333,15 @@ pub(crate) fn newer_first(hits: &mut [SearchHit], query: &Query) {
     let mut trades = hits.len() * hits.len();
     'trade: while trades > 0 {
         for j in 1..order.len() {
-            for i in j.saturating_sub(BAND)..j {
+            // A correction that states a value reaches further up: what
+            // it corrects may have a recap holding the old value, or
+            // other talk, between them.
+            let reach = if valued[order[j]] { VALUE_BAND } else { BAND };
+            for i in j.saturating_sub(reach)..j {
                 let (a, b) = (order[i], order[j]);
+                if j - i > BAND && held[b].count_ones() < held[a].count_ones() {
+                    continue;
+                }
                 // The newer must say as much of what was asked, or all
                 // but one of it with a value of its own ("I changed the
                 // staging server: it is now Orion" against "the staging
@@ -559,6 +581,21 @@ mod tests {
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
         assert_eq!(hits[0].first_seq, 1);
+        // Other forms of the query's words are its words.
+        let query = Query::parse("Which spot do I park in at the office garage?").expect("query");
+        let mut hits = vec![
+            said(1, 100, "I park in spot Z2-2219 at the office garage."),
+            said(
+                9,
+                900,
+                "Update on my office parking spot: it's 5144-SH now.",
+            ),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        assert_eq!(hits[0].first_seq, 9);
+        assert!(same_stem("renewed", "renewal") && same_stem("park", "parking"));
+        assert!(!same_stem("garden", "garlic") && !same_stem("wed", "wedding"));
         // A value the query names is none of the text's own.
         assert!(!states_a_value(
             "Where does Vega deploy?",
@@ -572,19 +609,63 @@ mod tests {
     }
 
     #[test]
+    fn a_correction_stating_a_value_reaches_past_what_lies_between() {
+        let query = Query::parse("Where is our wedding venue?").expect("query");
+        let hits = || {
+            vec![
+                said(1, 100, "Got it, the town of your wedding venue is Ghent."),
+                said(2, 50, "I'll tell you the town of our wedding venue now."),
+                said(3, 50, "The pasta sauce needs more salt."),
+                said(
+                    9,
+                    900,
+                    "Okay, the town of your wedding venue is Ushuaia now.",
+                ),
+            ]
+        };
+        let mut found = hits();
+        rank(&mut found, Leg::Lexical);
+        newer_first(&mut found, &query);
+        assert_eq!(found[0].first_seq, 9);
+        // Without a value of its own it stays where it was found.
+        let mut found = hits();
+        found[3].text = "Okay, the town of your wedding venue is the one I said.".to_owned();
+        rank(&mut found, Leg::Lexical);
+        newer_first(&mut found, &query);
+        let seqs: Vec<u64> = found.iter().map(|h| h.first_seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 9]);
+    }
+
+    #[test]
     fn hits_about_other_things_or_far_apart_keep_their_order_whatever_their_age() {
         let query = Query::parse("locker code cabin password").expect("query");
         let mut hits = vec![
             said(1, 100, "The locker code is A1-1234."),
             said(2, 300, "The cabin wifi password is hunter2."),
-            said(3, 400, "The locker code is now K7-4417."),
+            said(3, 400, "The locker code is the one I had."),
+            said(4, 250, "The cabin password, again?"),
+            said(5, 200, "The cabin is cold."),
         ];
         rank(&mut hits, Leg::Lexical);
         newer_first(&mut hits, &query);
         let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
-        // 2 is about something else; 3 is alike to 1 but two places
-        // below it, past the band.
-        assert_eq!(seqs, vec![1, 2, 3]);
+        // 2, 4 and 5 are about something else (and each older than the
+        // one above); 3 is alike to 1 and says as much, but two places
+        // below it with no value of its own, past the band.
+        assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+        // A correction stating a value five places below is past its reach.
+        let mut hits = vec![
+            said(1, 100, "The locker code is A1-1234."),
+            said(2, 300, "The cabin wifi password is hunter2."),
+            said(3, 250, "The cabin password, again?"),
+            said(4, 200, "The cabin is cold."),
+            said(5, 150, "The cabin key is lost."),
+            said(6, 400, "The locker code is now K7-4417."),
+        ];
+        rank(&mut hits, Leg::Lexical);
+        newer_first(&mut hits, &query);
+        let seqs: Vec<u64> = hits.iter().map(|h| h.first_seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6]);
     }
 
     /// Lexical hits holding `held` of the query, ranked.
