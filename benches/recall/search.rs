@@ -691,7 +691,7 @@ fn print_tables(o: &Options, rows: &[Row]) {
         );
     }
     println!(
-        "Latency: every query once untimed, then once timed (the facts' questions and paraphrases, then a few words of random entries); loading: {PARALLEL} sessions at a time, {BATCH} entries a call; index bytes over the entries (and over the documents: entries and recaps)."
+        "Latency: every query once untimed, then once timed (the facts' questions and paraphrases, then a few words of random entries); loading: session k of up to {PARALLEL} subjects at a time, {BATCH} entries a call; index bytes over the entries (and over the documents: entries and recaps)."
     );
     println!(
         "  {:<9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10}  index",
