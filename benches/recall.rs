@@ -586,9 +586,10 @@ fn new_entries(messages: &[fixture::Message]) -> Vec<pb::NewEntry> {
         .collect()
 }
 
-/// Waits until the server has no segment or roll-up PENDING and its count
-/// of SUMMARISED nodes holds still for a poll, or until `wait` runs out:
-/// how long it took, and whether it settled.
+/// Waits until the server has no segment or roll-up PENDING and no text
+/// owed an embedding, and its counts of SUMMARISED nodes and embedded
+/// texts hold still for a poll, or until `wait` runs out: how long it
+/// took, and whether it settled.
 async fn settle(client: &mut archivist::client::Client, wait: Duration) -> (Duration, bool) {
     let started = Instant::now();
     let mut last = None;
@@ -598,10 +599,14 @@ async fn settle(client: &mut archivist::client::Client, wait: Duration) -> (Dura
             .await
             .expect("backlog")
             .into_inner();
-        if b.pending == 0 && last == Some(b.summarised) {
+        // Embeddings owed count too (none are without `[embedding]`).
+        let e = b.embeddings.clone().unwrap_or_default();
+        let idle = b.pending == 0 && e.pending == 0;
+        let now = (b.summarised, e.embedded);
+        if idle && last == Some(now) {
             break true;
         }
-        last = (b.pending == 0).then_some(b.summarised);
+        last = idle.then_some(now);
         if started.elapsed() > wait {
             break false;
         }

@@ -131,6 +131,16 @@ pub struct Session {
     pub facts: Vec<Fact>,
 }
 
+/// Where a timeline of `entries` is cut into `sessions`: each session's
+/// first index, then `entries`. Cuts fall at even seqs, so a session opens
+/// with the user and a confirmed fact's ask stays beside it.
+pub fn cuts(entries: usize, sessions: usize) -> Vec<usize> {
+    (0..sessions)
+        .map(|k| (k * entries / sessions) & !1)
+        .chain(std::iter::once(entries))
+        .collect()
+}
+
 /// The seed of the `k`th session of `entries` entries in a run seeded
 /// with `seed`: sessions of each size and index differ, runs with one seed
 /// repeat.

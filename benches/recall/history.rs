@@ -147,29 +147,21 @@ pub async fn run(o: &Options, days: usize) {
             .await
             .expect("connect");
         eprintln!("[history] {size}: loading {} sessions twice", o.sessions);
-        for s in &live {
-            for chunk in (0..s.entries.len()).step_by(super::BATCH) {
-                let end = (chunk + super::BATCH).min(s.entries.len());
-                let request = pb::AppendEntriesRequest {
-                    session_id: s.id.clone(),
-                    entries: super::new_entries(&s.entries[chunk..end]),
-                    ..Default::default()
-                };
-                client.append_entries(request).await.expect("live append");
-            }
-        }
-        for s in &history {
-            for chunk in (0..s.entries.len()).step_by(super::BATCH) {
-                let end = (chunk + super::BATCH).min(s.entries.len());
-                let request = pb::AppendEntriesRequest {
-                    session_id: s.id.clone(),
-                    entries: imported(s, chunk, end, days),
-                    ..Default::default()
-                };
-                client
-                    .append_entries(request)
-                    .await
-                    .expect("imported append");
+        for (sessions, dated) in [(&live, false), (&history, true)] {
+            for s in sessions {
+                for chunk in (0..s.entries.len()).step_by(super::BATCH) {
+                    let end = (chunk + super::BATCH).min(s.entries.len());
+                    let entries = match dated {
+                        true => imported(s, chunk, end, days),
+                        false => super::new_entries(&s.entries[chunk..end]),
+                    };
+                    let request = pb::AppendEntriesRequest {
+                        session_id: s.id.clone(),
+                        entries,
+                        ..Default::default()
+                    };
+                    client.append_entries(request).await.expect("append");
+                }
             }
         }
         let (took, settled) = super::settle(&mut client, o.wait).await;

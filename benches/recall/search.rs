@@ -74,10 +74,7 @@ struct Subject {
 impl Subject {
     fn new(name: String, entries: usize, seed: u64) -> Subject {
         let timeline = fixture::generate(&name, entries, seed);
-        let cuts = (0..SESSIONS)
-            .map(|k| (k * entries / SESSIONS) & !1)
-            .chain(std::iter::once(entries))
-            .collect();
+        let cuts = fixture::cuts(entries, SESSIONS);
         Subject {
             name,
             timeline,

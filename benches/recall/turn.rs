@@ -193,11 +193,7 @@ struct Subject {
 impl Subject {
     fn new(name: String, entries: usize, seed: u64) -> Subject {
         let timeline = fixture::generate(&name, entries, seed);
-        // Cut at even seqs, so a session opens with the user.
-        let cuts = (0..SESSIONS)
-            .map(|k| (k * entries / SESSIONS) & !1)
-            .chain(std::iter::once(entries))
-            .collect();
+        let cuts = fixture::cuts(entries, SESSIONS);
         Subject {
             name,
             timeline,
@@ -225,30 +221,6 @@ async fn append_all(
             })
             .await
             .unwrap_or_else(|s| panic!("append to {session}: {s}"));
-    }
-}
-
-/// Waits until no recap and no embedding is owed and the counts hold
-/// still for a poll, or `wait` runs out; whether it settled.
-async fn drain(client: &mut archivist::client::Client, wait: Duration) -> bool {
-    let started = Instant::now();
-    let mut last = None;
-    loop {
-        let b = client
-            .get_backlog(pb::GetBacklogRequest {})
-            .await
-            .expect("backlog")
-            .into_inner();
-        let e = b.embeddings.clone().unwrap_or_default();
-        let now = (b.summarised, e.embedded);
-        if b.pending == 0 && e.pending == 0 && last == Some(now) {
-            return true;
-        }
-        last = Some(now);
-        if started.elapsed() > wait {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -320,7 +292,7 @@ async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size
             append_all(&mut client, &name, &subject.name, subject.session(k)).await;
         }
     }
-    let settled = drain(&mut client, o.wait).await;
+    let (_, settled) = super::settle(&mut client, o.wait).await;
     eprintln!(
         "[turn] {size} entries x {} subjects loaded and drained in {:.1} s (settled: {settled})",
         subjects.len(),
@@ -389,7 +361,7 @@ async fn within(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], siz
     for s in &sessions {
         append_all(&mut client, &s.id, "", &s.entries).await;
     }
-    let settled = drain(&mut client, o.wait).await;
+    let (_, settled) = super::settle(&mut client, o.wait).await;
     eprintln!(
         "[turn] {} sessions of {size} entries loaded and drained in {:.1} s (settled: {settled})",
         sessions.len(),
