@@ -16,8 +16,9 @@
 //!   cover, built once more within the larger share; a hit that cover now
 //!   holds verbatim is dropped again.
 //! - **The cover before recall.** A budget whose cover would not fit
-//!   beside recall's share, or would lose the oldest history there that
-//!   the whole budget keeps, is answered as without a query.
+//!   beside recall's share at all is answered as without a query; one
+//!   that fits only by dropping its oldest history keeps recall and says
+//!   `truncated`.
 
 use super::context::ITEM_OVERHEAD_BYTES;
 use super::{Backend, Budget, SearchHit, Store, StoreError};
@@ -160,15 +161,12 @@ impl Store {
                 .collect();
             (chosen, cover)
         };
-        // Recall never costs the session its oldest history: when the
-        // cover beside it is cut and the whole budget holds the session
-        // whole, the answer is the one without a query.
-        if cover.truncated && !chosen.is_empty() {
-            let whole = self.context(tenant, session, budget).await?;
-            if !whole.truncated {
-                return Ok(whole);
-            }
-        }
+        // The cover has the rest of the budget, as any cover has its
+        // budget: it may drop its oldest history where the whole budget
+        // would have kept it (`truncated` says so). Answering without
+        // recall then instead cost the turn's context most of what it
+        // recalled (within a session at 400 tokens: 90 % of the facts
+        // asked found, 50 % with that rule).
         Ok(joined(chosen, cover))
     }
 }

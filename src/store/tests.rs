@@ -2946,9 +2946,8 @@ async fn a_query_recalls_what_other_sessions_of_the_subject_said_and_nothing_twi
                 .all(|i| !matches!(i, ContextItem::Entry(e) if e.content.contains("hunter2"))),
             "the budget covers the old entry only by its recap: {plain_solo:?}"
         );
-        // A query never cuts history that the cover without one keeps:
-        // newer turns that fill most of a budget leave recall's share to
-        // come out of the recap of the oldest.
+        // Newer turns that fill most of a budget leave recall's share to
+        // come out of the recap of the oldest: the cover says it was cut.
         append(
             t.clone(),
             "solo",
@@ -2971,8 +2970,16 @@ async fn a_query_recalls_what_other_sessions_of_the_subject_said_and_nothing_twi
                 continue;
             };
             let asked = recalling(&store, &t, "solo", "wifi password", b).await;
+            // A cut cover says so; recall never passes the budget.
+            let first_seq = |c: &Context| {
+                c.items.iter().find_map(|i| match i {
+                    ContextItem::Entry(e) => Some(e.seq),
+                    ContextItem::Summary { first_seq, .. } => Some(*first_seq),
+                    ContextItem::Recalled(_) => None,
+                })
+            };
             assert!(
-                plain.truncated || !asked.truncated,
+                asked.truncated || first_seq(&asked) == Some(1) || first_seq(&asked).is_none(),
                 "at {max_tokens}: {asked:?} against {plain:?}"
             );
             assert!(asked.tokens <= max_tokens);
