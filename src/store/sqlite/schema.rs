@@ -601,6 +601,17 @@ CREATE TRIGGER summaries_reembedded AFTER UPDATE OF text ON summaries BEGIN
     WHERE g.id = new.segment_id AND (SELECT owing FROM embedding_state WHERE id = 1);
 END;
 "#,
+    r#"
+-- The recaps of a session being erased, each with its search document, for
+-- the erasure's batches to take out of the index: taking them out while the
+-- session was made gone held the writer for a second on a large session.
+CREATE TABLE erasing_texts (
+    session_id INTEGER NOT NULL,
+    doc        INTEGER NOT NULL,
+    text       TEXT    NOT NULL,
+    PRIMARY KEY (session_id, doc)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -30,8 +30,12 @@ pub(super) struct SessionRow {
 /// (a 200 MB one held the writer ~5 s in one transaction). Each deleted
 /// entry also takes its terms out of the search index's pages
 /// (secure-delete), about as much work again as the row: hence half a MiB.
+/// And at most about `ERASE_BATCH_TIME` of the writer's time: on a machine
+/// short of CPU the same half MiB held the writer, and every append queued
+/// behind it, for seconds.
 const ERASE_BATCH_ROWS: u32 = 1_000;
 const ERASE_BATCH_BYTES: u64 = 1 << 19;
+const ERASE_BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Begins erasing the session `id` (the tenant's `name`), in one short
 /// transaction that makes it gone to every reader: its summaries and
@@ -46,20 +50,22 @@ fn tombstone_tx(
     tenant: &str,
     name: &str,
 ) -> Result<Erased, StoreError> {
+    // Seqs are gapless from 1 and a session loses entries only to its
+    // erasure, which has not begun: counting the rows instead read every
+    // page of the session (over a second for 200 MB, with every append
+    // waiting on the writer).
     let entries: u64 = conn
-        .prepare_cached("SELECT count(*) FROM entries WHERE session_id = ?1")?
+        .prepare_cached("SELECT next_seq - 1 FROM sessions WHERE id = ?1")?
         .query_row([id], |r| r.get(0))?;
-    if let Some(k) = fts::table_of(conn, tenant)? {
-        let mut stmt = conn.prepare_cached(
-            "SELECT m.segment_id, m.text FROM summaries m JOIN segments g ON g.id = m.segment_id \
-             WHERE g.session_id = ?1",
-        )?;
-        let mut rows = stmt.query([id])?;
-        while let Some(row) = rows.next()? {
-            let segment: i64 = row.get(0)?;
-            let text: String = row.get(1)?;
-            fts::unindex(conn, k, -segment, &text)?;
-        }
+    // The recaps leave the index with the entries, in the batches; their
+    // texts wait in `erasing_texts` until then ('delete' needs the text).
+    if fts::table_of(conn, tenant)?.is_some() {
+        conn.prepare_cached(
+            "INSERT OR IGNORE INTO erasing_texts (session_id, doc, text) \
+             SELECT ?1, -m.segment_id, m.text FROM summaries m \
+             JOIN segments g ON g.id = m.segment_id WHERE g.session_id = ?1",
+        )?
+        .execute([id])?;
     }
     conn.prepare_cached(
         "DELETE FROM summaries WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
@@ -83,10 +89,11 @@ fn tombstone_tx(
     Ok(Erased { entries, segments })
 }
 
-/// One batch of an erasure begun by `tombstone_tx`: deletes the session's
+/// One batch of an erasure begun by `tombstone_tx`: takes the recaps'
+/// waiting texts out of the index, or with none left deletes the session's
 /// oldest entries, up to `ERASE_BATCH_ROWS` of them or about
-/// `ERASE_BATCH_BYTES` (at least one), and their bytes from the tenant's
-/// count. With none left, deletes the session row and records the erasure
+/// `ERASE_BATCH_BYTES` or `ERASE_BATCH_TIME` (at least one), and their
+/// bytes from the tenant's count. With none left, deletes the session row and records the erasure
 /// as owed a scrub of the files (only now: a scrub finished before the
 /// last batch would leave that batch's text in the log), and returns the
 /// record's id.
@@ -95,6 +102,10 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
         .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
         .query_row([id], |r| r.get(0))?;
     let table = fts::table_of(conn, &tenant)?;
+    let began = std::time::Instant::now();
+    if unindex_recaps(conn, id, table, began)? {
+        return Ok(None);
+    }
     let mut upto = None;
     let mut bytes = 0u64;
     {
@@ -114,7 +125,7 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
             }
             upto = Some(seq);
             bytes += len;
-            if bytes >= ERASE_BATCH_BYTES {
+            if bytes >= ERASE_BATCH_BYTES || began.elapsed() >= ERASE_BATCH_TIME {
                 break;
             }
         }
@@ -136,6 +147,41 @@ fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
         )?
         .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
     Ok(Some(scrub))
+}
+
+/// Takes the waiting recap texts of erasure `id` out of index `table`
+/// (and out of `erasing_texts`), as many as `ERASE_BATCH_TIME` from
+/// `began` allows (at least one); says whether there were any.
+fn unindex_recaps(
+    conn: &Connection,
+    id: i64,
+    table: Option<i64>,
+    began: std::time::Instant,
+) -> Result<bool, StoreError> {
+    let mut done = Vec::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT doc, text FROM erasing_texts WHERE session_id = ?1 ORDER BY doc LIMIT ?2",
+        )?;
+        let mut rows = stmt.query(params![id, ERASE_BATCH_ROWS])?;
+        while let Some(row) = rows.next()? {
+            let doc: i64 = row.get(0)?;
+            let text: String = row.get(1)?;
+            if let Some(k) = table {
+                fts::unindex(conn, k, doc, &text)?;
+            }
+            done.push(doc);
+            if began.elapsed() >= ERASE_BATCH_TIME {
+                break;
+            }
+        }
+    }
+    let mut delete =
+        conn.prepare_cached("DELETE FROM erasing_texts WHERE session_id = ?1 AND doc = ?2")?;
+    for doc in &done {
+        delete.execute(params![id, doc])?;
+    }
+    Ok(!done.is_empty())
 }
 
 /// The tenant's session of that name, if it exists.

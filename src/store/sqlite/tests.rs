@@ -755,6 +755,71 @@ async fn a_begun_erasure_is_gone_to_readers_and_finishes_after_a_crash() {
     recount_kept_rows(dir.path());
 }
 
+/// The tenant's recaps in its search table, and the recap texts an erasure
+/// has yet to take out of it.
+fn recaps_indexed_and_waiting(dir: &std::path::Path) -> (i64, i64) {
+    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let k: i64 = conn
+        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
+        .expect("a search table");
+    conn.query_row(
+        &format!(
+            "SELECT (SELECT count(*) FROM {}_docsize WHERE id < 0), \
+             (SELECT count(*) FROM erasing_texts)",
+            fts::name(k)
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .expect("count")
+}
+
+#[tokio::test]
+async fn a_begun_erasures_recaps_leave_the_index_in_its_batches_even_after_a_crash() {
+    let (dir, store) = open().await;
+    let t = Tenant::default();
+    assert!(append(&store, "big", &["one", "two", "three"]).await);
+    let lease = std::time::Duration::from_secs(60);
+    for (id, text) in [(1, "recap flamingo one"), (2, "recap flamingo two")] {
+        let (claim, _) = store
+            .claim(id, "w", lease)
+            .await
+            .expect("claim")
+            .expect("free");
+        let summary = crate::model::Summary {
+            text: text.to_owned(),
+            provider: "p".to_owned(),
+            model: "m".to_owned(),
+            prompt_version: "v".to_owned(),
+            input_tokens: 1,
+            output_tokens: 1,
+            created_at: crate::model::Millis::now(),
+        };
+        assert!(
+            store
+                .complete(&claim, summary, 1, 0)
+                .await
+                .expect("complete")
+                .held
+        );
+    }
+    assert_eq!(recaps_indexed_and_waiting(dir.path()), (2, 0));
+    // The first transaction makes the recaps gone and leaves their texts
+    // for the batches; a crash right after it leaves them waiting.
+    store
+        .begin_erasure_only(&t, &session("big"))
+        .await
+        .expect("begin");
+    assert_eq!(recaps_indexed_and_waiting(dir.path()), (2, 2));
+    drop(store);
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+        .await
+        .expect("reopen");
+    assert_eq!(recaps_indexed_and_waiting(dir.path()), (0, 0));
+    assert_eq!(erasing_and_entries(dir.path()), (0, 0));
+    drop(store);
+}
+
 #[tokio::test]
 async fn an_erasure_in_batches_lets_other_appends_through_and_counts_right() {
     let (dir, store) = open().await;
