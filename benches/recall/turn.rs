@@ -81,6 +81,8 @@ struct Figures {
     over_budget: usize,
     took_us: Vec<f64>,
     errors: Vec<String>,
+    /// What was asked and not returned, and what recall brought instead.
+    misses: Vec<String>,
 }
 
 impl Figures {
@@ -155,6 +157,17 @@ impl Figures {
             (Outcome::Stale, _) | (_, Outcome::Stale) => Outcome::Stale,
             _ => Outcome::Missing,
         });
+        if !matches!(self.outcomes.last(), Some(Outcome::Returned(_))) {
+            let brought: Vec<String> = recalled
+                .iter()
+                .map(|r| r.text.chars().take(80).collect())
+                .collect();
+            self.misses.push(format!(
+                "asked {:?} (answer {:?}), recalled {brought:?}",
+                fact.question,
+                fact.current()
+            ));
+        }
     }
 }
 
@@ -338,6 +351,17 @@ async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size
     );
     for ((budget, asked), f) in &mut figures {
         println!("{budget:>5} tokens, {:<10} {}", asked.label(), f.line());
+    }
+    // The misses of the largest budget in the fact's own words: what
+    // ranking has left to win.
+    let largest = CROSS_BUDGETS[CROSS_BUDGETS.len() - 1];
+    if let Some((_, f)) = figures
+        .iter()
+        .find(|(k, _)| *k == (largest, Asked::Question))
+    {
+        for miss in &f.misses {
+            eprintln!("[turn] missed at {largest} tokens: {miss}");
+        }
     }
     drop(server);
 }

@@ -316,7 +316,9 @@ impl Default for SearchConfig {
 #[serde(rename_all = "lowercase")]
 pub enum SearchLanguage {
     /// Words as written, lower-cased, no stemming: no language's rules
-    /// surprise another's (SQLite also folds diacritics).
+    /// surprise another's (SQLite also folds diacritics). A query's word
+    /// still finds its irregular English forms (`search::forms`), as with
+    /// `English`.
     #[default]
     Simple,
     /// English stemming: "deploying" finds "deployed" (SQLite's porter,

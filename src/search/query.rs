@@ -241,6 +241,41 @@ impl Query {
         })
     }
 
+    /// The query with each word's other forms (`forms.rs`) as its
+    /// alternatives, and excluded with it, while the query holds fewer
+    /// than [`MAX_TERMS`] terms: what the lexical legs look for.
+    pub(crate) fn with_forms(&self) -> Query {
+        let mut out = self.clone();
+        let mut terms = out.all.iter().map(Vec::len).sum::<usize>() + out.none.len();
+        let mut room = |list: &mut Vec<Term>, word: &str| {
+            for form in super::forms::others(word) {
+                let term = Term(vec![form.to_owned()]);
+                if terms < MAX_TERMS && !list.contains(&term) {
+                    list.push(term);
+                    terms += 1;
+                }
+            }
+        };
+        for group in &mut out.all {
+            let words: Vec<String> = group
+                .iter()
+                .filter(|t| t.0.len() == 1)
+                .map(|t| t.0[0].clone())
+                .collect();
+            for word in words {
+                room(group, &word);
+            }
+        }
+        let excluded: Vec<String> = (out.none.iter())
+            .filter(|t| t.0.len() == 1)
+            .map(|t| t.0[0].clone())
+            .collect();
+        for word in excluded {
+            room(&mut out.none, &word);
+        }
+        out
+    }
+
     /// Every positive term.
     pub(crate) fn positive(&self) -> impl Iterator<Item = &Term> {
         self.all.iter().flatten()
@@ -413,6 +448,31 @@ mod tests {
         assert_eq!(w.all, vec![vec![t("name")]]);
         assert_eq!(w.none, vec![t("dog")]);
         assert!(q.without(&|_| true).is_none());
+    }
+
+    #[test]
+    fn a_words_other_forms_are_its_alternatives_and_excluded_with_it() {
+        let q = Query::parse("where did I grow up -went")
+            .unwrap()
+            .with_forms();
+        assert_eq!(
+            q.all,
+            vec![
+                vec![t("where")],
+                vec![t("did")],
+                vec![t("i")],
+                vec![t("grow"), t("grew"), t("grown")],
+                vec![t("up")]
+            ]
+        );
+        assert_eq!(q.none, vec![t("went"), t("go"), t("gone")]);
+        // A phrase's words must line up as written.
+        let q = Query::parse("\"grow up\"").unwrap();
+        assert_eq!(q.with_forms(), q);
+        // Never past the term cap.
+        let many = "grow ".repeat(MAX_TERMS - 1);
+        let q = Query::parse(&many).unwrap().with_forms();
+        assert_eq!(q.positive().count(), MAX_TERMS);
     }
 
     #[test]

@@ -138,28 +138,37 @@ fn term_weight(docs: u32) -> f32 {
     (1.0 + COMMON_DOCS as f32 / (1.0 + docs as f32)).ln()
 }
 
-/// Sets each lexical hit's `held`: the weight of the query's terms its
-/// text holds, over the weight of all of them (1 for a query of one term,
-/// which every hit of the leg holds). A phrase is held when all its words
-/// are.
-pub(crate) fn weigh(hits: &mut [SearchHit], terms: &[Term], docs: &[u32]) {
-    if terms.len() < 2 {
+/// Sets each lexical hit's `held`: the weight of the query's groups its
+/// text holds, over the weight of all of them (1 for a query of one group,
+/// which every hit of the leg holds). A group (a word and its alternatives,
+/// `or`'s or its other forms) weighs as its rarest term and is held by any
+/// of them, so "grew" answers for "grow" in full; a phrase is held when all
+/// its words are. `docs` counts each term's texts, in the groups' order.
+pub(crate) fn weigh(hits: &mut [SearchHit], groups: &[Vec<Term>], docs: &[u32]) {
+    if groups.len() < 2 {
         for h in hits {
             h.held = 1.0;
         }
         return;
     }
-    let weights: Vec<f32> = docs.iter().map(|n| term_weight(*n)).collect();
-    let all: f32 = weights.iter().sum();
+    let mut counts = docs.iter();
+    let weighed: Vec<(&[Term], f32)> = groups
+        .iter()
+        .map(|g| {
+            let weight = (counts.by_ref().take(g.len()))
+                .map(|n| term_weight(*n))
+                .fold(0.0, f32::max);
+            (g.as_slice(), weight)
+        })
+        .collect();
+    let all: f32 = weighed.iter().map(|(_, w)| w).sum();
     for h in hits {
         let mut said = crate::search::query::words(&h.text);
         said.sort_unstable();
         said.dedup();
         let has = |w: &String| said.binary_search(w).is_ok();
-        let held: f32 = terms
-            .iter()
-            .zip(&weights)
-            .filter(|(t, _)| t.0.iter().all(has))
+        let held: f32 = (weighed.iter())
+            .filter(|(g, _)| g.iter().any(|t| t.0.iter().all(has)))
             .map(|(_, w)| w)
             .sum();
         h.held = if all > 0.0 { held / all } else { 1.0 };
@@ -404,6 +413,9 @@ impl Store {
         budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let deadline = Instant::now() + budget;
+        // "grow" finds "grew" too (`search::forms`).
+        let forms = query.with_forms();
+        let query = &forms;
         // How many texts hold each term is asked only where it can matter
         // (which terms are common, how much each weighs against the
         // others): a query of one term is run as it is.
@@ -451,7 +463,7 @@ impl Store {
             }
         }
         rank(&mut hits, Leg::Lexical);
-        weigh(&mut hits, &terms, &docs);
+        weigh(&mut hits, &query.all, &docs);
         Ok(hits)
     }
 
@@ -778,7 +790,6 @@ mod tests {
     #[test]
     fn a_hit_holds_the_weight_of_the_query_terms_in_it() {
         let query = Query::parse("what is my \"night shift\" profession").expect("query");
-        let terms: Vec<Term> = query.positive().cloned().collect();
         // "is" and "my" in every text (capped), "what" in 300, the phrase
         // in 20, "profession" in none.
         let docs = [300, COMMON_DOCS, COMMON_DOCS, 20, 0];
@@ -787,7 +798,7 @@ mod tests {
             said(2, 0, "The night shift is my profession."),
             said(3, 0, "The night bus."),
         ];
-        weigh(&mut hits, &terms, &docs);
+        weigh(&mut hits, &query.all, &docs);
         let w = |n: u32| term_weight(n);
         let all = w(300) + 2.0 * w(COMMON_DOCS) + w(20) + w(0);
         assert!((hits[0].held - (w(300) + 2.0 * w(COMMON_DOCS)) / all).abs() < 1e-6);
@@ -798,8 +809,25 @@ mod tests {
         assert!(hits[0].held < 0.3, "{}", hits[0].held);
         // A query of one term: every hit holds all of it.
         let one = Query::parse("shift").expect("query");
-        let terms: Vec<Term> = one.positive().cloned().collect();
-        weigh(&mut hits, &terms, &[0]);
+        weigh(&mut hits, &one.all, &[0]);
         assert!(hits.iter().all(|h| h.held == 1.0));
+    }
+
+    #[test]
+    fn any_form_of_a_word_holds_its_weight_in_full() {
+        let query = Query::parse("where did I grow up")
+            .expect("query")
+            .with_forms();
+        // "grow" in 40 texts, "grew" in 1, "grown" in none.
+        let docs = [300, 500, COMMON_DOCS, 40, 1, 0, 900];
+        let mut hits = vec![
+            said(1, 0, "I grew up in Bilbao."),
+            said(2, 0, "Are leeks hard to grow from seed?"),
+        ];
+        weigh(&mut hits, &query.all, &docs);
+        let w = |n: u32| term_weight(n);
+        let all = w(300) + w(500) + w(COMMON_DOCS) + w(0) + w(900);
+        assert!((hits[0].held - (w(COMMON_DOCS) + w(0) + w(900)) / all).abs() < 1e-6);
+        assert!((hits[1].held - w(0) / all).abs() < 1e-6);
     }
 }

@@ -1278,6 +1278,38 @@ pub(super) async fn found(store: &Store, t: &Tenant, scope: &SearchScope, q: &st
 }
 
 #[tokio::test]
+async fn a_question_in_one_form_of_a_verb_finds_the_fact_in_another() {
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        let fact = "I grew up in Bilbao, my parents still live there.";
+        let texts = [
+            "Are leeks hard to grow from seed?",
+            fact,
+            "Rent keeps going up.",
+            "We went to the market.",
+        ];
+        store
+            .append(&t, &session("f"), entries(&texts), POLICY, 0)
+            .await
+            .expect("append");
+        let hits = found(&store, &t, &all, "Where did I grow up?").await;
+        assert_eq!(hits.first().map(String::as_str), Some(fact), "{hits:?}");
+        // Every form finds every other, and an exclusion excludes them all.
+        assert_eq!(found(&store, &t, &all, "grown").await.len(), 2);
+        assert_eq!(
+            found(&store, &t, &all, "market -go").await,
+            Vec::<String>::new()
+        );
+        // A phrase is matched as written.
+        assert_eq!(
+            found(&store, &t, &all, "\"grow up\"").await,
+            Vec::<String>::new()
+        );
+    }
+}
+
+#[tokio::test]
 async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() {
     use crate::store::search::COMMON_DOCS;
     for (_db, store) in stores().await {
