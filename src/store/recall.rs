@@ -9,7 +9,9 @@
 //! - **Nothing twice.** A hit the cover holds verbatim (an entry of the
 //!   session among its raw entries, a summary it carries as it is) is
 //!   dropped; the session's own older entries and recaps that the cover
-//!   only summarises may be recalled.
+//!   only summarises may be recalled. Of an entry and a recap over it
+//!   that quotes it, only the recap is recalled (in the better one's
+//!   place, when it fits).
 //! - **Best first, what fits.** Hits are taken in Search's order; one too
 //!   large for what is left is passed over for the next.
 //! - **Nothing unspent.** What recall leaves unused goes back to the
@@ -56,12 +58,27 @@ fn choose(
     bytes: u64,
 ) -> (Vec<SearchHit>, u64, u64) {
     let (mut spent_tokens, mut spent_bytes) = (0u64, 0u64);
-    let mut chosen = Vec::new();
+    let mut chosen: Vec<SearchHit> = Vec::new();
     for hit in hits {
         if verbatim(hit, session, cover) {
             continue;
         }
         let (t, b) = cost(hit);
+        match said_already(&chosen, hit) {
+            Some(Said::Holds) => continue,
+            Some(Said::HeldBy(i)) => {
+                // The recap quoting a chosen entry takes its place, if
+                // what it adds fits.
+                let (ct, cb) = cost(&chosen[i]);
+                if spent_tokens - ct + t <= tokens && spent_bytes - cb + b <= bytes {
+                    spent_tokens = spent_tokens - ct + t;
+                    spent_bytes = spent_bytes - cb + b;
+                    chosen[i] = hit.clone();
+                }
+                continue;
+            }
+            None => {}
+        }
         if spent_tokens + t <= tokens && spent_bytes + b <= bytes {
             spent_tokens += t;
             spent_bytes += b;
@@ -69,6 +86,34 @@ fn choose(
         }
     }
     (chosen, spent_tokens, spent_bytes)
+}
+
+/// How a hit stands to the chosen ones of its session that cover the
+/// same entries (an entry and a recap or roll-up over it).
+enum Said {
+    /// A chosen hit already holds its text: it adds nothing.
+    Holds,
+    /// Its text holds the chosen hit `i`'s (a recap quoting the entry).
+    HeldBy(usize),
+}
+
+fn said_already(chosen: &[SearchHit], hit: &SearchHit) -> Option<Said> {
+    let text = hit.text.trim();
+    chosen.iter().enumerate().find_map(|(i, c)| {
+        let over = c.session == hit.session
+            && c.level != hit.level
+            && c.first_seq <= hit.last_seq
+            && hit.first_seq <= c.last_seq;
+        if !over {
+            None
+        } else if c.text.contains(text) {
+            Some(Said::Holds)
+        } else if text.contains(c.text.trim()) {
+            Some(Said::HeldBy(i))
+        } else {
+            None
+        }
+    })
 }
 
 fn recalled(hit: SearchHit) -> ContextItem {
@@ -251,6 +296,58 @@ mod tests {
         let (chosen, _, bytes) = choose(&hits, &s, &cover_of(&[6, 7]), 40, one);
         assert_eq!(chosen.len(), 1);
         assert_eq!(bytes, one);
+    }
+
+    fn recap(session: &str, seqs: (u64, u64), text: &str) -> SearchHit {
+        SearchHit {
+            level: 1,
+            first_seq: seqs.0,
+            last_seq: seqs.1,
+            segment_id: Some(seqs.0),
+            role: None,
+            ..hit(session, seqs.0, text)
+        }
+    }
+
+    #[test]
+    fn an_entry_and_a_recap_quoting_it_are_recalled_once() {
+        let s = SessionName::parse("now").expect("name");
+        let quoted = "I park in spot K7 at the office garage.";
+        let recap_text = format!("Maya (14 Nov 2023): {quoted} Tom: noted.");
+        let texts = |chosen: &[SearchHit]| -> Vec<String> {
+            chosen.iter().map(|h| h.text.clone()).collect()
+        };
+        // The entry first: the recap quoting it takes its place.
+        let hits = vec![
+            hit("a", 3, quoted),
+            hit("b", 1, "other"),
+            recap("a", (1, 5), &recap_text),
+        ];
+        let (chosen, tokens, _) = choose(&hits, &s, &cover_of(&[1]), 1000, u64::MAX);
+        assert_eq!(texts(&chosen), [recap_text.clone(), "other".into()]);
+        assert_eq!(
+            tokens,
+            u64::from(estimate_tokens(&recap_text) + estimate_tokens("other"))
+        );
+        // The recap first: the entry it quotes adds nothing.
+        let hits = vec![recap("a", (1, 5), &recap_text), hit("a", 3, quoted)];
+        let (chosen, _, _) = choose(&hits, &s, &cover_of(&[1]), 1000, u64::MAX);
+        assert_eq!(texts(&chosen), [recap_text.as_str()]);
+        // An entry the recap does not quote, or of another range or
+        // session, is its own hit.
+        let hits = vec![
+            recap("a", (1, 5), &recap_text),
+            hit("a", 4, "Tom said something else."),
+            hit("a", 9, quoted),
+            hit("c", 3, quoted),
+        ];
+        let (chosen, _, _) = choose(&hits, &s, &cover_of(&[1]), 1000, u64::MAX);
+        assert_eq!(chosen.len(), 4);
+        // A recap that would not fit in the entry's place leaves it.
+        let hits = vec![hit("a", 3, quoted), recap("a", (1, 5), &recap_text)];
+        let room = u64::from(estimate_tokens(quoted));
+        let (chosen, _, _) = choose(&hits, &s, &cover_of(&[1]), room, u64::MAX);
+        assert_eq!(texts(&chosen), [quoted]);
     }
 
     #[test]
