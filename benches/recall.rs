@@ -648,6 +648,7 @@ async fn measure(
             session_id: session.id.clone(),
             max_tokens: budget,
             query: String::new(),
+            min_similarity: None,
         };
         let mut answer = None;
         for call in 0..calls + 2 {

@@ -65,6 +65,14 @@ pub(crate) struct Searched {
 const OVERFETCH: u32 = 3;
 const MAX_LEG: u32 = 300;
 
+/// What a context recalls for: the host's query, and the least similarity
+/// a hit only the semantic leg found needs to be recalled.
+#[derive(Clone, Debug)]
+pub(crate) struct Recall {
+    pub(crate) query: crate::search::query::Query,
+    pub(crate) min_similarity: Option<f32>,
+}
+
 /// How many hits a context's recall asks Search for: enough to fill
 /// `recall` tokens with short hits (about 16 tokens each) after the cover's
 /// own are dropped, within Search's own limit of 100.
@@ -490,7 +498,7 @@ impl Service {
         tenant: &Tenant,
         session: &SessionName,
         max_tokens: u32,
-        query: Option<&crate::search::query::Query>,
+        recall: Option<&Recall>,
     ) -> Result<Context, ServiceError> {
         let cap = self.limits.max_context_tokens;
         let max_tokens = match max_tokens {
@@ -502,7 +510,11 @@ impl Service {
             max_bytes: self.limits.max_message_bytes as usize,
             recent_tokens: self.recent_tokens,
         };
-        let Some(query) = query else {
+        let Some(Recall {
+            query,
+            min_similarity,
+        }) = recall
+        else {
             return Ok(self.store.context(tenant, session, budget).await?);
         };
         let recall = match self.recall_tokens {
@@ -517,10 +529,12 @@ impl Service {
                 subject: Some(Subject::parse(&subject).map_err(|e| {
                     StoreError::Corrupt(format!("session {session}'s subject: {e}"))
                 })?),
+                min_similarity: *min_similarity,
                 ..Default::default()
             },
             None => crate::store::SearchScope {
                 sessions: vec![session.clone()],
+                min_similarity: *min_similarity,
                 ..Default::default()
             },
         };

@@ -249,6 +249,7 @@ async fn context(
             session_id: session.to_owned(),
             max_tokens,
             query: query.to_owned(),
+            min_similarity: None,
         })
         .await
         .map(tonic::Response::into_inner);

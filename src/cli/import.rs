@@ -5,7 +5,8 @@
 //! one session. A line without `client_entry_id` gets one derived from its
 //! line number and text, so a second run stores nothing new. A bad line
 //! stops the import, naming its line and field: every earlier batch is
-//! kept, nothing of the bad line's batch is stored.
+//! kept, nothing of the bad line's batch is stored. A dry run reads the
+//! whole file and names every bad line it can tell, with its field.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, IsTerminal};
@@ -60,12 +61,32 @@ struct Line {
     subject: Option<String>,
 }
 
-/// A bad line: its number (from 1) and what is wrong, naming the field.
+/// A bad line: its number (from 1), the field that is wrong (None when
+/// the line is no JSON object, or the server refused the whole call), and
+/// what is wrong, naming the field.
 #[derive(Debug, PartialEq)]
 struct BadLine {
     line: u64,
+    field: Option<String>,
     why: String,
 }
+
+impl BadLine {
+    fn json(&self) -> serde_json::Value {
+        json!({"line": self.line, "field": self.field, "error": self.why})
+    }
+}
+
+/// The keys of a line that must be strings when given.
+const TEXT_KEYS: [&str; 7] = [
+    "session_id",
+    "role",
+    "content",
+    "name",
+    "occurred_at",
+    "client_entry_id",
+    "subject",
+];
 
 /// A line, checked: where it goes and what it sends.
 struct Parsed {
@@ -78,18 +99,35 @@ struct Parsed {
 /// a missing or unknown key, a role, a session id, a subject, a time) is
 /// found here; the rest (sizes, order, the clock) is the server's to say.
 fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
-    let bad = |why: String| BadLine { line: number, why };
-    let line: Line = serde_json::from_str(text).map_err(|e| bad(json_error(&e)))?;
-    SessionName::parse(&line.session_id).map_err(|e| bad(format!("session_id: {e}")))?;
+    let bad = |field: &str, why: String| BadLine {
+        line: number,
+        field: Some(field.to_owned()),
+        why: format!("{field}: {why}"),
+    };
+    let line: Line = serde_json::from_str(text).map_err(|e| {
+        let field = json_field(text, &e);
+        let why = json_error(&e);
+        // serde names an unknown or a missing field, not a wrong type's.
+        let why = match &field {
+            Some(field) if !why.contains("field `") => format!("{field}: {why}"),
+            _ => why,
+        };
+        BadLine {
+            line: number,
+            field,
+            why,
+        }
+    })?;
+    SessionName::parse(&line.session_id).map_err(|e| bad("session_id", e.to_string()))?;
     let subject = line.subject.unwrap_or_default();
     if !subject.is_empty() {
-        Subject::parse(&subject).map_err(|e| bad(format!("subject: {e}")))?;
+        Subject::parse(&subject).map_err(|e| bad("subject", e.to_string()))?;
     }
     let role = Role::parse(&line.role).ok_or_else(|| {
-        bad(format!(
-            "role: {:?} is not user, assistant, system or tool",
-            line.role
-        ))
+        bad(
+            "role",
+            format!("{:?} is not user, assistant, system or tool", line.role),
+        )
     })?;
     let occurred_at = match &line.occurred_at {
         None => None,
@@ -97,9 +135,12 @@ fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
             humantime::parse_rfc3339_weak(at)
                 .map(prost_types::Timestamp::from)
                 .map_err(|e| {
-                    bad(format!(
-                        "occurred_at: {at:?} is not an RFC 3339 time from 1970 on, such as 2023-11-14T09:12:00Z ({e})"
-                    ))
+                    bad(
+                        "occurred_at",
+                        format!(
+                            "{at:?} is not an RFC 3339 time from 1970 on, such as 2023-11-14T09:12:00Z ({e})"
+                        ),
+                    )
                 })?,
         ),
     };
@@ -133,21 +174,82 @@ fn json_error(e: &serde_json::Error) -> String {
     }
 }
 
+/// The field a line's JSON error is about: the one serde names (an
+/// unknown or missing field), or the first key whose value is of the
+/// wrong type; None when the line is not a JSON object at all.
+fn json_field(text: &str, e: &serde_json::Error) -> Option<String> {
+    if e.classify() != serde_json::error::Category::Data {
+        return None;
+    }
+    let message = e.to_string();
+    if let Some((_, rest)) = message.split_once("field `")
+        && let Some((field, _)) = rest.split_once('`')
+    {
+        return Some(field.to_owned());
+    }
+    misfit_key(text)
+}
+
+/// The first key of the JSON object `text` whose value has the wrong type.
+fn misfit_key(text: &str) -> Option<String> {
+    let serde_json::Value::Object(map) = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    map.iter().find_map(|(key, value)| {
+        let fits = match key.as_str() {
+            "metadata" => {
+                value.is_null()
+                    || value
+                        .as_object()
+                        .is_some_and(|m| m.values().all(serde_json::Value::is_string))
+            }
+            k if TEXT_KEYS.contains(&k) => {
+                value.is_string()
+                    || (value.is_null() && !matches!(k, "session_id" | "role" | "content"))
+            }
+            _ => true,
+        };
+        (!fits).then(|| key.clone())
+    })
+}
+
 /// What an import did.
 #[derive(Debug, Default)]
 struct Tally {
+    /// Lines read, blank ones and bad ones too.
+    read: u64,
+    /// Good lines: sent, or for a dry run to be sent.
     lines: u64,
     stored: u64,
     present: u64,
     sessions: HashSet<String>,
+    /// A dry run's bad lines: how many, and the first `MAX_LISTED` of them.
+    bad: u64,
+    bad_lines: Vec<BadLine>,
 }
+
+/// The most bad lines a dry run lists (in `--json`; the first 20 are
+/// printed): a file of a million bad lines gives a bounded answer, with
+/// the count of them all.
+const MAX_LISTED: usize = 1000;
+/// The most bad lines a dry run prints.
+const MAX_PRINTED: usize = 20;
 
 impl Tally {
     fn line(&self, dry_run: bool) -> String {
         if dry_run {
+            let bad = match self.bad {
+                0 => String::new(),
+                n => format!(", {}", count(n, "bad line", "bad lines")),
+            };
+            let blank = self.read.saturating_sub(self.lines + self.bad);
+            let blank = match blank {
+                0 => String::new(),
+                n => format!(", {n} blank"),
+            };
             return format!(
-                "checked {}: {} for {}; nothing sent (--dry-run)",
-                count(self.lines, "line", "lines"),
+                "checked {}: {} would be stored, for {}{bad}{blank}; nothing sent (--dry-run)",
+                count(self.read, "line", "lines"),
                 count(self.lines, "entry", "entries"),
                 count(self.sessions.len() as u64, "session", "sessions"),
             );
@@ -162,7 +264,8 @@ impl Tally {
     }
 
     fn json(&self, dry_run: bool, stopped: Option<&BadLine>) -> serde_json::Value {
-        json!({
+        let mut summary = json!({
+            "lines_read": self.read,
             "lines": self.lines,
             "stored": self.stored,
             "already_present": self.present,
@@ -170,7 +273,13 @@ impl Tally {
             "dry_run": dry_run,
             "stopped_at_line": stopped.map(|b| b.line),
             "error": stopped.map(|b| b.why.clone()),
-        })
+        });
+        if dry_run {
+            summary["would_store"] = self.lines.into();
+            summary["bad"] = self.bad.into();
+            summary["bad_lines"] = self.bad_lines.iter().map(BadLine::json).collect();
+        }
+        summary
     }
 }
 
@@ -217,7 +326,6 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
     let mut stopped = None;
     // Where the stored part ends: the first line of the batch not sent.
     let mut unsent_from = 0;
-    let mut bad_lines = Vec::new();
     for (i, text) in reader.lines().enumerate() {
         let number = i as u64 + 1;
         let text = match text {
@@ -230,12 +338,14 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
                 };
                 stopped = Some(BadLine {
                     line: number,
+                    field: None,
                     why: format!("cannot read it: {e}"),
                 });
                 break;
             }
         };
         read += text.len() as u64 + 1;
+        tally.read += 1;
         if let Some(bar) = &bar {
             bar.set_position(read);
         }
@@ -246,7 +356,10 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
             Ok(parsed) => parsed,
             Err(bad) if args.dry_run => {
                 // A dry run reads on, to name every bad line at once.
-                bad_lines.push(bad);
+                tally.bad += 1;
+                if tally.bad_lines.len() < MAX_LISTED {
+                    tally.bad_lines.push(bad);
+                }
                 continue;
             }
             Err(bad) => {
@@ -296,24 +409,37 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    if stopped.is_none() && !bad_lines.is_empty() {
-        for bad in bad_lines.iter().skip(1).take(19) {
+    if args.dry_run && !args.flags.json {
+        for bad in tally.bad_lines.iter().take(MAX_PRINTED) {
             eprintln!("line {}: {}", bad.line, bad.why);
         }
-        if bad_lines.len() > 20 {
-            eprintln!("... and {} more bad lines", bad_lines.len() - 20);
+        if tally.bad > MAX_PRINTED as u64 {
+            eprintln!(
+                "... and {} more bad lines (--json lists up to {MAX_LISTED})",
+                tally.bad - MAX_PRINTED as u64
+            );
         }
-        stopped = bad_lines.into_iter().next();
     }
+    let first_bad = tally.bad_lines.first().map(|b| b.line);
     if args.flags.json {
-        print_json(&tally.json(args.dry_run, stopped.as_ref()));
+        let stopped = stopped.as_ref().or(tally.bad_lines.first());
+        print_json(&tally.json(args.dry_run, stopped));
     } else {
         eprintln!("{}", tally.line(args.dry_run));
     }
-    match stopped {
-        None => Ok(()),
-        Some(bad) if args.dry_run => Err(Failed::Error(format!("line {}: {}", bad.line, bad.why))),
-        Some(bad) => Err(Failed::Error(format!(
+    match (stopped, first_bad) {
+        (None, None) => Ok(()),
+        // A dry run stops only when the file cannot be read on.
+        (Some(bad), _) if args.dry_run => Err(Failed::Error(format!(
+            "line {}: {}; the lines after it were not checked",
+            bad.line, bad.why
+        ))),
+        (None, Some(first)) => Err(Failed::Error(format!(
+            "{} of {} bad (the first: line {first}); fix them and check again",
+            count(tally.bad, "line", "lines"),
+            tally.read
+        ))),
+        (Some(bad), _) => Err(Failed::Error(format!(
             "line {}: {}\nstopped there: the lines before line {unsent_from} are stored, nothing from it on; fix the line and run the same import again (what is stored already is not stored twice)",
             bad.line, bad.why
         ))),
@@ -395,12 +521,14 @@ fn refused_line(status: &tonic::Status, lines: &[u64], first_line: u64) -> BadLi
             };
             return BadLine {
                 line,
+                field: Some(field.to_owned()).filter(|f| !f.is_empty()),
                 why: format!("{field}: {}{reason}", v.description),
             };
         }
     }
     BadLine {
         line: first_line,
+        field: None,
         why: describe_with_hint(status),
     }
 }
@@ -441,33 +569,61 @@ mod tests {
 
     #[test]
     fn a_bad_line_names_its_number_and_field() {
-        for (text, field) in [
+        for (text, said, field) in [
             (
                 r#"{"session_id":"s","role":"user"}"#,
                 "missing field `content`",
+                Some("content"),
             ),
-            (r#"{"session_id":"s","role":"boss","content":"x"}"#, "role:"),
+            (
+                r#"{"session_id":"s","role":"boss","content":"x"}"#,
+                "role:",
+                Some("role"),
+            ),
             (
                 r#"{"session_id":"a b","role":"user","content":"x"}"#,
                 "session_id:",
+                Some("session_id"),
             ),
             (
                 r#"{"session_id":"s","role":"user","content":"x","occurred_at":"Tuesday"}"#,
                 "occurred_at:",
+                Some("occurred_at"),
             ),
             (
                 r#"{"session_id":"s","role":"user","content":"x","when":"now"}"#,
                 "unknown field `when`",
+                Some("when"),
             ),
             (
                 r#"{"session_id":"s","role":"user","content":"x","metadata":{"n":1}}"#,
-                "invalid type",
+                "metadata: invalid type",
+                Some("metadata"),
             ),
-            ("not json", "expected"),
+            (
+                r#"{"session_id":"s","role":"user","content":5}"#,
+                "content: invalid type",
+                Some("content"),
+            ),
+            (
+                r#"{"session_id":"s","role":"user","content":"x","name":null}"#,
+                "",
+                None,
+            ),
+            ("not json", "expected", None),
+            ("[1, 2]", "expected", None),
         ] {
-            let bad = parse_line(12, text).err().expect(text);
+            let Err(bad) = parse_line(12, text) else {
+                assert_eq!(field, None, "{text} is good");
+                continue;
+            };
             assert_eq!(bad.line, 12);
-            assert!(bad.why.contains(field), "{text}: {}", bad.why);
+            assert!(
+                bad.why.starts_with(said) || bad.why.contains(said),
+                "{text}: {}",
+                bad.why
+            );
+            assert_eq!(bad.field.as_deref(), field, "{text}: {}", bad.why);
         }
     }
 }

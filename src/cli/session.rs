@@ -130,6 +130,11 @@ pub enum SessionCommand {
         /// [recalled], within the server's context.recall_tokens.
         #[arg(long, value_name = "TEXT")]
         query: Option<String>,
+        /// With --query: leave out of the recall what only meaning found
+        /// whose similarity (the cosine to the query, -1 to 1) is below
+        /// this; what the words found stays. Default: none.
+        #[arg(long, value_name = "COSINE", allow_negative_numbers = true)]
+        min_similarity: Option<f32>,
     },
     /// Make the session's (or, with no session, every) PENDING segment due
     /// now, and PARKED ones too with --include-parked.
@@ -262,8 +267,21 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
         | SessionCommand::Delete { session, .. }
         | SessionCommand::Watch { session }
         | SessionCommand::Tree { session }
-        | SessionCommand::Entries { session, .. }
-        | SessionCommand::Context { session, .. } => check_session(session)?,
+        | SessionCommand::Entries { session, .. } => check_session(session)?,
+        SessionCommand::Context {
+            session,
+            min_similarity,
+            ..
+        } => {
+            check_session(session)?;
+            if let Some(m) = min_similarity
+                && !(-1.0..=1.0).contains(m)
+            {
+                return Err(Failed::Usage(format!(
+                    "--min-similarity {m}: a cosine is from -1 to 1"
+                )));
+            }
+        }
         SessionCommand::Requeue { session, .. } => {
             if let Some(session) = session {
                 check_session(session)?;
@@ -405,6 +423,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
             session,
             max_tokens,
             query,
+            min_similarity,
         } => {
             let resp = client
                 .get_context(request(
@@ -413,6 +432,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
                         session_id: session.clone(),
                         max_tokens,
                         query: query.unwrap_or_default(),
+                        min_similarity,
                     },
                 ))
                 .await?

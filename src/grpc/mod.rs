@@ -253,16 +253,16 @@ impl pb::archivist_server::Archivist for GrpcService {
     ) -> Result<Response<pb::GetContextResponse>, Status> {
         let tenant = tenant(&request)?;
         let req = request.into_inner();
-        let (session, query) = parse_get_context(&req)?;
+        let (session, recall) = parse_get_context(&req)?;
         // With a query the call searches, and waits on the embedder as a
         // search does: it takes one of the tenant's search turns.
-        let _turn = match query {
+        let _turn = match recall {
             Some(_) => Some(self.searches.turn(&tenant)?),
             None => None,
         };
         let context = self
             .service
-            .context(&tenant, &session, req.max_tokens, query.as_ref())
+            .context(&tenant, &session, req.max_tokens, recall.as_ref())
             .await
             .map_err(service_status)?;
         Ok(Response::new(fit_context(context, self.response_limit())))

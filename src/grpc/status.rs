@@ -175,6 +175,17 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Busy | StoreError::ReadsBusy => {
             (Code::ResourceExhausted, "OVERLOADED", Vec::new())
         }
+        // Busy as the others are (retry after the RetryInfo delay), with the
+        // budget that went on waiting, so a caller can tell it from
+        // SEARCH_TOO_COSTLY's "change the query".
+        StoreError::SearchBusy { budget } => (
+            Code::ResourceExhausted,
+            "OVERLOADED",
+            vec![(
+                "search_budget_ms".to_owned(),
+                budget.as_millis().to_string(),
+            )],
+        ),
         StoreError::SearchTooCostly => (Code::ResourceExhausted, "SEARCH_TOO_COSTLY", Vec::new()),
         StoreError::TenantFull { limit, .. } => (
             Code::ResourceExhausted,

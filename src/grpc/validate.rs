@@ -513,12 +513,29 @@ fn parse_query(
     }
 }
 
-/// GetContext's session, and its query when it has one. A query past the
-/// cap is refused as Search's is; one with no word to look for ("👍",
-/// "...") is no query: a host passes the user's message, whatever it is.
+/// A `min_similarity`'s violation, added to `violations`, when it is no
+/// cosine.
+fn check_min_similarity(min_similarity: Option<f32>, violations: &mut Vec<FieldViolation>) {
+    if let Some(m) = min_similarity
+        && !(-1.0..=1.0).contains(&m)
+    {
+        // NaN is in no range, so it lands here too.
+        violations.push(violation(
+            "min_similarity",
+            "INVALID_MIN_SIMILARITY",
+            format!("{m} is no cosine: a similarity is from -1 to 1"),
+        ));
+    }
+}
+
+/// GetContext's session, and its recall when it has a query: the query
+/// and the recall's `min_similarity`. A query past the cap is refused as
+/// Search's is; one with no word to look for ("👍", "...") is no query: a
+/// host passes the user's message, whatever it is. `min_similarity` is
+/// checked with or without a query, so a bad one is never silently kept.
 pub(super) fn parse_get_context(
     req: &pb::GetContextRequest,
-) -> Result<(SessionName, Option<crate::search::query::Query>), Status> {
+) -> Result<(SessionName, Option<crate::service::Recall>), Status> {
     let mut violations = match parse_session(&req.session_id, "session_id") {
         Ok(_) => Vec::new(),
         Err(v) => v,
@@ -528,8 +545,13 @@ pub(super) fn parse_get_context(
         Err(crate::search::query::QueryError::NoWords) => None,
         _ => parse_query(&req.query, &mut violations),
     };
+    check_min_similarity(req.min_similarity, &mut violations);
+    let recall = query.map(|query| crate::service::Recall {
+        query,
+        min_similarity: req.min_similarity,
+    });
     match SessionName::parse(&req.session_id) {
-        Ok(session) if violations.is_empty() => Ok((session, query)),
+        Ok(session) if violations.is_empty() => Ok((session, recall)),
         _ => Err(invalid(violations)),
     }
 }
@@ -627,16 +649,7 @@ pub(super) fn parse_search(
         }
     }
     check_metadata(&req.metadata, "metadata", &mut violations);
-    if let Some(m) = req.min_similarity
-        && !(-1.0..=1.0).contains(&m)
-    {
-        // NaN is in no range, so it lands here too.
-        violations.push(violation(
-            "min_similarity",
-            "INVALID_MIN_SIMILARITY",
-            format!("{m} is no cosine: a similarity is from -1 to 1"),
-        ));
-    }
+    check_min_similarity(req.min_similarity, &mut violations);
     violations.truncate(MAX_LISTED_VIOLATIONS);
     let Some(query) = query.filter(|_| violations.is_empty()) else {
         return Err(invalid(violations));

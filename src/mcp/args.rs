@@ -125,6 +125,12 @@ pub(super) struct ContextArgs {
     /// verbatim is not repeated. Words, at most 4096 bytes.
     #[schemars(length(min = 1), extend("x-check" = "query"))]
     pub query: Option<String>,
+    /// With query: leave out of what is recalled what only meaning
+    /// matched, when its similarity (the cosine to the query, -1 to 1) is
+    /// below this, so a question nothing in memory answers recalls
+    /// nothing. What the words matched stays. As recall's min_similarity.
+    #[schemars(range(min = -1.0, max = 1.0))]
+    pub min_similarity: Option<f32>,
 }
 
 /// `list_sessions`' arguments.

@@ -4,7 +4,9 @@
 //! without a message, so a flood of handshakes cannot grow the process
 //! without bound. `--stateless` answers each POST on its own, no
 //! handshake or session id needed, as plain JSON when the client accepts
-//! it and as an SSE stream when it accepts only that.
+//! it and as an SSE stream when it accepts only that. On both, a POST
+//! whose JSON body is no JSON-RPC message is answered as JSON-RPC says
+//! (a parse error, an invalid request), not as the SDK does.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -148,10 +150,14 @@ fn stateful_router(
 /// both JSON and SSE; a generic JSON-RPC client often sends neither, so
 /// the answer's form is chosen here from what the client accepts (JSON
 /// first, no Accept meaning anything) and the SDK told it may use both.
-async fn stateless(State(state): State<Arc<Stateless>>, mut request: Request) -> Response {
+async fn stateless(State(state): State<Arc<Stateless>>, request: Request) -> Response {
     if request.method() != Method::POST {
         return state.json.handle(request).await.into_response();
     }
+    let mut request = match read_message(request).await {
+        Ok((request, _)) => request,
+        Err(refused) => return refused,
+    };
     let (json, sse) = accepted(request.headers());
     let service = match (json, sse) {
         (true, _) => &state.json,
@@ -207,22 +213,16 @@ fn accepted(headers: &http::HeaderMap) -> (bool, bool) {
 /// One request to the stateful endpoint: a handshake counted against the
 /// cap, anything else straight to the SDK.
 async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Response {
-    if request.method() != Method::POST || request.headers().contains_key("mcp-session-id") {
+    if request.method() != Method::POST {
         return state.service.handle(request).await.into_response();
     }
-    let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("Payload Too Large: a request may take at most {MAX_BODY_BYTES} bytes"),
-            )
-                .into_response();
-        }
+    let (request, message) = match read_message(request).await {
+        Ok(read) => read,
+        Err(refused) => return refused,
     };
-    let message: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let request = Request::from_parts(parts, Body::from(bytes));
+    if request.headers().contains_key("mcp-session-id") {
+        return state.service.handle(request).await.into_response();
+    }
     let initialize = message
         .as_ref()
         .is_some_and(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
@@ -235,6 +235,88 @@ async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Respo
         return sessions_full(&state, message.as_ref().and_then(|m| m.get("id")));
     }
     state.service.handle(request).await.into_response()
+}
+
+/// A POST's body, read whole (the request rebuilt around it), and the
+/// JSON-RPC message in it when it is declared JSON. The SDK answers a body
+/// it cannot read as a message with 415 Unsupported Media Type, which
+/// tells a client its Content-Type is wrong when its JSON is; JSON-RPC
+/// says a parse error (-32700) or an invalid request (-32600), which MCP's
+/// HTTP transport sends as 400 with the error and no id. A body declared
+/// as something else is left to the SDK (415 is right there).
+async fn read_message(request: Request) -> Result<(Request, Option<Value>), Response> {
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Payload Too Large: a request may take at most {MAX_BODY_BYTES} bytes"),
+        )
+            .into_response());
+    };
+    let declared_json = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    let message = match declared_json {
+        false => None,
+        true => Some(check_message(&bytes).map_err(RpcError::into_response)?),
+    };
+    Ok((Request::from_parts(parts, Body::from(bytes)), message))
+}
+
+/// The JSON-RPC message `bytes` hold, or the error JSON-RPC names for
+/// what they hold instead.
+fn check_message(bytes: &[u8]) -> Result<Value, RpcError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| RpcError {
+        id: Value::Null,
+        code: PARSE_ERROR,
+        message: format!("Parse error: the body is not JSON ({e})"),
+    })?;
+    match serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(value.clone()) {
+        Ok(_) => Ok(value),
+        Err(e) => {
+            // The id, when one of a request's kind can be read, so a
+            // client can match the error to its call.
+            let id = value
+                .get("id")
+                .filter(|id| id.is_string() || id.is_number())
+                .cloned()
+                .unwrap_or(Value::Null);
+            Err(RpcError {
+                id,
+                code: INVALID_REQUEST,
+                message: format!("Invalid Request: not a JSON-RPC 2.0 message MCP knows ({e})"),
+            })
+        }
+    }
+}
+
+/// JSON-RPC's code for a body that is not JSON.
+const PARSE_ERROR: i64 = -32700;
+/// JSON-RPC's code for JSON that is no valid request.
+const INVALID_REQUEST: i64 = -32600;
+
+/// A JSON-RPC error for a POST that carried no message.
+struct RpcError {
+    id: Value,
+    code: i64,
+    message: String,
+}
+
+impl RpcError {
+    /// 400 Bad Request carrying the error as a JSON-RPC response.
+    fn into_response(self) -> Response {
+        let RpcError { id, code, message } = self;
+        let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        let mut response = (StatusCode::BAD_REQUEST, body.to_string()).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
 }
 
 /// Refused logs once in a while, however many handshakes a flood sends.
@@ -281,6 +363,25 @@ mod tests {
             headers.append(header::ACCEPT, HeaderValue::from_str(v).expect("header"));
         }
         accepted(&headers)
+    }
+
+    #[test]
+    fn a_body_is_a_message_or_json_rpc_says_what_it_is() {
+        let code = |body: &[u8]| check_message(body).err().map(|e| (e.code, e.id));
+        assert_eq!(
+            code(b"{\"jsonrpc\": \"2.0\", \"id\":"),
+            Some((PARSE_ERROR, Value::Null))
+        );
+        assert_eq!(code(b""), Some((PARSE_ERROR, Value::Null)));
+        assert_eq!(code(b"[]"), Some((INVALID_REQUEST, Value::Null)));
+        assert_eq!(
+            code(b"{\"jsonrpc\": \"1.0\", \"id\": 7, \"method\": \"tools/list\"}"),
+            Some((INVALID_REQUEST, json!(7)))
+        );
+        assert_eq!(
+            code(b"{\"jsonrpc\": \"2.0\", \"id\": 7, \"method\": \"tools/list\"}"),
+            None
+        );
     }
 
     #[test]

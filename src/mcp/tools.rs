@@ -502,6 +502,7 @@ pub(super) async fn context(
             &mut client,
             &args.session_id,
             args.query.as_deref(),
+            args.min_similarity,
             asked,
             &mut max_tokens,
         )
@@ -526,6 +527,7 @@ async fn cover(
     client: &mut crate::client::Client,
     session: &str,
     query: Option<&str>,
+    min_similarity: Option<f32>,
     asked: u32,
     max_tokens: &mut u32,
 ) -> Result<pb::GetContextResponse, ToolError> {
@@ -534,6 +536,7 @@ async fn cover(
             session_id: session.to_owned(),
             max_tokens,
             query: query.unwrap_or_default().to_owned(),
+            min_similarity,
         })
     };
     let mut result = client.get_context(ask(*max_tokens)).await;

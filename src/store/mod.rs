@@ -6,8 +6,11 @@
 //! - `postgres/`: the database that several replicas share (tokio-postgres
 //!   and a pool, group commit, `SKIP LOCKED` claims, LISTEN/NOTIFY).
 //! - `context.rs`: the budget rule of GetContext, shared by every backend.
+//! - `bound.rs`: a search's deadline, and whether one stopped there was too
+//!   costly or waited too long.
 //! - `tests.rs`: one suite of behaviour every backend must pass.
 
+mod bound;
 mod context;
 mod postgres;
 mod sqlite;
@@ -165,6 +168,12 @@ pub enum StoreError {
         "the search took more work than one query may; narrow it (fewer words, a scope, levels)"
     )]
     SearchTooCostly,
+    /// A search stopped at its deadline having spent most of its budget
+    /// waiting (for a read connection, or the CPU), not working.
+    #[error(
+        "the server was too busy to finish this search within its budget of {} ms (search.budget): most of it went on waiting for a database connection or the CPU, not on the search; retry shortly", budget.as_millis()
+    )]
+    SearchBusy { budget: Duration },
     /// Embeddings are on, and the PostgreSQL database has no `vector`
     /// extension, nor could it be created (the cause says why, when a
     /// CREATE EXTENSION was tried).

@@ -7,16 +7,16 @@
 //!
 //! A search's bound lives here, so that every caller has it: all its
 //! statements (the probe and both legs) share one deadline, its budget from
-//! when it began. Each backend stops its statement at the deadline
-//! (`SearchTooCostly`) and as soon as the caller's future is dropped (a
+//! when it began (`bound.rs`). Each backend stops its statement at the
+//! deadline (`SearchTooCostly`, or `SearchBusy` when the search mostly
+//! waited) and as soon as the caller's future is dropped (a
 //! client gone, a deadline of its own): a search left behind runs on no
 //! longer than it takes the engine to notice, and holds no read
 //! transaction (on SQLite, what keeps an erasure's text in the log).
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
+use super::bound::SearchBound;
 use super::{Backend, Store, StoreError};
 use crate::model::{Metadata, Millis, Role, SegmentId, SessionName, Subject, Tenant};
 use crate::search::query::{Query, Term};
@@ -403,7 +403,8 @@ fn key(h: &SearchHit) -> (&str, Option<SegmentId>, u64) {
 
 impl Store {
     /// The tenant's best `limit` hits for `query` within `scope`, or
-    /// `SearchTooCostly` once its statements have taken `budget`.
+    /// `SearchTooCostly` (or `SearchBusy`, `bound.rs`) once its statements
+    /// have taken `budget`.
     pub(crate) async fn search(
         &self,
         tenant: &Tenant,
@@ -412,7 +413,7 @@ impl Store {
         limit: u32,
         budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let deadline = Instant::now() + budget;
+        let deadline = SearchBound::new(budget);
         // "grow" finds "grew" too (`search::forms`).
         let forms = query.with_forms();
         let query = &forms;
@@ -421,7 +422,7 @@ impl Store {
         // others): a query of one term is run as it is.
         let terms: Vec<Term> = query.positive().cloned().collect();
         let docs: Vec<u32> = if terms.len() > 1 {
-            self.term_docs(tenant, &terms, deadline).await?
+            self.term_docs(tenant, &terms, &deadline).await?
         } else {
             vec![0; terms.len()]
         };
@@ -444,14 +445,14 @@ impl Store {
             None => (query.clone(), false),
         };
         let mut hits = self
-            .search_leg(tenant, scope, &strict, limit, weighed, deadline)
+            .search_leg(tenant, scope, &strict, limit, weighed, &deadline)
             .await?;
         if hits.len() < limit as usize
             && let Some(relaxed) = query.relaxed(&is_common)
             && relaxed != strict
         {
             let more = self
-                .search_leg(tenant, scope, &relaxed, limit, true, deadline)
+                .search_leg(tenant, scope, &relaxed, limit, true, &deadline)
                 .await?;
             for h in more {
                 if hits.len() == limit as usize {
@@ -474,7 +475,7 @@ impl Store {
         query: &Query,
         limit: u32,
         weighed: bool,
-        deadline: Instant,
+        deadline: &SearchBound,
     ) -> Result<Vec<SearchHit>, StoreError> {
         on_backend!(self, b => b.search(tenant, scope, query, limit, weighed, deadline).await)
     }
@@ -483,7 +484,7 @@ impl Store {
         &self,
         tenant: &Tenant,
         terms: &[Term],
-        deadline: Instant,
+        deadline: &SearchBound,
     ) -> Result<Vec<u32>, StoreError> {
         on_backend!(self, b => b.term_docs(tenant, terms, deadline).await)
     }

@@ -234,6 +234,7 @@ async fn every_acknowledged_append_survives_sigkill() {
                 session_id: session.clone(),
                 max_tokens: 0,
                 query: String::new(),
+                min_similarity: None,
             })
             .await
             .expect("context")

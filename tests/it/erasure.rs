@@ -91,6 +91,7 @@ async fn erase_beside_the_read(client: &mut archivist::client::Client) {
             session_id: "doomed".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect_err("erased");

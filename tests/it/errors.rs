@@ -205,6 +205,7 @@ async fn unknown_sessions_and_segments_are_not_found() {
             session_id: "nobody".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect_err("no session");

@@ -181,6 +181,7 @@ impl TestServer {
                 session_id: session.to_owned(),
                 max_tokens,
                 query: String::new(),
+                min_similarity: None,
             })
             .await
             .map(tonic::Response::into_inner)

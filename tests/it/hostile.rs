@@ -223,6 +223,7 @@ async fn endless_and_huge_provider_bodies_are_cut_at_the_cap_and_nothing_is_stor
                 session_id: "s".into(),
                 max_tokens: 0,
                 query: String::new(),
+                min_similarity: None,
             })
             .await
             .expect("context");
@@ -587,6 +588,7 @@ async fn get_context_on_a_long_session_reads_only_what_the_cap_allows() {
                         // No limit asked for, or one past the cap.
                         max_tokens: if i % 2 == 0 { 0 } else { u32::MAX },
                         query: String::new(),
+                        min_similarity: None,
                     })
                     .await
                     .expect("context")

@@ -170,19 +170,60 @@ async fn a_bad_line_stops_the_import_naming_it_and_keeps_every_earlier_batch() {
     assert!(ran.stderr.contains("line 4: role"), "{}", ran.stderr);
     assert_eq!(entries(&server, "s2").await.len(), 2);
 
-    // A dry run names every bad line and sends nothing.
+    // A dry run names every bad line with its field, counts what it read
+    // and what would be stored, sends nothing, and fails.
     let mut lines = history("s3");
     lines[1] = "{not json".to_owned();
     lines[2] = r#"{"session_id":"s3","role":"user","content":"x","when":"now"}"#.to_owned();
+    lines[4] = r#"{"session_id":"s3","role":"user","content":5}"#.to_owned();
+    lines.push(String::new());
     let file = write(dir.path(), "many.jsonl", &lines);
     let ran = import(&server, &file, &["--dry-run"]).await;
     assert_eq!(ran.code, 1, "{}", ran.stderr);
-    assert!(ran.stderr.contains("line 2:"), "{}", ran.stderr);
+    let said: Vec<&str> = ran.stderr.lines().collect();
+    assert!(said[0].starts_with("line 2: "), "{}", ran.stderr);
     assert!(
-        ran.stderr.contains("line 3: unknown field `when`"),
+        said[1].starts_with("line 3: unknown field `when`"),
         "{}",
         ran.stderr
     );
+    assert!(
+        said[2].starts_with("line 5: content: invalid type"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(
+        said[3],
+        "checked 7 lines: 3 entries would be stored, for 1 session, 3 bad lines, 1 blank; nothing sent (--dry-run)"
+    );
+    assert!(
+        said[4].contains("3 lines of 7 bad (the first: line 2)"),
+        "{}",
+        ran.stderr
+    );
+    let ran = import(&server, &file, &["--dry-run", "--json"]).await;
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
+    let summary = ran.json();
+    assert_eq!(
+        (
+            &summary["lines_read"],
+            &summary["would_store"],
+            &summary["bad"],
+            &summary["stored"]
+        ),
+        (&7.into(), &3.into(), &3.into(), &0.into())
+    );
+    let bad: Vec<(u64, Option<&str>)> = summary["bad_lines"]
+        .as_array()
+        .expect("bad lines")
+        .iter()
+        .map(|b| (b["line"].as_u64().unwrap_or(0), b["field"].as_str()))
+        .collect();
+    assert_eq!(
+        bad,
+        vec![(2, None), (3, Some("when")), (5, Some("content"))]
+    );
+    assert_eq!(summary["stopped_at_line"], 2);
     assert!(entries(&server, "s3").await.is_empty());
 }
 

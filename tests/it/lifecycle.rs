@@ -116,6 +116,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
             session_id: "s".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect_err("gone");
@@ -133,6 +134,7 @@ async fn an_erased_session_leaves_no_trace_and_starts_again_at_seq_one() {
             session_id: "s".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect("b's session")
@@ -387,6 +389,7 @@ async fn a_watch_of_a_session_not_there_yet_waits_for_it_and_sees_only_its_tenan
         session_id: "s".into(),
         max_tokens: 0,
         query: String::new(),
+        min_similarity: None,
     })
     .await
     .expect("a's session is untouched");
@@ -441,6 +444,7 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
                 session_id: "old".into(),
                 max_tokens: 0,
                 query: String::new(),
+                min_similarity: None,
             })
             .await
             .is_err_and(|s| s.code() == Code::NotFound)
@@ -454,6 +458,7 @@ async fn sessions_past_their_ttl_are_erased_and_younger_ones_stay() {
             session_id: "young".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect("the young one stays");

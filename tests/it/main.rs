@@ -33,5 +33,6 @@ mod time_search;
 mod tooling;
 mod tree;
 mod turn;
+mod turn_similarity;
 mod watches;
 mod winddown;

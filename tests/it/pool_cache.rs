@@ -158,3 +158,103 @@ async fn searches_holding_every_read_connection_leave_another_tenants_appends_se
     assert_eq!(log.entries.len(), APPENDS);
     drop(server.stop().await);
 }
+
+/// A read of the server's waiting on a lock in the test's database.
+async fn reads_waiting(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        &[],
+    )
+    .await
+    .expect("pg_stat_activity")
+    .get(0)
+}
+
+/// Issue 40: a search whose budget went on waiting for a read connection
+/// was refused SEARCH_TOO_COSTLY (no RetryInfo: "change your query"). With
+/// the only read connection held by a read waiting on a lock, a search
+/// now waits no longer than its budget and is refused as busy: OVERLOADED
+/// with a RetryInfo and the budget it waited; let go, it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_that_waited_its_budget_for_a_connection_is_busy_not_too_costly() {
+    let Some(db) = crate::replicas::database().await else {
+        return;
+    };
+    let url = db.url.clone();
+    let server = TestServer::start_with(move |c| {
+        tenants(c);
+        c.storage.backend = BackendKind::Postgres;
+        c.storage.url = url;
+        c.storage.read_connections = 1;
+        c.segment.max_entries = 10_000;
+        c.search.budget = Duration::from_millis(300);
+    })
+    .await;
+    let mut a = client(&server, Some(TOKEN_A)).await;
+    a.append_entries(append_request("notes", &["the release is on friday"]))
+        .await
+        .expect("append");
+
+    // The transcript reads `entries`: while the test holds it locked, the
+    // read holds the one read connection, waiting.
+    let (locker, conn) = tokio_postgres::connect(&db.url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE entries IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let (watcher, conn) = tokio_postgres::connect(&db.url, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let held = tokio::spawn({
+        let mut a = a.clone();
+        async move {
+            a.list_entries(pb::ListEntriesRequest {
+                session_id: "notes".to_owned(),
+                ..Default::default()
+            })
+            .await
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            reads_waiting(&watcher).await == 1
+        })
+        .await,
+        "the transcript never held the read connection"
+    );
+
+    let search = || pb::SearchRequest {
+        query: "release".to_owned(),
+        mode: pb::SearchMode::Lexical as i32,
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        let status = a.search(search()).await.expect_err("no connection for it");
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        assert_eq!(reason(&status), "OVERLOADED", "{status:?}");
+        let details = status.get_error_details();
+        assert!(details.retry_info().is_some(), "{status:?}");
+        assert_eq!(
+            details
+                .error_info()
+                .and_then(|i| i.metadata.get("search_budget_ms"))
+                .map(String::as_str),
+            Some("300"),
+            "{status:?}"
+        );
+    }
+    // Refused while the read still held the connection.
+    assert_eq!(reads_waiting(&watcher).await, 1);
+
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    let transcript = held.await.expect("task").expect("entries").into_inner();
+    assert_eq!(transcript.entries.len(), 1);
+    let found = a.search(search()).await.expect("search").into_inner();
+    assert_eq!(found.hits.len(), 1);
+    drop(server.stop().await);
+}

@@ -317,6 +317,7 @@ async fn appends_to_one_session_through_three_replicas_get_gapless_seqs() {
             session_id: "shared".to_owned(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect("context")

@@ -47,14 +47,14 @@ fn vector(text: &str) -> Vec<f64> {
 }
 
 /// The cosine the server computes for two texts (single precision).
-fn cosine(a: &str, b: &str) -> f32 {
+pub(crate) fn cosine(a: &str, b: &str) -> f32 {
     let (a, b) = (vector(a), vector(b));
     let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
     (dot / (norm(&a) * norm(&b))) as f32
 }
 
-struct Embedder;
+pub(crate) struct Embedder;
 
 impl Respond for Embedder {
     fn respond(&self, request: &Request) -> ResponseTemplate {
@@ -76,15 +76,15 @@ impl Respond for Embedder {
 /// Found by meaning only: none of the question's words.
 const NURSE: &str = "I work nights as a nurse at the city hospital";
 /// Found by words only through "what", "is" and "my".
-const SMALL_TALK: &[&str] = &[
+pub(crate) const SMALL_TALK: &[&str] = &[
     "What is my plan for the weekend?",
     "My dog is called Rex and what a dog he is",
     "What is my sister doing? My guess is she is asleep",
     "Is my coat dry yet? What a day it is",
 ];
 /// Neither: found by meaning only, far from the question.
-const BUS: &str = "The bus leaves at noon";
-const QUESTION: &str = "What is my profession?";
+pub(crate) const BUS: &str = "The bus leaves at noon";
+pub(crate) const QUESTION: &str = "What is my profession?";
 
 fn search(mode: pb::SearchMode, min_similarity: Option<f32>) -> pb::SearchRequest {
     pb::SearchRequest {

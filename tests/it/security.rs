@@ -112,6 +112,7 @@ async fn one_tenant_cannot_see_or_touch_anothers_sessions() {
             session_id: "shared-name".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect_err("hidden"),
@@ -167,6 +168,7 @@ async fn one_tenant_cannot_see_or_touch_anothers_sessions() {
             session_id: "shared-name".into(),
             max_tokens: 0,
             query: String::new(),
+            min_similarity: None,
         })
         .await
         .expect("context")

@@ -30,6 +30,7 @@ fn ask(session: &str, max_tokens: u32, query: &str) -> pb::GetContextRequest {
         session_id: session.to_owned(),
         max_tokens,
         query: query.to_owned(),
+        min_similarity: None,
     }
 }
 

@@ -33,11 +33,13 @@ from support import (
     KEY_ENV,
     SECRET_KEY,
     ArchivistServer,
+    FakeEmbedder,
     JsonRpcClient,
     McpHttpServer,
     clean_env,
     completion,
     error,
+    eventually_async,
     free_port,
     openai_config,
 )
@@ -158,7 +160,10 @@ async def test_the_tools_are_listed_with_schemas_for_a_model(server, connect: Co
         assert "idempotency key" in schema["$defs"]["MessageArg"]["properties"]["client_entry_id"]["description"]
         assert set(remember.output_schema["properties"]) >= {"session_id", "stored"}
         context = tools["context"]
-        assert set(context.input_schema["properties"]) == {"session_id", "max_tokens", "query"}
+        assert set(context.input_schema["properties"]) == {
+            "session_id", "max_tokens", "query", "min_similarity",
+        }
+        assert context.input_schema["properties"]["min_similarity"]["maximum"] == 1.0
         assert context.annotations is not None and context.annotations.read_only_hint is True
         assert remember.annotations is not None and remember.annotations.read_only_hint is False
         assert tools["list_sessions"].input_schema.get("required", []) == []
@@ -494,6 +499,50 @@ async def test_context_with_the_users_message_recalls_another_session_of_the_sub
         error = failed(await client.call_tool("context", {"session_id": friday, "query": "!!!"}))
         assert (error["origin"], error["reason"]) == ("arguments", "INVALID_ARGUMENTS")
         assert [v["field"] for v in error["violations"]] == ["query"]
+
+
+async def test_context_takes_min_similarity_for_its_recall(start_server, connect: Connect) -> None:
+    """With embeddings on, a question nothing in memory answers recalls
+    the nearest texts, unless min_similarity leaves out what only meaning
+    found below it; a text the words found stays."""
+    embedder = FakeEmbedder({"profession": 0, "nurse": 0, "dog": 1, "quantum": 2}, dims=4)
+    try:
+        server = start_server(embedder.config())
+        subject = f"ada-{uuid.uuid4().hex[:8]}"
+        monday, friday = f"{subject}-mon", f"{subject}-fri"
+        # Near the question by meaning (a cosine of 0.71), no word of it.
+        near, talk = "I work nights as a nurse and walk the dog", "What is my plan for the weekend?"
+        async with connect(url(server)) as client:
+            ok(await client.call_tool("remember", {
+                "session_id": monday, "subject": subject,
+                "messages": [{"role": "user", "content": t} for t in (near, talk)],
+            }))
+            ok(await client.call_tool("remember", {
+                "session_id": friday, "subject": subject,
+                "messages": [{"role": "user", "content": "Good morning!"}],
+            }))
+            with ArchivistClient(server.address) as direct:
+
+                async def embedded() -> bool:
+                    return direct.backlog().raw.embeddings.embedded == 3
+
+                assert await eventually_async(embedded, limit=30.0)
+
+            async def recalled(query: str, **least: float) -> list[str]:
+                args = {"session_id": friday, "query": query, **least}
+                items = ok(await client.call_tool("context", args))["items"]
+                return sorted(i["text"] for i in items if i["kind"] == "recalled")
+
+            assert await recalled("quantum chromodynamics") == sorted([near, talk])
+            assert await recalled("quantum chromodynamics", min_similarity=0.5) == []
+            assert await recalled("What is my profession?", min_similarity=0.5) == sorted([near, talk])
+            assert await recalled("What is my profession?", min_similarity=0.9) == [talk]
+            refused = failed(await client.call_tool("context", {
+                "session_id": friday, "query": "x", "min_similarity": 1.5,
+            }))
+            assert [v["field"] for v in refused["violations"]] == ["min_similarity"]
+    finally:
+        embedder.close()
 
 
 async def test_a_subject_is_kept_and_finds_its_sessions(start_server, connect: Connect) -> None:

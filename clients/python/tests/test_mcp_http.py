@@ -50,6 +50,19 @@ class Raw:
         response = self.conn.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
+    def post_bytes(
+        self, body: bytes, content_type: str = "application/json", session: str | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """A POST of `body` as it is, however malformed."""
+        headers = {"content-type": content_type, "accept": "application/json, text/event-stream"}
+        if session is not None:
+            headers["mcp-session-id"] = session
+        self.conn.close()
+        self.conn = self._connect()
+        self.conn.request("POST", self.path, body, headers)
+        response = self.conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
     def delete(self, session: str) -> int:
         self.conn.close()
         self.conn = self._connect()
@@ -221,4 +234,40 @@ def test_stateless_answers_a_generic_json_rpc_client(mcp_http) -> None:
     status, headers, body = raw.post(initialize(6), accept="application/json")
     assert status == 200 and "mcp-session-id" not in headers
     assert json.loads(body)["result"]["serverInfo"]["name"] == "archivist"
+    raw.close()
+
+
+@pytest.mark.parametrize("stateless", [True, False])
+def test_a_body_that_is_no_json_rpc_message_is_answered_as_json_rpc_says(mcp_http, stateless: bool) -> None:
+    """Issue 40: a malformed body was 415 Unsupported Media Type (the SDK's
+    answer to any body it cannot read), though its Content-Type was
+    right. JSON-RPC says -32700 for what is not JSON and -32600 for JSON
+    that is no request, which MCP's HTTP transport sends as 400 with the
+    error and no id; stateful and stateless alike, with a session too."""
+    raw = Raw(mcp_http(*(["--stateless"] if stateless else [])).url)
+    session = None if stateless else open_session(raw, 1)
+    for sent in [None, session]:
+        status, headers, body = raw.post_bytes(b'{"jsonrpc": "2.0", "id": 1, "method":', session=sent)
+        assert status == 400 and headers["content-type"].startswith("application/json"), body
+        answer = json.loads(body)
+        assert (answer["jsonrpc"], answer["id"], answer["error"]["code"]) == ("2.0", None, -32700)
+        assert answer["error"]["message"].startswith("Parse error")
+        for not_a_request in [b'{"hello": "world"}', b"[]", b"42"]:
+            status, _, body = raw.post_bytes(not_a_request, session=sent)
+            assert status == 400, (not_a_request, body)
+            assert json.loads(body)["error"]["code"] == -32600, body
+        # What the SDK answers rightly stays its answer: a body declared
+        # as something else, and a method no one has.
+        assert raw.post_bytes(b"{}", content_type="text/plain", session=sent)[0] == 415
+    status, headers, body = raw.post_bytes(
+        b'{"jsonrpc": "2.0", "id": 9, "method": "no/such"}', session=session
+    )
+    assert status == 200, body
+    [answer] = messages(headers, body)
+    assert (answer["id"], answer["error"]["code"]) == (9, -32601)
+    # A well-formed call still works after all that.
+    status, headers, body = raw.post(call("list_sessions", {}, id=10), session=session)
+    assert status == 200, body
+    [answer] = messages(headers, body)
+    assert "sessions" in answer["result"]["structuredContent"]
     raw.close()

@@ -1,8 +1,9 @@
 """search() by meaning against the real server and a fake embedder whose
 vectors are set by hand: each hit's similarity and its place in each leg,
 `min_similarity` dropping what only meaning found below it and keeping
-what the words found, on Client, AsyncClient and the LangChain retriever;
-a threshold that is no cosine refused before anything is sent."""
+what the words found, on Client, AsyncClient and the LangChain retriever,
+and in context()'s recall of another session of the subject; a threshold
+that is no cosine refused before anything is sent."""
 
 from __future__ import annotations
 
@@ -119,3 +120,55 @@ def test_a_threshold_that_is_no_cosine_is_refused_before_sending() -> None:
             client.search("anything", min_similarity="high")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             ArchivistRetriever(client=client, min_similarity=2.0)
+
+
+NEAR = "I work nights as a nurse and walk the dog after"
+
+
+@pytest.fixture
+def two_days(start_server, embedder: FakeEmbedder):  # type: ignore[no-untyped-def]
+    """Monday's session of a subject holds the texts, with a text near the
+    question (but not on it) found by meaning only; Friday's, of the same
+    subject, is where the question is asked. Every text has its vector."""
+    server = start_server(embedder.config())
+    monday = [*SMALL_TALK, NEAR, BUS]
+    with Client(server.address) as client:
+        client.append("ada-mon", [("user", t) for t in monday], subject="ada")
+        client.append("ada-fri", [("user", "Good morning!")], subject="ada")
+
+        def done() -> bool:
+            e = client.backlog().raw.embeddings
+            return e.pending == 0 and e.embedded == len(monday) + 1
+
+        assert eventually(done, limit=30.0), client.backlog().raw
+    return server
+
+
+def test_context_takes_min_similarity_for_its_recall(two_days, embedder: FakeEmbedder) -> None:  # type: ignore[no-untyped-def]
+    assert 0.5 < embedder.cosine(QUESTION, NEAR) < 0.9
+    with Client(two_days.address) as client:
+
+        def recalled(query: str, least: float | None) -> list[str]:
+            ctx = client.context("ada-fri", max_tokens=2000, query=query, min_similarity=least)
+            return [r.text for r in ctx.recalled]
+
+        low = recalled(QUESTION, 0.5)
+        high = recalled(QUESTION, 0.9)
+        assert low[0] == NEAR and sorted(low[1:]) == sorted(SMALL_TALK)  # not the far bus
+        assert sorted(high) == sorted(SMALL_TALK)  # the words' hits stay
+        assert len(recalled("quantum chromodynamics", None)) == 5
+        assert recalled("quantum chromodynamics", 0.5) == []
+        # A threshold that is no cosine never leaves the client.
+        for bad in [math.nan, 1.5]:
+            with pytest.raises(InvalidArgument) as refused:
+                recalled(QUESTION, bad)
+            assert refused.value.reason == "INVALID_MIN_SIMILARITY"
+            assert [v.field for v in refused.value.violations] == ["min_similarity"]
+
+
+async def test_async_context_takes_min_similarity(two_days) -> None:  # type: ignore[no-untyped-def]
+    async with AsyncClient(two_days.address) as client:
+        nearest = await client.context("ada-fri", query="quantum chromodynamics")
+        nothing = await client.context("ada-fri", query="quantum chromodynamics", min_similarity=0.5)
+    assert len(nearest.recalled) == 5
+    assert nothing.recalled == []

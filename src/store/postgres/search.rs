@@ -3,9 +3,11 @@
 //! the query (search/query.rs), ranked by `ts_rank`, with the filters
 //! applied before the limit; and the probe that finds common terms.
 //!
-//! Both run in a transaction whose `statement_timeout` is what is left of
+//! Both wait for a read connection no longer than the search's deadline,
+//! and run in a transaction whose `statement_timeout` is what is left of
 //! the search's budget (the server cancels the statement at its deadline:
-//! `SearchTooCostly`), and a caller that goes away mid-statement has it
+//! `SearchTooCostly`, or `SearchBusy` when the search mostly waited; see
+//! `store/bound.rs`), and a caller that goes away mid-statement has it
 //! cancelled too: its connection is dropped inside the transaction, which
 //! sends the server a cancel request (`Conn`).
 
@@ -17,16 +19,19 @@ use super::{Conn, Postgres, transact, unsigned};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term};
 use crate::store::StoreError;
+use crate::store::bound::SearchBound;
 use crate::store::search::{COMMON_DOCS, SearchHit, SearchScope};
 
 /// The settings of a search's transaction: the statements' timeout, what
-/// is left until `deadline` (none left: `SearchTooCostly` without asking).
-fn bound(deadline: Instant) -> Result<String, StoreError> {
-    let left = deadline
+/// is left until the deadline (none left: what `bound` says, without
+/// asking).
+fn settings(bound: &SearchBound) -> Result<String, StoreError> {
+    let left = bound
+        .deadline()
         .saturating_duration_since(Instant::now())
         .as_millis();
     if left == 0 {
-        return Err(StoreError::SearchTooCostly);
+        return Err(bound.spent());
     }
     // The setting's range ends at i32::MAX ms (24 days; the budget may be
     // set up to 30).
@@ -38,7 +43,8 @@ fn bound(deadline: Instant) -> Result<String, StoreError> {
     ))
 }
 
-/// A statement's error, `SearchTooCostly` when its timeout cancelled it.
+/// A statement's error, `SearchTooCostly` when its timeout cancelled it
+/// (`bounded` asks the bound which it was).
 fn costly(e: tokio_postgres::Error) -> StoreError {
     if e.code() == Some(&SqlState::QUERY_CANCELED) {
         StoreError::SearchTooCostly
@@ -47,20 +53,38 @@ fn costly(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
-/// Runs `body` on `client` in a transaction bounded by `deadline`, the
-/// settings pipelined with the body's first statement.
+/// A connection for one of a search's statements, waited for no longer
+/// than its deadline: the wait is not the search's work, and a search
+/// whose budget went on it is busy rather than too costly (`bound.rs`).
+async fn reader(postgres: &Postgres, bound: &SearchBound) -> Result<Conn, StoreError> {
+    match tokio::time::timeout_at(bound.deadline(), postgres.reader()).await {
+        Ok(conn) => conn,
+        Err(_) => Err(bound.spent()),
+    }
+}
+
+/// Runs `body` on `client` in a transaction bounded by the search's
+/// deadline, the settings pipelined with the body's first statement; the
+/// time it runs is the search's work. Cancelled at the deadline, it is
+/// what the bound says: too costly, or busy when the search mostly waited.
 async fn bounded<T>(
     client: &Conn,
-    deadline: Instant,
+    bound: &SearchBound,
     body: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let setting = bound(deadline)?;
+    let setting = settings(bound)?;
     let body = async {
         let (set, result) = tokio::join!(client.batch_execute(&setting), body);
         set?;
         result
     };
-    transact(client, body).await
+    let started = Instant::now();
+    let result = transact(client, body).await;
+    bound.add_work(started.elapsed());
+    match result {
+        Err(StoreError::SearchTooCostly) => Err(bound.spent()),
+        other => other,
+    }
 }
 
 /// When an entry (`e`) was said.
@@ -237,9 +261,9 @@ impl Postgres {
         query: &Query,
         limit: u32,
         weighed: bool,
-        deadline: Instant,
+        bound: &SearchBound,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        let client = self.reader().await?;
+        let client = reader(self, bound).await?;
         let stmt = client.prepare_cached(&LEG).await?;
         let values = ScopeValues::new(tenant, scope)?;
         let text = query.websearch();
@@ -248,7 +272,7 @@ impl Postgres {
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&text];
         params.extend_from_slice(&values.params());
         params.extend_from_slice(&[&limit, &weighed]);
-        let rows = bounded(&client, deadline, async {
+        let rows = bounded(&client, bound, async {
             client.query(&stmt, params.as_slice()).await.map_err(costly)
         })
         .await?;
@@ -261,9 +285,9 @@ impl Postgres {
         &self,
         tenant: &Tenant,
         terms: &[Term],
-        deadline: Instant,
+        bound: &SearchBound,
     ) -> Result<Vec<u32>, StoreError> {
-        let client = self.reader().await?;
+        let client = reader(self, bound).await?;
         let stmt = client
             .prepare_cached(
                 "SELECT count(*) FROM (SELECT 1 FROM entries e JOIN sessions x ON x.id = e.session_id \
@@ -271,7 +295,7 @@ impl Postgres {
                  AND x.tenant = $2 LIMIT $3) c",
             )
             .await?;
-        bounded(&client, deadline, async {
+        bounded(&client, bound, async {
             let mut docs = Vec::with_capacity(terms.len());
             for term in terms {
                 let single = Query {

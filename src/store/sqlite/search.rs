@@ -4,7 +4,9 @@
 //! batches) is gone to search as to every other read.
 //!
 //! Each runs as a bounded read (`read_bounded`): stopped at the search's
-//! deadline, and as soon as its caller's future is dropped. The progress
+//! deadline, and as soon as its caller's future is dropped; the CPU time
+//! it takes is the search's work (`store/bound.rs`), so a search stopped
+//! having mostly waited (for a thread, or the CPU) is busy, not costly. The progress
 //! handler alone cannot do that: FTS5 walks a phrase's candidates inside
 //! one step of the engine, where it is not called (`"b a b a …"` of 1,023
 //! words ran 9 s past a bound of 200 million instructions). An interrupt
@@ -18,12 +20,12 @@ use std::time::Duration;
 
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, InterruptHandle, params};
-use tokio::time::Instant;
 
 use super::{Sqlite, fts, lock};
 use crate::model::{Millis, Role, Tenant};
 use crate::search::query::{Query, Term, fts5_term};
 use crate::store::StoreError;
+use crate::store::bound::{SearchBound, ThreadWork};
 use crate::store::search::{CANDIDATES, COMMON_DOCS, SearchHit, SearchScope};
 
 /// The most progress-handler calls (each after this many virtual machine
@@ -121,24 +123,33 @@ impl Stop {
         }
     }
 
-    /// Runs `f` on `conn` as the read this stops, unless it is stopped.
+    /// Runs `f` on `conn` as the read this stops, unless it is stopped,
+    /// counting the CPU time it takes as the search's work. Stopped at the
+    /// deadline (before it began, or while it ran), it is what `bound`
+    /// says: too costly, or busy when the search mostly waited (for this
+    /// thread, or for the CPU while it ran).
     fn run<T>(
         self: &Arc<Self>,
         conn: &mut Connection,
+        bound: &SearchBound,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         {
             let mut running = lock(&self.running);
             if self.stopped() {
-                return Err(StoreError::SearchTooCostly);
+                return Err(bound.spent());
             }
             *running = Some(conn.get_interrupt_handle());
         }
+        let work = ThreadWork::start();
         let result = bounded_by(conn, Some(self.clone()), f);
+        bound.add_work(work.done());
         *lock(&self.running) = None;
         match result {
             // An interrupt can surface as another error (FTS5's own).
-            Err(_) if self.stopped() => Err(StoreError::SearchTooCostly),
+            Err(_) if self.stopped() => Err(bound.spent()),
+            // Past the work bound of a query (not stopped): too costly
+            // however idle the server.
             other => other,
         }
     }
@@ -347,9 +358,10 @@ pub(super) fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SearchHit> {
 }
 
 impl Sqlite {
-    /// `read` under the work bound, stopped (`SearchTooCostly`) at
-    /// `deadline` and as soon as this future is dropped.
-    async fn read_bounded<T, F>(&self, deadline: Instant, f: F) -> Result<T, StoreError>
+    /// `read` under the work bound, stopped (`SearchTooCostly` or
+    /// `SearchBusy`, as `bound` says) at its deadline and as soon as this
+    /// future is dropped.
+    async fn read_bounded<T, F>(&self, bound: &SearchBound, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -357,12 +369,13 @@ impl Sqlite {
         let stop = Arc::new(Stop::default());
         let _on_drop = StopOnDrop(stop.clone());
         let runs = stop.clone();
-        let read = self.read_mut(move |conn| runs.run(conn, f));
+        let counts = bound.clone();
+        let read = self.read_mut(move |conn| runs.run(conn, &counts, f));
         tokio::pin!(read);
         tokio::select! {
             biased;
             done = &mut read => done,
-            () = tokio::time::sleep_until(deadline) => {
+            () = tokio::time::sleep_until(bound.deadline()) => {
                 stop.stop();
                 // Awaited: the read transaction has ended when this answers.
                 read.await
@@ -377,12 +390,12 @@ impl Sqlite {
         query: &Query,
         limit: u32,
         weighed: bool,
-        deadline: Instant,
+        bound: &SearchBound,
     ) -> Result<Vec<SearchHit>, StoreError> {
         let matching = query.fts5();
         let values = ScopeValues::new(tenant, scope)?;
         let tenant = tenant.0.clone();
-        self.read_bounded(deadline, move |conn| {
+        self.read_bounded(bound, move |conn| {
             // A tenant with nothing indexed yet has no table.
             let Some(k) = fts::table_of(conn, &tenant)? else {
                 return Ok(Vec::new());
@@ -403,14 +416,14 @@ impl Sqlite {
         &self,
         tenant: &Tenant,
         terms: &[Term],
-        deadline: Instant,
+        bound: &SearchBound,
     ) -> Result<Vec<u32>, StoreError> {
         let matching: Vec<String> = terms
             .iter()
             .map(|t| format!("body : {}", fts5_term(t)))
             .collect();
         let tenant = tenant.0.clone();
-        self.read_bounded(deadline, move |conn| {
+        self.read_bounded(bound, move |conn| {
             let Some(k) = fts::table_of(conn, &tenant)? else {
                 return Ok(vec![0; matching.len()]);
             };

@@ -231,7 +231,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
                     &query,
                     10,
                     true,
-                    tokio::time::Instant::now() + crate::store::tests::SEARCH_BUDGET,
+                    &crate::store::bound::SearchBound::new(crate::store::tests::SEARCH_BUDGET),
                 )
                 .await
                 .expect("search")
@@ -1080,4 +1080,77 @@ async fn two_loads_at_once_never_hold_more_than_the_budget() {
     assert_eq!(large.await.expect("large"), "e 6");
     assert_eq!(store.cached_vectors("large"), Some((6, 0)));
     assert!(store.vector_bytes() <= 600, "{}", store.vector_bytes());
+}
+
+/// A search whose budget went on waiting for a thread to read on (every
+/// one of them held) is refused as busy, not as too costly: it did no
+/// work. The clock is the runtime's, paused and moved by hand, so nothing
+/// here depends on how fast the machine is.
+#[test]
+fn a_search_whose_budget_went_on_waiting_is_busy_not_too_costly() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = crate::store::Store::open(dir.path()).await.expect("open");
+        let t = Tenant::default();
+        store
+            .append(
+                &t,
+                &session("s"),
+                entries(&["the release is on friday"]),
+                POLICY,
+                0,
+            )
+            .await
+            .expect("append");
+        let query = crate::search::query::Query::parse("release").expect("query");
+        let scope = crate::store::SearchScope::default();
+        let budget = std::time::Duration::from_millis(100);
+
+        // The one thread for blocking work, held until let go.
+        let (let_go, held) = std::sync::mpsc::channel::<()>();
+        let (holding, hold_taken) = tokio::sync::oneshot::channel();
+        let holder = tokio::task::spawn_blocking(move || {
+            let _ = holding.send(());
+            let _ = held.recv();
+        });
+        hold_taken.await.expect("the thread is held");
+
+        tokio::time::pause();
+        let search = tokio::spawn({
+            let (store, query, scope, t) = (store.clone(), query.clone(), scope.clone(), t.clone());
+            async move { store.search(&t, &scope, &query, 10, budget).await }
+        });
+        // The search starts, queues its read behind the held thread, and
+        // waits; then its whole budget passes.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::advance(budget * 2).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let_go.send(()).expect("let go");
+        holder.await.expect("holder");
+        let refused = search
+            .await
+            .expect("search task")
+            .expect_err("waited its budget");
+        assert!(
+            matches!(refused, StoreError::SearchBusy { budget: b } if b == budget),
+            "{refused:?}"
+        );
+
+        // With the thread free, the same search answers.
+        tokio::time::resume();
+        let hits = store
+            .search(&t, &scope, &query, 10, crate::store::tests::SEARCH_BUDGET)
+            .await
+            .expect("search");
+        assert_eq!(hits.len(), 1);
+    });
 }

@@ -163,6 +163,20 @@ MAX_QUERY_BYTES = 4096
 MAX_SEARCH_LIMIT = 100
 
 
+def _check_min_similarity(min_similarity: float | None) -> None:
+    """A `min_similarity` that is no cosine refused as the server would."""
+    if min_similarity is None:
+        return
+    if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)):
+        raise TypeError(f"min_similarity must be a float; got {type(min_similarity).__name__}")
+    if not -1.0 <= min_similarity <= 1.0:  # NaN fails this too
+        raise invalid_argument(
+            "min_similarity",
+            f"must be a cosine, from -1 to 1; got {min_similarity!r}",
+            "INVALID_MIN_SIMILARITY",
+        )
+
+
 def _search_request(
     query: str,
     session_ids: Iterable[str] | str | None,
@@ -212,17 +226,7 @@ def _search_request(
         raise invalid_argument(
             "mode", f"must be one of {', '.join(SEARCH_MODES)}; got {mode!r}", "INVALID_MODE"
         )
-    if min_similarity is not None:
-        if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)):
-            raise TypeError(
-                f"min_similarity must be a float; got {type(min_similarity).__name__}"
-            )
-        if not -1.0 <= min_similarity <= 1.0:  # NaN fails this too
-            raise invalid_argument(
-                "min_similarity",
-                f"must be a cosine, from -1 to 1; got {min_similarity!r}",
-                "INVALID_MIN_SIMILARITY",
-            )
+    _check_min_similarity(min_similarity)
     roles_wire = [
         cast("pb.Role", role_value(r, f"roles[{i}]"))
         for i, r in enumerate(_strings("roles", roles))
@@ -249,14 +253,20 @@ def _search_request(
     return request
 
 
-def _context_request(session_id: str, max_tokens: int, query: str | None) -> pb.GetContextRequest:
+def _context_request(
+    session_id: str, max_tokens: int, query: str | None, min_similarity: float | None
+) -> pb.GetContextRequest:
     if query is not None and not isinstance(query, str):
         raise TypeError(f"query must be a str; got {type(query).__name__}")
-    return pb.GetContextRequest(
+    _check_min_similarity(min_similarity)
+    request = pb.GetContextRequest(
         session_id=session_id,
         max_tokens=count_value("max_tokens", max_tokens),
         query=query or "",
     )
+    if min_similarity is not None:
+        request.min_similarity = float(min_similarity)
+    return request
 
 
 def _list_request(
@@ -683,6 +693,7 @@ class Client(_Base):
         *,
         max_tokens: int = 0,
         query: str | None = None,
+        min_similarity: float | None = None,
         timeout: float | None = DEFAULT,
     ) -> Context:
         """What an agent puts in its prompt: summaries where segments have
@@ -697,8 +708,11 @@ class Client(_Base):
         `Context.recalled`, within the server's `context.recall_tokens`
         (default a quarter of the budget); nothing the session's items
         already show verbatim is repeated. A message with no word to look
-        for ("👍") is no query."""
-        request = _context_request(session_id, max_tokens, query)
+        for ("👍") is no query. `min_similarity` (a cosine, -1 to 1; None:
+        none) leaves out of the recall what only meaning found below it, as
+        in `search`, so a question nothing in memory answers recalls
+        nothing with embeddings on too; what the words found stays."""
+        request = _context_request(session_id, max_tokens, query, min_similarity)
         return Context.from_pb(self._call(self._stub.GetContext, request, timeout))
 
     def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:
@@ -987,11 +1001,12 @@ class AsyncClient(_Base):
         *,
         max_tokens: int = 0,
         query: str | None = None,
+        min_similarity: float | None = None,
         timeout: float | None = DEFAULT,
     ) -> Context:
         """Summaries and raw entries for a prompt, and with `query` what was
         recalled for it first; see `Client.context`."""
-        request = _context_request(session_id, max_tokens, query)
+        request = _context_request(session_id, max_tokens, query, min_similarity)
         return Context.from_pb(await self._call(self._stub.GetContext, request, timeout))
 
     async def segment(self, segment_id: int, *, timeout: float | None = DEFAULT) -> Segment:

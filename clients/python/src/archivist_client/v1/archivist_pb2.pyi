@@ -347,14 +347,16 @@ class ListSegmentsResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetContextRequest(_message.Message):
-    __slots__ = ("session_id", "max_tokens", "query")
+    __slots__ = ("session_id", "max_tokens", "query", "min_similarity")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
+    MIN_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_tokens: int
     query: str
-    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., query: _Optional[str] = ...) -> None: ...
+    min_similarity: float
+    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., query: _Optional[str] = ..., min_similarity: _Optional[float] = ...) -> None: ...
 
 class ContextSummary(_message.Message):
     __slots__ = ("segment_id", "first_seq", "last_seq", "summary", "level", "first_occurred_at", "last_occurred_at")
