@@ -49,11 +49,15 @@ type OneShot = StreamableHttpService<Archivist, NeverSessionManager>;
 struct Stateless {
     json: OneShot,
     sse: OneShot,
+    /// The SDK's allowed hosts (`guarded`).
+    hosts: Vec<String>,
 }
 
 /// What every request to the stateful endpoint shares.
 struct Stateful {
     service: Service,
+    /// The SDK's allowed hosts (`guarded`).
+    hosts: Vec<String>,
     sessions: Arc<LocalSessionManager>,
     max_sessions: usize,
     session_idle: Duration,
@@ -114,6 +118,7 @@ fn stateless_router(backend: Arc<Backend>, config: StreamableHttpServerConfig) -
     let state = Arc::new(Stateless {
         json: service(true),
         sse: service(false),
+        hosts: config.allowed_hosts.clone(),
     });
     axum::Router::new()
         .route("/mcp", axum::routing::any(stateless))
@@ -130,7 +135,9 @@ fn stateful_router(
     session_config.keep_alive = Some(opts.session_idle);
     sessions.session_config = session_config;
     let sessions = Arc::new(sessions);
+    let hosts = config.allowed_hosts.clone();
     let state = Arc::new(Stateful {
+        hosts,
         service: StreamableHttpService::new(
             move || Ok(Archivist::new(backend.clone())),
             sessions.clone(),
@@ -151,7 +158,7 @@ fn stateful_router(
 /// the answer's form is chosen here from what the client accepts (JSON
 /// first, no Accept meaning anything) and the SDK told it may use both.
 async fn stateless(State(state): State<Arc<Stateless>>, request: Request) -> Response {
-    if request.method() != Method::POST {
+    if request.method() != Method::POST || guarded(&request, &state.hosts) {
         return state.json.handle(request).await.into_response();
     }
     let mut request = match read_message(request).await {
@@ -213,7 +220,7 @@ fn accepted(headers: &http::HeaderMap) -> (bool, bool) {
 /// One request to the stateful endpoint: a handshake counted against the
 /// cap, anything else straight to the SDK.
 async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Response {
-    if request.method() != Method::POST {
+    if request.method() != Method::POST || guarded(&request, &state.hosts) {
         return state.service.handle(request).await.into_response();
     }
     let (request, message) = match read_message(request).await {
@@ -235,6 +242,35 @@ async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Respo
         return sessions_full(&state, message.as_ref().and_then(|m| m.get("id")));
     }
     state.service.handle(request).await.into_response()
+}
+
+/// Whether a request is left to the SDK's guard against DNS rebinding
+/// before anything here reads it: its Host is not one the SDK allows
+/// (`allowed`, the host names; empty: any), or it names an Origin (which
+/// the SDK checks). Such a request gets the SDK's answers alone (403 for
+/// a foreign Host), never this layer's, whatever its body.
+fn guarded(request: &Request, allowed: &[String]) -> bool {
+    if request.headers().contains_key(header::ORIGIN) {
+        return true;
+    }
+    if allowed.is_empty() {
+        return false;
+    }
+    let host = (request.headers().get(header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| http::uri::Authority::try_from(v).ok())
+        .or_else(|| request.uri().authority().cloned());
+    let Some(host) = host else {
+        return true;
+    };
+    let name = host.host().trim_matches(['[', ']']).to_ascii_lowercase();
+    !allowed.iter().any(|a| {
+        let a = a.trim();
+        let a = http::uri::Authority::try_from(a)
+            .map(|auth| auth.host().to_owned())
+            .unwrap_or_else(|_| a.to_owned());
+        a.trim_matches(['[', ']']).eq_ignore_ascii_case(&name)
+    })
 }
 
 /// A POST's body, read whole (the request rebuilt around it), and the

@@ -38,6 +38,9 @@ pub(crate) struct Term(pub(crate) Vec<String>);
 pub(crate) struct Query {
     pub(crate) all: Vec<Vec<Term>>,
     pub(crate) none: Vec<Term>,
+    /// Words the caller quoted alone (`"grew"`): matched as written, never
+    /// by their other forms.
+    pub(crate) as_written: Vec<String>,
 }
 
 /// Why a query cannot be run.
@@ -50,7 +53,11 @@ pub(crate) enum QueryError {
 }
 
 enum Token {
-    Term { negated: bool, term: Term },
+    Term {
+        negated: bool,
+        term: Term,
+        quoted: bool,
+    },
     Or,
 }
 
@@ -130,6 +137,7 @@ fn tokens(text: &str) -> Vec<Token> {
             out.push(Token::Term {
                 negated,
                 term: Term(found),
+                quoted: true,
             });
         } else {
             // `foo-bar` or `a.b`: each word its own term, as the index
@@ -143,6 +151,7 @@ fn tokens(text: &str) -> Vec<Token> {
                 out.push(Token::Term {
                     negated: negated && i == 0,
                     term: Term(vec![w]),
+                    quoted: false,
                 });
             }
         }
@@ -158,15 +167,24 @@ impl Query {
         }
         let mut all: Vec<Vec<Term>> = Vec::new();
         let mut none = Vec::new();
+        let mut as_written = Vec::new();
         // An `or` joins the next positive term to the last group, if
         // there is one; anywhere else it is dropped.
         let mut join = false;
         for token in tokens(text) {
+            if let Token::Term {
+                term, quoted: true, ..
+            } = &token
+                && let [word] = term.0.as_slice()
+            {
+                as_written.push(word.clone());
+            }
             match token {
                 Token::Or => join = !all.is_empty(),
                 Token::Term {
                     negated: true,
                     term,
+                    ..
                 } => {
                     none.push(term);
                     join = false;
@@ -174,6 +192,7 @@ impl Query {
                 Token::Term {
                     negated: false,
                     term,
+                    ..
                 } => {
                     match (join, all.last_mut()) {
                         (true, Some(group)) => group.push(term),
@@ -186,7 +205,11 @@ impl Query {
         if all.is_empty() {
             return Err(QueryError::NoWords);
         }
-        Ok(Query { all, none })
+        Ok(Query {
+            all,
+            none,
+            as_written,
+        })
     }
 
     /// What the semantic leg embeds: the positive words in their order,
@@ -219,6 +242,7 @@ impl Query {
         Some(Query {
             all: vec![any],
             none: self.none.clone(),
+            as_written: self.as_written.clone(),
         })
     }
 
@@ -238,40 +262,44 @@ impl Query {
         Some(Query {
             all,
             none: self.none.clone(),
+            as_written: self.as_written.clone(),
         })
     }
 
-    /// The query with each word's other forms (`forms.rs`) as its
-    /// alternatives, and excluded with it, while the query holds fewer
-    /// than [`MAX_TERMS`] terms: what the lexical legs look for.
-    pub(crate) fn with_forms(&self) -> Query {
+    /// The query with each word's other forms (`forms.rs`) that `keep`
+    /// keeps as its alternatives, and excluded with it, while the query
+    /// holds fewer than [`MAX_TERMS`] terms (an exclusion's forms first: a
+    /// text left out must not come back for want of room); a word quoted
+    /// alone keeps to its own form. What the lexical legs look for.
+    pub(crate) fn with_forms(&self, keep: &dyn Fn(&Term) -> bool) -> Query {
         let mut out = self.clone();
         let mut terms = out.all.iter().map(Vec::len).sum::<usize>() + out.none.len();
+        let as_written = self.as_written.clone();
         let mut room = |list: &mut Vec<Term>, word: &str| {
+            if as_written.iter().any(|w| w == word) {
+                return;
+            }
             for form in super::forms::others(word) {
                 let term = Term(vec![form.to_owned()]);
-                if terms < MAX_TERMS && !list.contains(&term) {
+                if terms < MAX_TERMS && keep(&term) && !list.contains(&term) {
                     list.push(term);
                     terms += 1;
                 }
             }
         };
-        for group in &mut out.all {
-            let words: Vec<String> = group
-                .iter()
+        let single = |list: &[Term]| -> Vec<String> {
+            (list.iter())
                 .filter(|t| t.0.len() == 1)
                 .map(|t| t.0[0].clone())
-                .collect();
-            for word in words {
+                .collect()
+        };
+        for word in single(&out.none) {
+            room(&mut out.none, &word);
+        }
+        for group in &mut out.all {
+            for word in single(group) {
                 room(group, &word);
             }
-        }
-        let excluded: Vec<String> = (out.none.iter())
-            .filter(|t| t.0.len() == 1)
-            .map(|t| t.0[0].clone())
-            .collect();
-        for word in excluded {
-            room(&mut out.none, &word);
         }
         out
     }
@@ -454,7 +482,7 @@ mod tests {
     fn a_words_other_forms_are_its_alternatives_and_excluded_with_it() {
         let q = Query::parse("where did I grow up -went")
             .unwrap()
-            .with_forms();
+            .with_forms(&|_| true);
         assert_eq!(
             q.all,
             vec![
@@ -466,13 +494,22 @@ mod tests {
             ]
         );
         assert_eq!(q.none, vec![t("went"), t("go"), t("gone")]);
-        // A phrase's words must line up as written.
-        let q = Query::parse("\"grow up\"").unwrap();
-        assert_eq!(q.with_forms(), q);
-        // Never past the term cap.
-        let many = "grow ".repeat(MAX_TERMS - 1);
-        let q = Query::parse(&many).unwrap().with_forms();
-        assert_eq!(q.positive().count(), MAX_TERMS);
+        // A phrase's words must line up as written, and a word quoted
+        // alone is that word.
+        for quoted in ["\"grow up\"", "\"grew\"", "\"grew\" -\"went\""] {
+            let q = Query::parse(quoted).unwrap();
+            assert_eq!(q.with_forms(&|_| true), q, "{quoted}");
+        }
+        // Only the forms kept: "go" left out where it is common.
+        let q = Query::parse("gone")
+            .unwrap()
+            .with_forms(&|t| t.0[0] != "go");
+        assert_eq!(q.all, vec![vec![t("gone"), t("went")]]);
+        // Never past the term cap, and an exclusion's forms come first.
+        let many = format!("{}-went", "grow ".repeat(MAX_TERMS - 3));
+        let q = Query::parse(&many).unwrap().with_forms(&|_| true);
+        assert_eq!(q.none, vec![t("went"), t("go"), t("gone")]);
+        assert_eq!(q.positive().count() + q.none.len(), MAX_TERMS);
     }
 
     #[test]

@@ -65,19 +65,26 @@ fn choose(
         }
         let (t, b) = cost(hit);
         match said_already(&chosen, hit) {
-            Some(Said::Holds) => continue,
-            Some(Said::HeldBy(i)) => {
-                // The recap quoting a chosen entry takes its place, if
-                // what it adds fits.
-                let (ct, cb) = cost(&chosen[i]);
-                if spent_tokens - ct + t <= tokens && spent_bytes - cb + b <= bytes {
-                    spent_tokens = spent_tokens - ct + t;
-                    spent_bytes = spent_bytes - cb + b;
-                    chosen[i] = hit.clone();
+            Said::Holds => continue,
+            Said::HeldBy(quoted) => {
+                // The recap quoting chosen entries takes the place of the
+                // first of them and drops the rest, if what it adds fits.
+                let (qt, qb) = (quoted.iter().map(|&i| cost(&chosen[i])))
+                    .fold((0, 0), |(a, b), (t, b2)| (a + t, b + b2));
+                if spent_tokens - qt + t <= tokens && spent_bytes - qb + b <= bytes {
+                    spent_tokens = spent_tokens - qt + t;
+                    spent_bytes = spent_bytes - qb + b;
+                    // It ranks where the better one did, and says so.
+                    let mut recap = hit.clone();
+                    recap.score = recap.score.max(chosen[quoted[0]].score);
+                    chosen[quoted[0]] = recap;
+                    for &i in quoted[1..].iter().rev() {
+                        chosen.remove(i);
+                    }
                 }
                 continue;
             }
-            None => {}
+            Said::New => {}
         }
         if spent_tokens + t <= tokens && spent_bytes + b <= bytes {
             spent_tokens += t;
@@ -93,27 +100,32 @@ fn choose(
 enum Said {
     /// A chosen hit already holds its text: it adds nothing.
     Holds,
-    /// Its text holds the chosen hit `i`'s (a recap quoting the entry).
-    HeldBy(usize),
+    /// Its text holds these chosen hits' texts, in order (a recap quoting
+    /// the entries).
+    HeldBy(Vec<usize>),
+    New,
 }
 
-fn said_already(chosen: &[SearchHit], hit: &SearchHit) -> Option<Said> {
+fn said_already(chosen: &[SearchHit], hit: &SearchHit) -> Said {
     let text = hit.text.trim();
-    chosen.iter().enumerate().find_map(|(i, c)| {
-        let over = c.session == hit.session
+    let over = |c: &SearchHit| {
+        c.session == hit.session
             && c.level != hit.level
             && c.first_seq <= hit.last_seq
-            && hit.first_seq <= c.last_seq;
-        if !over {
-            None
-        } else if c.text.contains(text) {
-            Some(Said::Holds)
-        } else if text.contains(c.text.trim()) {
-            Some(Said::HeldBy(i))
-        } else {
-            None
-        }
-    })
+            && hit.first_seq <= c.last_seq
+    };
+    if chosen.iter().any(|c| over(c) && c.text.contains(text)) {
+        return Said::Holds;
+    }
+    let quoted: Vec<usize> = (chosen.iter().enumerate())
+        .filter(|(_, c)| over(c) && text.contains(c.text.trim()))
+        .map(|(i, _)| i)
+        .collect();
+    if quoted.is_empty() {
+        Said::New
+    } else {
+        Said::HeldBy(quoted)
+    }
 }
 
 fn recalled(hit: SearchHit) -> ContextItem {
@@ -321,6 +333,19 @@ mod tests {
         let hits = vec![
             hit("a", 3, quoted),
             hit("b", 1, "other"),
+            recap("a", (1, 5), &recap_text),
+        ];
+        let (chosen, tokens, _) = choose(&hits, &s, &cover_of(&[1]), 1000, u64::MAX);
+        assert_eq!(texts(&chosen), [recap_text.clone(), "other".into()]);
+        assert_eq!(
+            tokens,
+            u64::from(estimate_tokens(&recap_text) + estimate_tokens("other"))
+        );
+        // Every entry it quotes goes, the recap in the first one's place.
+        let hits = vec![
+            hit("a", 3, quoted),
+            hit("b", 1, "other"),
+            hit("a", 4, "Tom: noted."),
             recap("a", (1, 5), &recap_text),
         ];
         let (chosen, tokens, _) = choose(&hits, &s, &cover_of(&[1]), 1000, u64::MAX);

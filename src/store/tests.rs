@@ -1310,6 +1310,35 @@ async fn a_question_in_one_form_of_a_verb_finds_the_fact_in_another() {
 }
 
 #[tokio::test]
+async fn a_rare_word_whose_other_form_is_common_still_finds_its_own_texts() {
+    use crate::store::search::COMMON_DOCS;
+    for (_db, store) in stores().await {
+        let t = Tenant::default();
+        let all = SearchScope::default();
+        let filler: Vec<String> = (0..COMMON_DOCS + 50)
+            .map(|i| format!("Let us go for a walk, number {i}"))
+            .collect();
+        let fact = "The cat has gone missing since Tuesday.";
+        let mut texts: Vec<&str> = vec![fact];
+        texts.extend(filler.iter().map(String::as_str));
+        store
+            .append(&t, &session("f"), entries(&texts), POLICY, 0)
+            .await
+            .expect("append");
+        // "go" is in thousands of texts: it joins neither "gone" nor
+        // "cat gone", which find the fact first as without the forms.
+        for q in ["gone", "cat gone", "gone missing"] {
+            let hits = found(&store, &t, &all, q).await;
+            assert_eq!(
+                hits.first().map(String::as_str),
+                Some(fact),
+                "{q}: {hits:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() {
     use crate::store::search::COMMON_DOCS;
     for (_db, store) in stores().await {

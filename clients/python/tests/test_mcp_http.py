@@ -51,12 +51,17 @@ class Raw:
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
     def post_bytes(
-        self, body: bytes, content_type: str = "application/json", session: str | None = None
+        self,
+        body: bytes,
+        content_type: str = "application/json",
+        session: str | None = None,
+        extra: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         """A POST of `body` as it is, however malformed."""
         headers = {"content-type": content_type, "accept": "application/json, text/event-stream"}
         if session is not None:
             headers["mcp-session-id"] = session
+        headers.update(extra or {})
         self.conn.close()
         self.conn = self._connect()
         self.conn.request("POST", self.path, body, headers)
@@ -259,6 +264,10 @@ def test_a_body_that_is_no_json_rpc_message_is_answered_as_json_rpc_says(mcp_htt
         # What the SDK answers rightly stays its answer: a body declared
         # as something else, and a method no one has.
         assert raw.post_bytes(b"{}", content_type="text/plain", session=sent)[0] == 415
+        # The guard against DNS rebinding answers first, whatever the body.
+        for body in [b"{}", b"not json"]:
+            status, _, answer = raw.post_bytes(body, session=sent, extra={"host": "evil.example"})
+            assert status == 403, answer
     status, headers, body = raw.post_bytes(
         b'{"jsonrpc": "2.0", "id": 9, "method": "no/such"}', session=session
     )

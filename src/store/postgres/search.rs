@@ -301,6 +301,7 @@ impl Postgres {
                 let single = Query {
                     all: vec![vec![term.clone()]],
                     none: Vec::new(),
+                    as_written: Vec::new(),
                 };
                 let row = client
                     .query_one(
