@@ -261,6 +261,34 @@ pub(crate) fn metadata_value_ok(value: &str) -> bool {
     value.len() <= MAX_METADATA_VALUE && !value.contains('\0')
 }
 
+/// What is wrong with metadata `pairs` (each key, and its value when it
+/// is a string), in plain words: every bad pair named, or the count alone
+/// when there are too many. For the edges that check before the server.
+pub(crate) fn metadata_problems<'a>(
+    pairs: impl ExactSizeIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Vec<String> {
+    if pairs.len() > MAX_METADATA_PAIRS {
+        return vec![format!(
+            "holds {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            pairs.len()
+        )];
+    }
+    let mut problems = Vec::new();
+    for (key, value) in pairs {
+        if !metadata_key_ok(key) {
+            problems.push(format!(
+                "key {:?} is not 1 to {MAX_METADATA_KEY} of letters, digits and . _ -",
+                crate::text::prefix(key, MAX_METADATA_KEY)
+            ));
+        } else if value.is_some_and(|v| !metadata_value_ok(v)) {
+            problems.push(format!(
+                "the value of {key:?} is over {MAX_METADATA_VALUE} bytes or holds a NUL"
+            ));
+        }
+    }
+    problems
+}
+
 /// An entry as a caller submits it, already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEntry {

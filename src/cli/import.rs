@@ -96,8 +96,10 @@ struct Parsed {
 }
 
 /// Reads line `number` (from 1). What the client can tell is wrong (JSON,
-/// a missing or unknown key, a role, a session id, a subject, a time) is
-/// found here; the rest (sizes, order, the clock) is the server's to say.
+/// a missing or unknown key, a role, a session id, a subject, a time, an
+/// empty content, the metadata's bounds) is found here, so `--dry-run`
+/// finds it too; the rest (sizes, order, the clock, a speaker's name) is
+/// the server's to say.
 fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
     let bad = |field: &str, why: String| BadLine {
         line: number,
@@ -122,6 +124,15 @@ fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
     let subject = line.subject.unwrap_or_default();
     if !subject.is_empty() {
         Subject::parse(&subject).map_err(|e| bad("subject", e.to_string()))?;
+    }
+    if line.content.is_empty() {
+        return Err(bad("content", "must not be empty".to_owned()));
+    }
+    if let Some(metadata) = &line.metadata {
+        let pairs = metadata.iter().map(|(k, v)| (k.as_str(), Some(v.as_str())));
+        if let Some(problem) = crate::model::metadata_problems(pairs).into_iter().next() {
+            return Err(bad("metadata", problem));
+        }
     }
     let role = Role::parse(&line.role).ok_or_else(|| {
         bad(
@@ -604,6 +615,16 @@ mod tests {
                 r#"{"session_id":"s","role":"user","content":5}"#,
                 "content: invalid type",
                 Some("content"),
+            ),
+            (
+                r#"{"session_id":"s","role":"user","content":""}"#,
+                "content: must not be empty",
+                Some("content"),
+            ),
+            (
+                r#"{"session_id":"s","role":"user","content":"x","metadata":{"a b":"c"}}"#,
+                "metadata: key \"a b\"",
+                Some("metadata"),
             ),
             (
                 r#"{"session_id":"s","role":"user","content":"x","name":null}"#,

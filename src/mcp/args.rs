@@ -605,30 +605,7 @@ fn content(text: &str) -> Result<(), String> {
 /// Metadata pairs: what is wrong with them, each, as the bounds an
 /// entry's metadata has on the wire say.
 fn metadata(pairs: &Map<String, Value>) -> Vec<String> {
-    use crate::model::{
-        MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, metadata_key_ok,
-        metadata_value_ok,
-    };
-    if pairs.len() > MAX_METADATA_PAIRS {
-        return vec![format!(
-            "holds {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
-            pairs.len()
-        )];
-    }
-    let mut problems = Vec::new();
-    for (key, value) in pairs {
-        if !metadata_key_ok(key) {
-            problems.push(format!(
-                "key {:?} is not 1 to {MAX_METADATA_KEY} of letters, digits and . _ -",
-                crate::text::prefix(key, MAX_METADATA_KEY)
-            ));
-        } else if value.as_str().is_some_and(|v| !metadata_value_ok(v)) {
-            problems.push(format!(
-                "the value of {key:?} is over {MAX_METADATA_VALUE} bytes or holds a NUL"
-            ));
-        }
-    }
-    problems
+    crate::model::metadata_problems(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 /// A search query: words to look for, within the server's bound.
