@@ -500,7 +500,7 @@ async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_bring
 }
 
 /// The address the server's metrics endpoint listens at, from its log line.
-async fn metrics_at(server: &TestServer) -> String {
+pub(crate) async fn metrics_at(server: &TestServer) -> String {
     let data_dir = server.data_dir().display().to_string();
     let logged = || {
         crate::logs::lines()
@@ -517,7 +517,7 @@ async fn metrics_at(server: &TestServer) -> String {
         .to_owned()
 }
 
-async fn scrape(addr: &str) -> String {
+pub(crate) async fn scrape(addr: &str) -> String {
     reqwest::get(format!("http://{addr}/metrics"))
         .await
         .expect("scrape")
