@@ -282,9 +282,7 @@ impl Sqlite {
             return Ok(());
         }
         let t = tenant.to_owned();
-        let owed = self
-            .read(move |conn| Ok(fts::tail_exists(conn, &t)?))
-            .await?;
+        let owed = self.read(move |conn| fts::tail_exists(conn, &t)).await?;
         if owed {
             let t = tenant.to_owned();
             self.write(move |conn| fts::index_tail(conn, Some(&t)))
