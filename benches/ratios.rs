@@ -539,9 +539,14 @@ async fn run_and_print(
         .collect()
 }
 
-/// Searches one after another on `client` until `done`, at least once;
+/// Searches one after another on `client` until `done`, at least once,
+/// each finding the load (`finds`) or, on the unindexed build, nothing;
 /// each one's time in µs.
-async fn searches(client: &mut archivist::client::Client, done: impl Fn() -> bool) -> Vec<f64> {
+async fn searches(
+    client: &mut archivist::client::Client,
+    finds: bool,
+    done: impl Fn() -> bool,
+) -> Vec<f64> {
     let mut took = Vec::new();
     loop {
         let start = std::time::Instant::now();
@@ -555,7 +560,10 @@ async fn searches(client: &mut archivist::client::Client, done: impl Fn() -> boo
             .expect("search")
             .into_inner();
         took.push(start.elapsed().as_secs_f64() * 1e6);
-        assert!(!found.hits.is_empty(), "the search finds the load");
+        assert!(
+            found.hits.is_empty() != finds,
+            "the search finds the load (unless the server never indexes it)"
+        );
         if done() {
             return took;
         }
@@ -586,10 +594,12 @@ async fn search_under_appends(seconds: f64, repeat: usize, unindexed: Option<&Pa
         let mut client = archivist::client::connect(&server.address)
             .await
             .expect("connect");
-        // The load indexed (a search indexes what waits), then alone.
-        searches(&mut client, || true).await;
+        // The load indexed (a search indexes what waits), then alone; the
+        // unindexed build never finds it.
+        let finds = name != "unindexed";
+        searches(&mut client, finds, || true).await;
         let until = std::time::Instant::now() + span;
-        let mut alone = searches(&mut client, || std::time::Instant::now() >= until).await;
+        let mut alone = searches(&mut client, finds, || std::time::Instant::now() >= until).await;
         // Beside appends: h2load on a thread of its own, sized by a
         // warm-up to last about as long.
         let mut single = request("search-appends", 1, 0);
@@ -607,7 +617,7 @@ async fn search_under_appends(seconds: f64, repeat: usize, unindexed: Option<&Pa
                 round
             });
             beside = tokio::task::block_in_place(|| {
-                tokio::runtime::Handle::current().block_on(searches(&mut client, || {
+                tokio::runtime::Handle::current().block_on(searches(&mut client, finds, || {
                     finished.load(std::sync::atomic::Ordering::SeqCst)
                 }))
             });
