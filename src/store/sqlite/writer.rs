@@ -13,9 +13,11 @@
 //! The entries appends store are the search index's tail (fts.rs) until a
 //! batch indexes them all before it commits: the first batch to find the
 //! tail at `TailPolicy`'s bound of texts (so the appends of that batch wait
-//! for it: the tail never runs away), or the first to end once the oldest
-//! of them has waited the policy's time. The writer counts the tail as
-//! appends add to it; a ticker wakes an idle writer once the wait is over.
+//! for it: the tail never runs away), or the first to end once the
+//! policy's wait has passed since the tail was last indexed whole. The
+//! writer counts the tail as its appends add to it; a ticker wakes an idle
+//! writer once the wait is over. What another process appends (a backfill
+//! run) is indexed by that process's writer, or by the next search.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +34,8 @@ use crate::store::StoreError;
 const MAX_BATCH: usize = 512;
 
 /// When the writer indexes the search index's tail: at `texts` texts, or
-/// once the oldest has waited `wait` (`[search]` tail_texts, tail_wait).
+/// `wait` after it last indexed it whole (`[search]` tail_texts,
+/// tail_wait).
 /// Shared with the ticker, which also reads what the writer last counted.
 #[derive(Debug)]
 pub(crate) struct TailPolicy {
@@ -73,8 +76,8 @@ impl TailPolicy {
         self.owed.load(Ordering::Relaxed)
     }
 
-    /// Whether the tail is due: at the bound, or its oldest waited long
-    /// enough.
+    /// Whether the tail is due: at the bound, or `wait` after it was last
+    /// indexed whole.
     fn due(&self, owed: u64, since: Instant) -> bool {
         owed >= self.texts.load(Ordering::Relaxed) || (owed > 0 && since.elapsed() >= self.wait())
     }
