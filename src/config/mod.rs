@@ -318,7 +318,7 @@ impl Default for SearchConfig {
             language: SearchLanguage::default(),
             budget: Duration::from_secs(2),
             // docs/benchmarks.md (issue 38): 4,000 left ten-entry appends
-            // at 65 % of the unindexed rate, 20,000 at 83.6 % (8×1).
+            // at 65 % of the unindexed rate, 20,000 at 72–84 % (8×1).
             tail_texts: 20_000,
             tail_wait: Duration::from_secs(1),
         }

@@ -22,7 +22,7 @@
 //! indexing each group commit's few texts cost an append about as much as
 //! storing it (docs/benchmarks.md, issue 38: 10.6 µs a text at 80 texts a
 //! transaction, 2.6 µs at 4,000 outside archivist; inside, ten-entry
-//! appends ran at 65 % of the unindexed rate with batches of 4,000, 83.6 %
+//! appends ran at 65 % of the unindexed rate with batches of 4,000, 72–84 %
 //! with 20,000, the default). A session's `indexed_seq` is the
 //! watermark: its entries past it are the tail (the partial index
 //! `sessions_with_tail` holds the sessions that have one). The writer
