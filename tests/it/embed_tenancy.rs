@@ -518,6 +518,9 @@ pub(crate) async fn metrics_at(server: &TestServer) -> String {
 }
 
 pub(crate) async fn scrape(addr: &str) -> String {
+    // reqwest is built without a default TLS provider (the server's own
+    // client installs one); a caller may scrape before any is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::get(format!("http://{addr}/metrics"))
         .await
         .expect("scrape")
