@@ -27,6 +27,9 @@
 //!   of the search index; docs/benchmarks.md says how to build it), named
 //!   `unindexed`, and print at the end the append rates of `this` over it:
 //!   what the index costs an append;
+//! - `--search-under-appends`: instead of the ratios, Search's latency on
+//!   each server (`this`, and `unindexed` if given) alone and while h2load
+//!   appends single entries at 8×1 to the same tenant (below);
 //! - `--pg`: every server on PostgreSQL (`storage.backend = "postgres"`, a
 //!   fresh database each on `ARCHIVIST_BENCH_PG_URL`, by default the local
 //!   server) instead of SQLite.
@@ -63,6 +66,15 @@
 //! in this process: 8 tasks, each appending single entries to a session of
 //! its own through `Store::append` (the hop, the transaction and the group
 //! commit, without gRPC).
+//!
+//! **Search under appends** (`--search-under-appends`): on each server, a
+//! load of 10,000 entries, then one client searching one after another
+//! (`"billing migration"`, limit 10: every text holds both words) for
+//! `--round-seconds` × `--repeat` seconds alone, then as long again while
+//! h2load appends single entries at 8×1 to the same tenant; p50 and p99 of
+//! each, and the append rate beside the searches. On SQLite each search
+//! under appends finds a tail and has the writer index it first (fts.rs):
+//! this is what read-your-writes costs a search.
 //!
 //! Every acknowledged append is durable across kill -9 (the tests check
 //! that), so the figures are for the durable path.
@@ -527,6 +539,105 @@ async fn run_and_print(
         .collect()
 }
 
+/// Searches one after another on `client` until `done`, at least once,
+/// each finding the load (`finds`) or, on the unindexed build, nothing;
+/// each one's time in µs.
+async fn searches(
+    client: &mut archivist::client::Client,
+    finds: bool,
+    done: impl Fn() -> bool,
+) -> Vec<f64> {
+    let mut took = Vec::new();
+    loop {
+        let start = std::time::Instant::now();
+        let found = client
+            .search(archivist::pb::SearchRequest {
+                query: "billing migration".to_owned(),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .expect("search")
+            .into_inner();
+        took.push(start.elapsed().as_secs_f64() * 1e6);
+        assert!(
+            found.hits.is_empty() != finds,
+            "the search finds the load (unless the server never indexes it)"
+        );
+        if done() {
+            return took;
+        }
+    }
+}
+
+/// `--search-under-appends`: Search's latency alone and beside appends.
+async fn search_under_appends(seconds: f64, repeat: usize, unindexed: Option<&Path>) {
+    println!(
+        "Search under appends: one client searching in a loop, alone and while h2load appends single entries at {CONNECTIONS}×1 to the same tenant, ~{:.0} s each.",
+        seconds * repeat as f64
+    );
+    if !have_h2load() {
+        println!(
+            "  (h2load not found, so this is skipped: `apt-get install nghttp2-client` provides it)"
+        );
+        return;
+    }
+    let mut pg = Vec::new();
+    let started = start_servers(&[], None, unindexed, &mut pg).await;
+    let span = Duration::from_secs_f64(seconds * repeat as f64);
+    for (name, server) in &started {
+        let mut load = request("search-load", 10, 0);
+        for e in &mut load.entries {
+            e.client_entry_id.clear();
+        }
+        h2load(server, APPEND_PATH, &frame(&load), 1000, 1);
+        let mut client = archivist::client::connect(&server.address)
+            .await
+            .expect("connect");
+        // The load indexed (a search indexes what waits), then alone; the
+        // unindexed build never finds it.
+        let finds = name != "unindexed";
+        searches(&mut client, finds, || true).await;
+        let until = std::time::Instant::now() + span;
+        let mut alone = searches(&mut client, finds, || std::time::Instant::now() >= until).await;
+        // Beside appends: h2load on a thread of its own, sized by a
+        // warm-up to last about as long.
+        let mut single = request("search-appends", 1, 0);
+        single.entries[0].client_entry_id.clear();
+        let body = frame(&single);
+        let warm = h2load(server, APPEND_PATH, &body, WARM_UP_CALLS, 1);
+        let calls = ((warm.rate * span.as_secs_f64()) as u64).max(WARM_UP_CALLS);
+        let finished = std::sync::atomic::AtomicBool::new(false);
+        let mut beside = Vec::new();
+        // h2load blocks its thread; the searches run on this one meanwhile.
+        let appends = std::thread::scope(|scope| {
+            let appends = scope.spawn(|| {
+                let round = h2load(server, APPEND_PATH, &body, calls, 1);
+                finished.store(true, std::sync::atomic::Ordering::SeqCst);
+                round
+            });
+            beside = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(searches(&mut client, finds, || {
+                    finished.load(std::sync::atomic::Ordering::SeqCst)
+                }))
+            });
+            appends.join().expect("h2load thread")
+        });
+        alone.sort_by(f64::total_cmp);
+        beside.sort_by(f64::total_cmp);
+        println!(
+            "  {name:<10} alone: {} searches, p50 {:.0} µs, p99 {:.0} µs;  beside {:.0} appends/s: {} searches, p50 {:.0} µs, p99 {:.0} µs",
+            alone.len(),
+            common::percentile(&alone, 0.5),
+            common::percentile(&alone, 0.99),
+            appends.rate,
+            beside.len(),
+            common::percentile(&beside, 0.5),
+            common::percentile(&beside, 0.99),
+        );
+    }
+}
+
 /// `--stages`: calls that stop at successive stages, at 8×1, then the
 /// store alone in this process.
 async fn stages(before: &[PathBuf], seconds: f64, repeat: usize) {
@@ -637,6 +748,7 @@ fn main() {
     let mut only_stages = false;
     let mut hanging = false;
     let mut unindexed: Option<PathBuf> = None;
+    let mut under_appends = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -659,6 +771,7 @@ fn main() {
             "--unindexed" => {
                 unindexed = Some(PathBuf::from(args.next().expect("--unindexed PATH")))
             }
+            "--search-under-appends" => under_appends = true,
             "--pg" => PG.store(true, std::sync::atomic::Ordering::Relaxed),
             // cargo bench passes --bench.
             _ => {}
@@ -668,6 +781,8 @@ fn main() {
     rt.block_on(async {
         if only_stages {
             stages(&before, round_seconds, repeat).await;
+        } else if under_appends {
+            search_under_appends(round_seconds, repeat, unindexed.as_deref()).await;
         } else {
             ratios(
                 &before,

@@ -21,6 +21,8 @@ pub(crate) struct Metrics {
     segments: IntGaugeVec,
     embeddings: IntGaugeVec,
     oldest_pending_age: Gauge,
+    unindexed: IntGauge,
+    oldest_unindexed_age: Gauge,
     scans: IntCounter,
     sessions_expired: IntCounter,
     breaker_state: IntGauge,
@@ -122,6 +124,16 @@ impl Metrics {
                 "Age of the oldest PENDING segment (0 when none)",
             )
             .expect("valid metric"),
+            unindexed: IntGauge::new(
+                "search_unindexed_texts",
+                "Entries stored and not yet in the search index (SQLite's tail, indexed just behind the appends)",
+            )
+            .expect("valid metric"),
+            oldest_unindexed_age: Gauge::new(
+                "search_oldest_unindexed_age_seconds",
+                "Age of the oldest entry not yet in the search index (0 when none)",
+            )
+            .expect("valid metric"),
             scans: IntCounter::new(
                 "reconciler_scans_total",
                 "Reconciler scans for due segments",
@@ -163,6 +175,8 @@ impl Metrics {
             Box::new(m.segments.clone()),
             Box::new(m.embeddings.clone()),
             Box::new(m.oldest_pending_age.clone()),
+            Box::new(m.unindexed.clone()),
+            Box::new(m.oldest_unindexed_age.clone()),
             Box::new(m.scans.clone()),
             Box::new(m.sessions_expired.clone()),
             Box::new(m.breaker_state.clone()),
@@ -252,6 +266,13 @@ impl Metrics {
         }
         self.oldest_pending_age
             .set(backlog.oldest_pending_age.map_or(0.0, |d| d.as_secs_f64()));
+        self.unindexed
+            .set(i64::try_from(backlog.unindexed).unwrap_or(i64::MAX));
+        self.oldest_unindexed_age.set(
+            backlog
+                .oldest_unindexed_age
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
         self.breaker_state.set(match breaker {
             BreakerState::Closed => 0,
             BreakerState::Open => 1,
@@ -293,6 +314,8 @@ mod tests {
             "archivist_segments{state=\"pending\"} 0",
             "archivist_embeddings{state=\"deferred\"} 0",
             "archivist_oldest_pending_age_seconds 0",
+            "archivist_search_unindexed_texts 0",
+            "archivist_search_oldest_unindexed_age_seconds 0",
             "archivist_reconciler_scans_total 1",
             "archivist_breaker_state 1",
             "archivist_grpc_calls_total{code=\"Ok\",method=\"AppendEntries\"} 1",

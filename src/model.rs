@@ -531,6 +531,12 @@ pub struct Backlog {
     pub erasures_pending: u64,
     /// What is owed an embedding (all zero with embeddings off).
     pub embeddings: EmbeddingBacklog,
+    /// Entries stored and not in the search index yet (SQLite's tail,
+    /// indexed just behind the appends; Search indexes its tenant's before
+    /// it reads, so it finds them all the same). Always 0 on PostgreSQL.
+    pub unindexed: u64,
+    /// How long the oldest of them has waited.
+    pub oldest_unindexed_age: Option<Duration>,
 }
 
 /// Entries and summaries owed a vector of the active generation.

@@ -153,6 +153,7 @@ pub async fn run_with_key(
             "embeddings are on: entries and recaps are embedded in the background for Search's semantic leg"
         );
     }
+    store.set_index_tail(config.search.tail_texts, config.search.tail_wait);
     if store.set_search_language(config.search.language).await? {
         info!(
             language = config.search.language.name(),

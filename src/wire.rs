@@ -262,6 +262,8 @@ pub(crate) fn backlog_to_pb(b: Backlog) -> pb::Backlog {
             last_failure: b.embeddings.last_failure.as_ref().map(failure_to_pb),
             deferred: b.embeddings.deferred,
         }),
+        unindexed: b.unindexed,
+        oldest_unindexed_age: b.oldest_unindexed_age.map(duration),
     }
 }
 

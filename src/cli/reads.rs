@@ -186,6 +186,17 @@ pub(super) async fn show_backlog(flags: &ClientFlags) -> Result<(), Failed> {
     if let Some(e) = b.embeddings.as_ref().filter(|e| owes_or_holds(e)) {
         print_embedding_backlog(e);
     }
+    if b.unindexed > 0 {
+        let age = b
+            .oldest_unindexed_age
+            .and_then(|d| Duration::try_from(d).ok())
+            .map(|a| format!(", the oldest stored {} ago", human_duration(a)))
+            .unwrap_or_default();
+        println!(
+            "not yet in the search index: {}{age} (indexed just behind the appends; a search finds them all the same)",
+            b.unindexed
+        );
+    }
     if b.erasures_pending > 0 {
         println!(
             "erasures pending: {} (erased, but their text is still in the write-ahead log: another program holds a read of the database; it leaves the files once that read ends)",

@@ -388,6 +388,9 @@ ceiling = "15s"
                 "[storage]\nwrite_connections = 1001\n",
                 "storage.write_connections",
             ),
+            ("[search]\ntail_texts = 0\n", "search.tail_texts"),
+            ("[search]\ntail_texts = 1000001\n", "search.tail_texts"),
+            ("[search]\ntail_wait = \"0s\"\n", "search.tail_wait"),
         ] {
             let (_f, o) = file(text);
             let e = load(&o, env(&[])).expect_err(key);

@@ -280,6 +280,13 @@ impl Config {
         if self.health.probe_interval.is_zero() {
             return invalid("health.probe_interval", "must be longer than zero");
         }
+        // One batch indexes the whole tail while appends wait on it.
+        if !(1..=1_000_000).contains(&self.search.tail_texts) {
+            return invalid("search.tail_texts", "must be from 1 to 1000000");
+        }
+        if self.search.tail_wait.is_zero() {
+            return invalid("search.tail_wait", "must be longer than zero");
+        }
         if self.search.budget.is_zero() {
             return invalid("search.budget", "must be longer than zero");
         }
@@ -305,6 +312,7 @@ impl Config {
             ("limits.idle_timeout", self.limits.idle_timeout),
             ("health.probe_interval", self.health.probe_interval),
             ("search.budget", self.search.budget),
+            ("search.tail_wait", self.search.tail_wait),
         ] {
             if d > longest {
                 return invalid(key, "must be at most 30 days");

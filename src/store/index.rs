@@ -4,8 +4,11 @@
 //! drives it), never in one transaction that would hold writes back. Until
 //! a text is indexed Search does not find it; nothing else waits on it.
 
+use std::time::Duration;
+
 use super::{Backend, Store, StoreError};
 use crate::config::SearchLanguage;
+use crate::model::Tenant;
 
 /// What one batch of the backlog did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,6 +28,27 @@ impl Store {
         language: SearchLanguage,
     ) -> Result<bool, StoreError> {
         on_backend!(self, b => b.set_search_language(language).await)
+    }
+
+    /// When the index built behind the appends (SQLite's tail) is
+    /// indexed: at `texts` texts waiting, and at least every `wait` while
+    /// any wait. PostgreSQL indexes in the storing transaction (its GIN
+    /// pending list is read by every query), so it has nothing to set.
+    pub(crate) fn set_index_tail(&self, texts: u64, wait: Duration) {
+        if let Backend::Sqlite(b) = &self.backend {
+            b.set_tail_policy(texts, wait);
+        }
+    }
+
+    /// Makes every text of the tenant stored before now findable by the
+    /// index: on SQLite, indexes the tenant's tail (the search's first
+    /// step: read-your-writes).
+    pub(crate) async fn index_tail_of(&self, tenant: &Tenant) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(b) => b.index_tail_of(&tenant.0).await,
+            Backend::Postgres(_) => Ok(()),
+            Backend::Detached => Err(StoreError::Detached),
+        }
     }
 
     /// How many stored texts the index still owes.

@@ -413,6 +413,10 @@ impl Store {
         limit: u32,
         budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
+        // Every text acknowledged before this search began is in the index
+        // when its statements run (read-your-writes); what that costs is
+        // the writer's, outside the search's budget.
+        self.index_tail_of(tenant).await?;
         let deadline = SearchBound::new(budget);
         // How many texts hold each term (and each of its other forms,
         // `search::forms`) is asked only where it can matter (which terms

@@ -500,7 +500,7 @@ async fn texts_a_retry_after_put_off_for_30_days_are_counted_and_a_requeue_bring
 }
 
 /// The address the server's metrics endpoint listens at, from its log line.
-async fn metrics_at(server: &TestServer) -> String {
+pub(crate) async fn metrics_at(server: &TestServer) -> String {
     let data_dir = server.data_dir().display().to_string();
     let logged = || {
         crate::logs::lines()
@@ -517,7 +517,10 @@ async fn metrics_at(server: &TestServer) -> String {
         .to_owned()
 }
 
-async fn scrape(addr: &str) -> String {
+pub(crate) async fn scrape(addr: &str) -> String {
+    // reqwest is built without a default TLS provider (the server's own
+    // client installs one); a caller may scrape before any is installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::get(format!("http://{addr}/metrics"))
         .await
         .expect("scrape")

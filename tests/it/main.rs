@@ -25,6 +25,7 @@ mod search_bounds;
 mod search_cli;
 mod search_fresh;
 mod search_fusion;
+mod search_tail;
 mod security;
 mod segments;
 mod subjects;

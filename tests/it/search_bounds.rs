@@ -193,6 +193,15 @@ async fn a_search_whose_caller_is_gone_stops_consuming_the_server() {
     let server = serve(dir.path()).await;
     let mut a = connect(&server.address, TOKEN_A).await;
     corpus(&mut a).await;
+    // The corpus indexed first (a search has the writer index what waits:
+    // work of the appends, not of the searches measured here).
+    a.search(lexical("zz".to_owned())).await.expect("search");
+    let backlog = a
+        .get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect("backlog")
+        .into_inner();
+    assert_eq!(backlog.unindexed, 0);
     for _ in 0..4 {
         abandon(&mut a, Duration::from_millis(50)).await;
     }

@@ -194,3 +194,17 @@ def test_an_unreachable_server_is_unavailable() -> None:
             client.backlog()
     assert caught.value.reason == ""
     assert caught.value.failure is None
+
+
+def test_the_backlog_counts_entries_not_yet_in_the_search_index(start_server, session_id: str) -> None:  # type: ignore[no-untyped-def]
+    # A tail that only a search indexes during the test.
+    server = start_server('[search]\ntail_texts = 1000000\ntail_wait = "1h"\n')
+    with Client(server.address) as client:
+        client.append(session_id, [("user", f"tailword{i} of the ledger") for i in range(3)])
+        waiting = client.backlog()
+        assert waiting.unindexed == 3
+        assert waiting.oldest_unindexed_age is not None
+        hits = client.search("tailword1")
+        assert [h.text for h in hits.hits] == ["tailword1 of the ledger"]
+        indexed = client.backlog()
+        assert (indexed.unindexed, indexed.oldest_unindexed_age) == (0, None)

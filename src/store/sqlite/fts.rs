@@ -14,12 +14,39 @@
 //! every savepoint, makes FTS5 flush its pending terms into a new segment
 //! (FTS5 flushes at each savepoint), so a trigger per entry wrote a segment
 //! per entry (about 100 µs an entry measured outside archivist, against
-//! 25 µs for the same inserts made once at the end). Appends queue their
-//! texts in a temporary table of the writer's connection (undone with the
-//! job's savepoint like any other write) and the writer indexes them all,
-//! in document order, just before the batch commits or before any other
-//! kind of job runs (`flush_pending`), in the same transaction. Other
-//! writers (summaries, the backlog, erasure) index and unindex at once.
+//! 25 µs for the same inserts made once at the end).
+//!
+//! The tail: appended entries are indexed just behind the writer, in large
+//! batches, not in the transaction that stores them. Each transaction that
+//! writes to FTS5 writes a new segment and pays its share of the merges, so
+//! indexing each group commit's few texts cost an append about as much as
+//! storing it (docs/benchmarks.md, issue 38: 10.6 µs a text at 80 texts a
+//! transaction, 2.6 µs at 4,000 outside archivist; inside, ten-entry
+//! appends ran at 65 % of the unindexed rate with batches of 4,000, 72–84 %
+//! with 20,000, the default). A session's `indexed_seq` is the
+//! watermark: its entries past it are the tail (the partial index
+//! `sessions_with_tail` holds the sessions that have one). The writer
+//! indexes the whole tail (`index_tail`) before it commits the batch that
+//! brings it to `[search] tail_texts`, in a batch that ends once it has
+//! waited `tail_wait`, and at open (after kill -9: the watermark is in the
+//! same transactions as the entries, so nothing past it is lost to Search).
+//! An append costs one column of the session row it writes anyway.
+//!
+//! Read-your-writes: a search first has the writer index its tenant's tail
+//! (`Sqlite::index_tail_of`; one writer job, only when the tail is not
+//! empty), then reads the index alone. Chosen over scanning the tail at
+//! read time (its texts put in an in-memory FTS5 table beside the query):
+//! the hits of one index are ranked by one set of bm25 statistics, every
+//! query form (phrases, prefixes, exclusions, the common-term probe) works
+//! unchanged, and a search pays for the tail only when one is there, at
+//! the large-batch price. The cost is a search waiting on the writer's
+//! queue when its tenant has appended since the last indexing
+//! (docs/benchmarks.md measures it under appends).
+//!
+//! Erasure: the tail holds no text (the watermark points into `entries`);
+//! erasing a session moves its watermark to its end in the tombstoning
+//! transaction, so nothing indexes its entries after that, and the
+//! batches that delete its entries unindex what was indexed.
 //!
 //! A document is indexed exactly when the table has its document-size row
 //! (`search_<k>_docsize`): erasure unindexes only what was indexed (a
@@ -135,54 +162,97 @@ pub(super) fn unindex(conn: &Connection, k: i64, doc: i64, body: &str) -> Result
     Ok(())
 }
 
-/// Makes the writer connection's queue of texts appended and not indexed
-/// yet. In memory: the text of an entry erased later must not be left in
-/// a temporary file.
-pub(super) fn prepare_writer(conn: &Connection) -> rusqlite::Result<()> {
-    conn.pragma_update(None, "temp_store", "MEMORY")?;
-    conn.execute_batch(
-        "CREATE TEMP TABLE IF NOT EXISTS search_pending (
-             doc INTEGER PRIMARY KEY,
-             tenant TEXT NOT NULL,
-             body TEXT NOT NULL
-         )",
-    )
-}
-
-/// Queues an appended entry's text for `flush_pending` (the writer's
-/// connection only).
-pub(super) fn queue(conn: &Connection, tenant: &str, doc: i64, body: &str) -> rusqlite::Result<()> {
+/// Indexes the tail (fts.rs's module doc, "the tail"): every session's
+/// entries past its `indexed_seq`, of `tenant` alone or of every tenant,
+/// each tenant's in document order (FTS5 flushes its pending terms
+/// whenever a rowid goes backwards), and moves each session's watermark to
+/// its last entry. Runs in the writer's open transaction, after what
+/// `Kept` holds is written (the watermark reads `next_seq`). Returns how
+/// many texts it indexed.
+pub(super) fn index_tail(conn: &Connection, tenant: Option<&str>) -> Result<u64, StoreError> {
     // A measurement-only build (Cargo.toml) leaves appended texts out of
     // the index, to weigh the index against this same code.
     if cfg!(feature = "measure-unindexed") {
-        return Ok(());
+        return Ok(0);
     }
-    conn.prepare_cached("INSERT INTO temp.search_pending (doc, tenant, body) VALUES (?1, ?2, ?3)")?
-        .execute(params![doc, tenant, body])
-        .map(drop)
-}
-
-/// Indexes every queued text, each tenant's in document order (FTS5
-/// flushes its pending terms whenever a rowid goes backwards), and empties
-/// the queue. Runs in the writer's open transaction, outside any job's
-/// savepoint.
-pub(super) fn flush_pending(conn: &Connection) -> Result<(), StoreError> {
-    let tenants: Vec<String> = conn
-        .prepare_cached("SELECT DISTINCT tenant FROM temp.search_pending")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    if tenants.is_empty() {
-        return Ok(());
-    }
+    let tenants: Vec<String> = match tenant {
+        Some(t) => vec![t.to_owned()],
+        None => conn
+            .prepare_cached(&format!(
+                "SELECT DISTINCT tenant FROM sessions WHERE {TAIL}"
+            ))?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?,
+    };
+    let mut texts = 0u64;
     for tenant in tenants {
+        if !tail_exists(conn, &tenant)? {
+            continue;
+        }
         let table = name(table_for(conn, &tenant)?);
+        // A text the backlog indexed already (a language change owes every
+        // stored one) has its document size row: a second insert would
+        // count its terms twice. Looked for only while a backlog is owed
+        // (a lookup per text otherwise spared).
+        let owed: bool = conn
+            .prepare_cached("SELECT entries_after IS NOT NULL FROM search_state WHERE id = 1")?
+            .query_row([], |r| r.get(0))?;
+        let guard = if owed {
+            format!(
+                "AND NOT EXISTS (SELECT 1 FROM {table}_docsize WHERE id = (session_id << 32) | seq)"
+            )
+        } else {
+            String::new()
+        };
+        // Session by session in id order, each one's entries in seq order
+        // (its primary key's): document order with no sort of the texts.
+        let sessions: Vec<(i64, i64)> = conn
+            .prepare_cached(&format!(
+                "SELECT id, indexed_seq FROM sessions WHERE tenant = ?1 AND {TAIL} ORDER BY id"
+            ))?
+            .query_map([&tenant], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut insert = conn.prepare_cached(&format!(
+            "INSERT INTO {table} (rowid, body) SELECT (session_id << 32) | seq, content \
+             FROM entries WHERE session_id = ?1 AND seq > ?2 {guard} ORDER BY seq"
+        ))?;
+        for (session, after) in sessions {
+            texts += insert.execute(params![session, after])? as u64;
+        }
         conn.prepare_cached(&format!(
-            "INSERT INTO {table} (rowid, body) \
-             SELECT doc, body FROM temp.search_pending WHERE tenant = ?1 ORDER BY doc"
+            "UPDATE sessions SET indexed_seq = next_seq - 1 WHERE tenant = ?1 AND {TAIL}"
         ))?
         .execute([&tenant])?;
     }
-    conn.prepare_cached("DELETE FROM temp.search_pending")?
-        .execute([])?;
-    Ok(())
+    Ok(texts)
+}
+
+/// The sessions with a tail, as the partial index `sessions_with_tail`
+/// (schema.rs) holds them: a statement must name it in these words for
+/// SQLite to read that index.
+const TAIL: &str = "next_seq > indexed_seq + 1";
+
+/// Whether the tenant has a tail.
+pub(super) fn tail_exists(conn: &Connection, tenant: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND {TAIL})"
+        ))?
+        .query_row([tenant], |r| r.get(0))?)
+}
+
+/// The tail's size: texts appended and not indexed yet (of `tenant`, or of
+/// every tenant), and when the oldest of them was stored.
+pub(super) fn tail(
+    conn: &Connection,
+    tenant: Option<&str>,
+) -> Result<(u64, Option<i64>), StoreError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT coalesce(sum(next_seq - 1 - indexed_seq), 0), \
+             min((SELECT created_at FROM entries e \
+                  WHERE e.session_id = x.id AND e.seq = x.indexed_seq + 1)) \
+             FROM sessions x WHERE (?1 IS NULL OR tenant = ?1) AND {TAIL}"
+        ))?
+        .query_row([tenant], |r| Ok((r.get(0)?, r.get(1)?)))?)
 }

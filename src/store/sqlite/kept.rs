@@ -80,6 +80,9 @@ pub(crate) struct Kept {
     /// `PRAGMA data_version` when the last batch began: it changes when
     /// another connection commits.
     data_version: Option<i64>,
+    /// Entries the batch's appends stored, all of them the search index's
+    /// tail until it is indexed (the writer adds them to its count).
+    unindexed: u64,
 }
 
 impl Kept {
@@ -127,6 +130,21 @@ impl Kept {
                 self.changed.push((tenant.to_owned(), name.to_owned()));
             }
         }
+    }
+
+    /// Counts `n` entries stored by a successful append.
+    pub(super) fn note_unindexed(&mut self, n: u64) {
+        self.unindexed = self.unindexed.saturating_add(n);
+    }
+
+    /// The entries stored since the last `take_unindexed`.
+    pub(super) fn unindexed(&self) -> u64 {
+        self.unindexed
+    }
+
+    /// The entries stored since the last call.
+    pub(super) fn take_unindexed(&mut self) -> u64 {
+        std::mem::take(&mut self.unindexed)
     }
 
     /// Writes every row the appends changed since the last write: each

@@ -48,7 +48,7 @@ use tokio::sync::mpsc;
 
 use super::{Durability, FullSeen, OpenMode, StoreError};
 use kept::Kept;
-use writer::{Job, append_job, job, writer_loop};
+use writer::{Job, TailPolicy, append_job, index_tail_alone, job, writer_loop};
 
 /// Jobs waiting for the writer before callers wait to enqueue.
 const QUEUE_DEPTH: usize = 4096;
@@ -77,6 +77,28 @@ impl From<rusqlite::Error> for StoreError {
             StoreError::Query(Box::new(e))
         }
     }
+}
+
+/// Wakes the writer when the tail's wait is over and it has a tail but no
+/// work: an empty job ends a batch, and the batch's end indexes what is
+/// due. Ends with the store (the writer's queue gone).
+fn tick(jobs: mpsc::WeakSender<Job>, policy: Arc<TailPolicy>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(policy.wait().max(Duration::from_millis(10))).await;
+            let Some(jobs) = jobs.upgrade() else {
+                return;
+            };
+            if policy.owed() > 0 {
+                // A full queue ends batches by itself.
+                let (wake, _) = job(|_| Ok(()));
+                let _ = jobs.try_send(wake);
+            }
+        }
+    });
 }
 
 /// SQLITE_FULL: the disk (or the database's size limit) has no room.
@@ -110,6 +132,8 @@ struct Inner {
     checkpoints: Option<checkpoint::Checkpoints>,
     /// The semantic leg's vectors in memory (vectors.rs).
     vectors: vectors::Vectors,
+    /// When the writer indexes the search index's tail (writer.rs).
+    tail: Arc<TailPolicy>,
 }
 
 impl Sqlite {
@@ -127,7 +151,8 @@ impl Sqlite {
             tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability, mode))
                 .await
                 .map_err(StoreError::Worker)??;
-        if store.inner.jobs.is_some() {
+        if let Some(jobs) = &store.inner.jobs {
+            tick(jobs.downgrade(), store.inner.tail.clone());
             store.resume_erasures().await?;
         }
         Ok(store)
@@ -173,6 +198,7 @@ impl Sqlite {
                     full_seen: FullSeen::default(),
                     checkpoints: None,
                     vectors: vectors::Vectors::default(),
+                    tail: Arc::default(),
                 }),
             });
         }
@@ -202,13 +228,28 @@ impl Sqlite {
         writer
             .pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
+        // A sort of texts (indexing the tail in document order) may spill
+        // to a temporary file: in memory, an erased text is never in one.
+        writer
+            .pragma_update(None, "temp_store", "MEMORY")
+            .map_err(open_err)?;
         schema::migrate(&mut writer)?;
-        fts::prepare_writer(&writer).map_err(open_err)?;
+        // What a killed process left unindexed (the tail, fts.rs) is
+        // indexed before anything else is written or read.
+        let indexed = index_tail_alone(&writer)?;
+        if indexed > 0 {
+            tracing::info!(
+                texts = indexed,
+                "indexed for search what was stored and not yet indexed when the last run ended"
+            );
+        }
         let checkpoints = checkpoint::start(&path, durability, &mut writer)?;
         let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
+        let tail = Arc::new(TailPolicy::default());
+        let policy = tail.clone();
         std::thread::Builder::new()
             .name("archivist-store-writer".to_owned())
-            .spawn(move || writer_loop(writer, rx))
+            .spawn(move || writer_loop(writer, rx, policy))
             .map_err(|source| StoreError::DataDir {
                 path: data_dir.to_owned(),
                 source,
@@ -221,8 +262,33 @@ impl Sqlite {
                 full_seen: FullSeen::default(),
                 checkpoints: Some(checkpoints),
                 vectors: vectors::Vectors::default(),
+                tail,
             }),
         })
+    }
+
+    /// When the writer indexes the search index's tail (`[search]`
+    /// tail_texts and tail_wait).
+    pub(super) fn set_tail_policy(&self, texts: u64, wait: Duration) {
+        self.inner.tail.set(texts, wait);
+    }
+
+    /// Indexes the tenant's tail (fts.rs), if it has one, in a writer job:
+    /// what a search runs first, so that it finds every entry acknowledged
+    /// before it began. Read-only, there is no writer: the search reads
+    /// what is indexed (a server indexes the tail when it opens).
+    pub(super) async fn index_tail_of(&self, tenant: &str) -> Result<(), StoreError> {
+        if self.inner.jobs.is_none() {
+            return Ok(());
+        }
+        let t = tenant.to_owned();
+        let owed = self.read(move |conn| fts::tail_exists(conn, &t)).await?;
+        if owed {
+            let t = tenant.to_owned();
+            self.write(move |conn| fts::index_tail(conn, Some(&t)))
+                .await?;
+        }
+        Ok(())
     }
 
     /// Runs `f` in the writer's next transaction; answers after it commits.

@@ -612,6 +612,17 @@ CREATE TABLE erasing_texts (
     PRIMARY KEY (session_id, doc)
 ) WITHOUT ROWID;
 "#,
+    r#"
+-- The index built just behind the writer (fts.rs, "the tail"): a
+-- session's entries up to indexed_seq are in its tenant's index (or were
+-- left out by a backlog that owes them); those past it are the tail,
+-- indexed in large batches by the writer. Every entry stored before this
+-- was indexed as it was stored. The partial index holds only the sessions
+-- with a tail, so finding, counting and indexing it never walks the rest.
+ALTER TABLE sessions ADD COLUMN indexed_seq INTEGER NOT NULL DEFAULT 0;
+UPDATE sessions SET indexed_seq = next_seq - 1;
+CREATE INDEX sessions_with_tail ON sessions (tenant) WHERE next_seq > indexed_seq + 1;
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

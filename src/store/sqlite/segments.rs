@@ -308,6 +308,9 @@ impl Sqlite {
                     "SELECT count(*) FROM erasures_pending WHERE (?1 IS NULL OR tenant = ?1)",
                 )?
                 .query_row([&tenant], |r| r.get(0))?;
+            let (unindexed, oldest) = super::fts::tail(conn, tenant.as_deref())?;
+            backlog.unindexed = unindexed;
+            backlog.oldest_unindexed_age = oldest.map(|t| Millis(t).age_at(Millis::now()));
             Ok(backlog)
         })
         .await

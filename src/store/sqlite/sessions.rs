@@ -76,9 +76,11 @@ fn tombstone_tx(
         .execute([id])? as u64;
     super::embeddings::forget_owner_failures(conn, id)?;
     // A NUL never passes SessionName's check, and the id keeps it unique.
+    // Its entries not indexed yet leave the index's tail (fts.rs) with
+    // the name: nothing indexes them after this.
     conn.prepare_cached(
         "UPDATE sessions SET name = char(0) || 'erasing:' || id, erasing = 1, \
-         open_segment_id = NULL, subject = NULL WHERE id = ?1",
+         open_segment_id = NULL, subject = NULL, indexed_seq = next_seq - 1 WHERE id = ?1",
     )?
     .execute([id])?;
     // The name's bytes leave the count now; the entries' with their batch.
@@ -733,12 +735,6 @@ fn append_tx(
             entry.name,
             crate::store::encode_metadata(&entry.metadata),
         ])?;
-        fts::queue(
-            conn,
-            tenant,
-            (session_id << 32) | seq as i64,
-            &entry.content,
-        )?;
         let seg = match &mut open {
             Some(seg) => seg,
             None => {
@@ -809,7 +805,10 @@ fn append_tx(
         },
         newest,
     };
+    let stored_now = outcome.entries.iter().filter(|e| !e.duplicate).count() as u64;
     kept.put(tenant, name, session, stored, added_bytes);
+    // Each new entry joins the search index's tail (fts.rs).
+    kept.note_unindexed(stored_now);
     Ok(outcome)
 }
 

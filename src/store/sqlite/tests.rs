@@ -224,6 +224,11 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         let scope = crate::store::SearchScope::default();
         let store = &store;
         async move {
+            // As `Store::search` does first: what waits is indexed.
+            store
+                .index_tail_of(&Tenant::default().0)
+                .await
+                .expect("tail");
             store
                 .search(
                     &Tenant::default(),

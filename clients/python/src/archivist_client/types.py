@@ -570,8 +570,11 @@ class FlushResult:
 @dataclass(frozen=True)
 class Backlog:
     """Segment counts per state, the oldest PENDING segment's age,
-    parked segments per failure class, and erasures whose text is still
-    in the SQLite write-ahead log (`erasures_pending`)."""
+    parked segments per failure class, erasures whose text is still
+    in the SQLite write-ahead log (`erasures_pending`), and entries stored
+    and not yet in the search index (`unindexed`, the oldest's age in
+    `oldest_unindexed_age`: on SQLite the index is built just behind the
+    appends; a search finds them all the same; always 0 on PostgreSQL)."""
 
     open: int
     pending: int
@@ -580,6 +583,8 @@ class Backlog:
     oldest_pending_age: timedelta | None
     parked_by_class: dict[str, int]
     erasures_pending: int
+    unindexed: int
+    oldest_unindexed_age: timedelta | None
     raw: pb.Backlog = field(repr=False, compare=False)
 
     @classmethod
@@ -592,6 +597,8 @@ class Backlog:
             oldest_pending_age=_dur(backlog, "oldest_pending_age"),
             parked_by_class=dict(backlog.parked_by_class),
             erasures_pending=backlog.erasures_pending,
+            unindexed=backlog.unindexed,
+            oldest_unindexed_age=_dur(backlog, "oldest_unindexed_age"),
             raw=backlog,
         )
 

@@ -483,7 +483,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., last_seq: _Optional[int] = ..., open_segment_id: _Optional[int] = ..., pending: _Optional[int] = ..., parked: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_append_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., subject: _Optional[str] = ...) -> None: ...
 
 class Backlog(_message.Message):
-    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending", "embeddings")
+    __slots__ = ("open", "pending", "summarised", "parked", "oldest_pending_age", "parked_by_class", "erasures_pending", "embeddings", "unindexed", "oldest_unindexed_age")
     class ParkedByClassEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -499,6 +499,8 @@ class Backlog(_message.Message):
     PARKED_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
     ERASURES_PENDING_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    UNINDEXED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_UNINDEXED_AGE_FIELD_NUMBER: _ClassVar[int]
     open: int
     pending: int
     summarised: int
@@ -507,7 +509,9 @@ class Backlog(_message.Message):
     parked_by_class: _containers.ScalarMap[str, int]
     erasures_pending: int
     embeddings: EmbeddingBacklog
-    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ..., embeddings: _Optional[_Union[EmbeddingBacklog, _Mapping]] = ...) -> None: ...
+    unindexed: int
+    oldest_unindexed_age: _duration_pb2.Duration
+    def __init__(self, open: _Optional[int] = ..., pending: _Optional[int] = ..., summarised: _Optional[int] = ..., parked: _Optional[int] = ..., oldest_pending_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., parked_by_class: _Optional[_Mapping[str, int]] = ..., erasures_pending: _Optional[int] = ..., embeddings: _Optional[_Union[EmbeddingBacklog, _Mapping]] = ..., unindexed: _Optional[int] = ..., oldest_unindexed_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class EmbeddingBacklog(_message.Message):
     __slots__ = ("pending", "parked", "parked_by_class", "embedded", "last_failure", "deferred")

@@ -1,0 +1,183 @@
+//! SQLite's index built just behind the writer (the tail): it never holds
+//! more than its bound, GetBacklog and the metrics count it, what a killed
+//! server left in it is indexed when the next one opens, and an erasure
+//! takes a session's entries out of it in the erasing transaction, leaving
+//! their text in no file.
+
+use std::time::Duration;
+
+use archivist::pb;
+
+use crate::binary::Process;
+use crate::embed_tenancy::{metrics_at, scrape};
+use crate::harness::{TestServer, append_request, entry};
+use crate::lifecycle::in_any_file;
+
+/// A tail that only its bound, a search or a restart indexes during a test.
+const BOUND_ONLY: Duration = Duration::from_secs(3600);
+
+/// Segments that never close during a test: no recap among the hits.
+fn quiet(c: &mut archivist::config::Config) {
+    c.segment.max_entries = 1_000_000;
+    c.segment.max_tokens = 1_000_000_000;
+    c.segment.max_idle = BOUND_ONLY;
+}
+
+async fn backlog(c: &mut archivist::client::Client) -> pb::Backlog {
+    c.get_backlog(pb::GetBacklogRequest {})
+        .await
+        .expect("backlog")
+        .into_inner()
+}
+
+async fn found(c: &mut archivist::client::Client, query: &str) -> Vec<String> {
+    let mut texts: Vec<String> = c
+        .search(pb::SearchRequest {
+            query: query.to_owned(),
+            limit: 50,
+            ..Default::default()
+        })
+        .await
+        .expect("search")
+        .into_inner()
+        .hits
+        .into_iter()
+        .map(|h| h.text)
+        .collect();
+    texts.sort();
+    texts
+}
+
+/// The texts of call `i`: ten entries holding the call's own word.
+fn call(i: usize) -> Vec<String> {
+    (0..10)
+        .map(|k| format!("tail{i}w entry {k} about the quarterly invoice run"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_tail_never_passes_its_bound_and_the_backlog_and_metrics_count_it() {
+    let server = TestServer::start_with(|c| {
+        quiet(c);
+        c.search.tail_texts = 25;
+        c.search.tail_wait = BOUND_ONLY;
+        c.metrics.listen = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
+    let mut c = server.client.clone();
+    let mut seen = Vec::new();
+    for i in 0..20 {
+        let texts = call(i);
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        c.append_entries(append_request("s", &refs))
+            .await
+            .expect("append");
+        let b = backlog(&mut c).await;
+        // An age exactly when something waits.
+        assert_eq!(b.oldest_unindexed_age.is_some(), b.unindexed > 0, "{b:?}");
+        seen.push(b.unindexed);
+    }
+    // One call a batch: the batch that brings the tail to 25 indexes it
+    // all before it commits.
+    let want: Vec<u64> = (0..20).map(|i| [10, 20, 0][i % 3]).collect();
+    assert_eq!(seen, want);
+    let scraped = scrape(&metrics_at(&server).await).await;
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l == "archivist_search_unindexed_texts 20"),
+        "{scraped}"
+    );
+    // Every call's entries are found, those of the tail too, which the
+    // first search indexed.
+    for i in 0..20 {
+        let mut want = call(i);
+        want.sort();
+        assert_eq!(found(&mut c, &format!("tail{i}w")).await, want, "call {i}");
+    }
+    let b = backlog(&mut c).await;
+    assert_eq!((b.unindexed, b.oldest_unindexed_age), (0, None));
+}
+
+#[tokio::test]
+async fn what_a_killed_server_left_unindexed_is_indexed_when_the_next_one_opens() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = [
+        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "1000000"),
+        ("ARCHIVIST_SEGMENT_MAX_TOKENS", "1000000000"),
+        ("ARCHIVIST_SEGMENT_MAX_IDLE", "1h"),
+        ("ARCHIVIST_SEARCH_TAIL_TEXTS", "1000000"),
+        ("ARCHIVIST_SEARCH_TAIL_WAIT", "1h"),
+    ];
+    let mut server = Process::start(dir.path(), &env).await;
+    let mut c = server.client().await;
+    for i in 0..5 {
+        c.append_entries(pb::AppendEntriesRequest {
+            session_id: format!("s{}", i % 2),
+            entries: call(i).iter().map(|t| entry(t)).collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("append");
+    }
+    assert_eq!(backlog(&mut c).await.unindexed, 50);
+    server.child.kill().expect("SIGKILL");
+    server.child.wait().expect("reaped");
+
+    let server = Process::start(dir.path(), &env).await;
+    let mut c = server.client().await;
+    // Before any search could index it.
+    let b = backlog(&mut c).await;
+    assert_eq!((b.unindexed, b.oldest_unindexed_age), (0, None));
+    let said = server
+        .log
+        .lock()
+        .expect("log")
+        .iter()
+        .any(|l| l.contains("not yet indexed when the last run ended") && l.contains("50"));
+    assert!(said, "the start-up says what it indexed");
+    for i in 0..5 {
+        let mut want = call(i);
+        want.sort();
+        assert_eq!(found(&mut c, &format!("tail{i}w")).await, want, "call {i}");
+    }
+}
+
+#[tokio::test]
+async fn erasing_a_session_whose_entries_are_not_indexed_yet_leaves_them_in_no_file() {
+    let server = TestServer::start_with(|c| {
+        quiet(c);
+        c.search.tail_texts = 1_000_000;
+        c.search.tail_wait = BOUND_ONLY;
+    })
+    .await;
+    let mut c = server.client.clone();
+    c.append_entries(append_request(
+        "gone",
+        &[
+            "the locker code is quillmarker7731",
+            "quillmarker7731 again",
+        ],
+    ))
+    .await
+    .expect("append");
+    c.append_entries(append_request("kept", &["the kept session's own words"]))
+        .await
+        .expect("append");
+    assert_eq!(backlog(&mut c).await.unindexed, 3);
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: "gone".into(),
+    })
+    .await
+    .expect("delete");
+    // Out of the tail with the session; the other session's entry waits.
+    assert_eq!(backlog(&mut c).await.unindexed, 1);
+    let traces = in_any_file(server.data_dir(), "quillmarker7731");
+    assert!(traces.is_empty(), "the marker is still in {traces:?}");
+    assert!(found(&mut c, "quillmarker7731").await.is_empty());
+    assert_eq!(
+        found(&mut c, "kept").await,
+        vec!["the kept session's own words"]
+    );
+    assert_eq!(backlog(&mut c).await.unindexed, 0);
+}
