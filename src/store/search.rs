@@ -413,11 +413,16 @@ impl Store {
         limit: u32,
         budget: Duration,
     ) -> Result<Vec<SearchHit>, StoreError> {
-        // Every text acknowledged before this search began is in the index
-        // when its statements run (read-your-writes); what that costs is
-        // the writer's, outside the search's budget.
-        self.index_tail_of(tenant).await?;
         let deadline = SearchBound::new(budget);
+        // Every text acknowledged before this search began is in the index
+        // when its statements run (read-your-writes). That work is the
+        // writer's, not the query's: waiting on it past the budget is the
+        // server being busy (`spent` with no work counted), and the
+        // indexing goes on for the next search.
+        match tokio::time::timeout_at(deadline.deadline(), self.index_tail_of(tenant)).await {
+            Ok(indexed) => indexed?,
+            Err(_) => return Err(deadline.spent()),
+        }
         // How many texts hold each term (and each of its other forms,
         // `search::forms`) is asked only where it can matter (which terms
         // are common, how much each weighs against the others): a query of
