@@ -175,6 +175,61 @@ fn parse_line(number: u64, text: &str) -> Result<Parsed, BadLine> {
     })
 }
 
+/// The longest line read whole: far past any entry a server takes (its
+/// content is at most `limits.max_content_bytes`, 64 KiB by default, and a
+/// call at most 4 MiB, however the JSON escapes it). A longer line is a
+/// bad line, passed over without being held in memory.
+const MAX_LINE_BYTES: usize = 8 << 20;
+
+/// The next line of `reader` (without its line ending) and the bytes it
+/// took, or why it cannot be read as one (too long, not UTF-8); `None` at
+/// the end. `buf` is the caller's, kept between lines.
+fn next_line(
+    reader: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<(Result<String, String>, u64)>> {
+    use std::io::Read;
+    buf.clear();
+    let mut taken = reader.take(MAX_LINE_BYTES as u64 + 1);
+    let n = taken.read_until(b'\n', buf)? as u64;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') && buf.len() > MAX_LINE_BYTES {
+        let mut skipped = n;
+        loop {
+            let available = reader.fill_buf()?;
+            let (used, end) = match available.iter().position(|&b| b == b'\n') {
+                Some(at) => (at + 1, true),
+                None => (available.len(), available.is_empty()),
+            };
+            reader.consume(used);
+            skipped += used as u64;
+            if end {
+                break;
+            }
+        }
+        let why = format!(
+            "the line is {skipped} bytes; at most {} MiB are read",
+            MAX_LINE_BYTES >> 20
+        );
+        return Ok(Some((Err(why), skipped)));
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        if buf.last() == Some(&b'\r') {
+            buf.pop();
+        }
+    }
+    let text = String::from_utf8(std::mem::take(buf)).map_err(|e| {
+        format!(
+            "not UTF-8 text (a bad byte after {} bytes)",
+            e.utf8_error().valid_up_to()
+        )
+    });
+    Ok(Some((text, n)))
+}
+
 /// serde_json's error without its "at line 1 column N" (always line 1
 /// here: the file's line number is given instead).
 fn json_error(e: &serde_json::Error) -> String {
@@ -337,10 +392,15 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
     let mut stopped = None;
     // Where the stored part ends: the first line of the batch not sent.
     let mut unsent_from = 0;
-    for (i, text) in reader.lines().enumerate() {
-        let number = i as u64 + 1;
-        let text = match text {
-            Ok(text) => text,
+    let mut reader = reader;
+    let mut buf = Vec::new();
+    let mut number = 0u64;
+    loop {
+        let line = next_line(&mut reader, &mut buf);
+        number += 1;
+        let (text, len) = match line {
+            Ok(None) => break,
+            Ok(Some(read)) => read,
             Err(e) => {
                 unsent_from = if batch.entries.is_empty() {
                     number
@@ -355,15 +415,21 @@ async fn import(args: ImportArgs) -> Result<(), Failed> {
                 break;
             }
         };
-        read += text.len() as u64 + 1;
+        read += len;
         tally.read += 1;
         if let Some(bar) = &bar {
             bar.set_position(read);
         }
-        if text.trim().is_empty() {
-            continue;
-        }
-        let parsed = match parse_line(number, &text) {
+        let parsed = match text {
+            Ok(text) if text.trim().is_empty() => continue,
+            Ok(text) => parse_line(number, &text),
+            Err(why) => Err(BadLine {
+                line: number,
+                field: None,
+                why,
+            }),
+        };
+        let parsed = match parsed {
             Ok(parsed) => parsed,
             Err(bad) if args.dry_run => {
                 // A dry run reads on, to name every bad line at once.
@@ -576,6 +642,34 @@ mod tests {
             parse_line(1, keyed).expect("keyed").entry.client_entry_id,
             "m-42"
         );
+    }
+
+    #[test]
+    fn a_line_too_long_or_not_utf8_is_bad_and_the_next_is_read() {
+        let mut input = b"first\r\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
+        input.extend(b"\n\xff\xfe junk\nlast");
+        let mut reader = std::io::Cursor::new(input);
+        let mut buf = Vec::new();
+        let mut lines = Vec::new();
+        while let Some((line, _)) = next_line(&mut reader, &mut buf).expect("read") {
+            lines.push(line);
+        }
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert_eq!(lines[0].as_deref(), Ok("first"));
+        assert!(
+            lines[1]
+                .as_ref()
+                .is_err_and(|why| why.contains("at most 8 MiB")),
+            "{:?}",
+            lines[1]
+        );
+        assert!(
+            lines[2]
+                .as_ref()
+                .is_err_and(|why| why.contains("not UTF-8"))
+        );
+        assert_eq!(lines[3].as_deref(), Ok("last"));
     }
 
     #[test]
