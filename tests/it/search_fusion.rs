@@ -108,8 +108,13 @@ fn texts(resp: &pb::SearchResponse) -> Vec<&str> {
     resp.hits.iter().map(|h| h.text.as_str()).collect()
 }
 
-/// The whole story on one server: `env` picks the backend.
-async fn fusion_on(env: &[(&str, String)]) {
+/// The binary with `env` (which picks the backend) embedding with
+/// `Embedder` at a fake provider, its segments never closing (the texts
+/// are the entries only); the provider and the data directory live as
+/// long as it must.
+pub(crate) async fn served_with_embedder(
+    env: &[(&str, String)],
+) -> (MockServer, tempfile::TempDir, crate::binary::Process) {
     let mock = MockServer::start().await;
     Mock::given(method("POST"))
         .and(path("/v1/embeddings"))
@@ -130,6 +135,12 @@ async fn fusion_on(env: &[(&str, String)]) {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let dir = tempfile::tempdir().expect("temp dir");
     let server = crate::binary::Process::start(dir.path(), &env).await;
+    (mock, dir, server)
+}
+
+/// The whole story on one server: `env` picks the backend.
+async fn fusion_on(env: &[(&str, String)]) {
+    let (_mock, _dir, server) = served_with_embedder(env).await;
     let client = server.client().await;
     let mut all: Vec<&str> = SMALL_TALK.to_vec();
     all.extend([NURSE, BUS]);

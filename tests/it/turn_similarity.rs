@@ -11,14 +11,11 @@ use std::time::Duration;
 use archivist::pb;
 use tonic::Code;
 use tonic_types::StatusExt;
-use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer};
 
-use crate::binary::Process;
 use crate::embeddings::VectorDatabase;
 use crate::harness::{append_request, eventually, reason};
 use crate::operator::archivist;
-use crate::search_fusion::{BUS, Embedder, QUESTION, SMALL_TALK, cosine};
+use crate::search_fusion::{BUS, QUESTION, SMALL_TALK, cosine};
 
 /// Found by meaning only (no word of the question), near it but not on
 /// it: between the two thresholds below.
@@ -62,26 +59,7 @@ fn owned(texts: &[&str]) -> Vec<String> {
 }
 
 async fn threshold_on(env: &[(&str, String)]) {
-    let mock = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/v1/embeddings"))
-        .respond_with(Embedder)
-        .mount(&mock)
-        .await;
-    let mut env: Vec<(&str, String)> = env.to_vec();
-    env.extend([
-        ("ARCHIVIST_EMBEDDING_KIND", "openai".to_owned()),
-        ("ARCHIVIST_EMBEDDING_BASE_URL", format!("{}/v1", mock.uri())),
-        ("ARCHIVIST_EMBEDDING_MODEL", "axes".to_owned()),
-        ("ARCHIVIST_RECONCILER_INTERVAL", "100ms".to_owned()),
-        // Segments that never close: the texts are the entries only.
-        ("ARCHIVIST_SEGMENT_MAX_ENTRIES", "100000".to_owned()),
-        ("ARCHIVIST_SEGMENT_MAX_TOKENS", "10000000".to_owned()),
-        ("ARCHIVIST_SEGMENT_MAX_IDLE", "1h".to_owned()),
-    ]);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let server = Process::start(dir.path(), &env).await;
+    let (_mock, _dir, server) = crate::search_fusion::served_with_embedder(env).await;
     let client = server.client().await;
 
     // Monday's session holds the texts; Friday's, of the same subject, is
