@@ -1309,22 +1309,29 @@ async fn a_question_in_one_form_of_a_verb_finds_the_fact_in_another() {
     }
 }
 
+/// Appends `fact` to session "f", then `COMMON_DOCS` + 50 texts of
+/// `filler` (numbered), so that every word of `filler` is common; returns
+/// the filler texts.
+async fn append_beside_common(store: &Store, t: &Tenant, fact: &str, filler: &str) -> Vec<String> {
+    let filler: Vec<String> = (0..crate::store::search::COMMON_DOCS + 50)
+        .map(|i| format!("{filler}, number {i}"))
+        .collect();
+    let mut texts: Vec<&str> = vec![fact];
+    texts.extend(filler.iter().map(String::as_str));
+    store
+        .append(t, &session("f"), entries(&texts), POLICY, 0)
+        .await
+        .expect("append");
+    filler
+}
+
 #[tokio::test]
 async fn a_rare_word_whose_other_form_is_common_still_finds_its_own_texts() {
-    use crate::store::search::COMMON_DOCS;
     for (_db, store) in stores().await {
         let t = Tenant::default();
         let all = SearchScope::default();
-        let filler: Vec<String> = (0..COMMON_DOCS + 50)
-            .map(|i| format!("Let us go for a walk, number {i}"))
-            .collect();
         let fact = "The cat has gone missing since Tuesday.";
-        let mut texts: Vec<&str> = vec![fact];
-        texts.extend(filler.iter().map(String::as_str));
-        store
-            .append(&t, &session("f"), entries(&texts), POLICY, 0)
-            .await
-            .expect("append");
+        append_beside_common(&store, &t, fact, "Let us go for a walk").await;
         // "go" is in thousands of texts: it joins neither "gone" nor
         // "cat gone", which find the fact first as without the forms.
         for q in ["gone", "cat gone", "gone missing"] {
@@ -1340,20 +1347,11 @@ async fn a_rare_word_whose_other_form_is_common_still_finds_its_own_texts() {
 
 #[tokio::test]
 async fn common_words_leave_the_ranking_and_only_common_words_find_the_newest() {
-    use crate::store::search::COMMON_DOCS;
     for (_db, store) in stores().await {
         let t = Tenant::default();
         let all = SearchScope::default();
-        let filler: Vec<String> = (0..COMMON_DOCS + 50)
-            .map(|i| format!("I told you my plan for the day, number {i}"))
-            .collect();
         let fact = "My plan: the trip to Kyoto in April";
-        let mut texts: Vec<&str> = vec![fact];
-        texts.extend(filler.iter().map(String::as_str));
-        store
-            .append(&t, &session("f"), entries(&texts), POLICY, 0)
-            .await
-            .expect("append");
+        let filler = append_beside_common(&store, &t, fact, "I told you my plan for the day").await;
         // "plan" is in every text: the rare word decides, and the fact
         // comes first although thousands of texts share the rest.
         assert_eq!(found(&store, &t, &all, "plan Kyoto").await, vec![fact]);
