@@ -49,7 +49,7 @@ fn texts(w: usize, i: usize) -> Vec<String> {
 }
 
 /// The texts of the hits for `query`, every session of the tenant.
-async fn found(client: &mut archivist::client::Client, query: &str) -> Vec<String> {
+pub(crate) async fn found(client: &mut archivist::client::Client, query: &str) -> Vec<String> {
     let mut hits: Vec<String> = client
         .search(pb::SearchRequest {
             query: query.to_owned(),

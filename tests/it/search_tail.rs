@@ -12,6 +12,7 @@ use crate::binary::Process;
 use crate::embed_tenancy::{metrics_at, scrape};
 use crate::harness::{TestServer, append_request, entry};
 use crate::lifecycle::in_any_file;
+use crate::search_fresh::found;
 
 /// A tail that only its bound, a search or a restart indexes during a test.
 const BOUND_ONLY: Duration = Duration::from_secs(3600);
@@ -28,24 +29,6 @@ async fn backlog(c: &mut archivist::client::Client) -> pb::Backlog {
         .await
         .expect("backlog")
         .into_inner()
-}
-
-async fn found(c: &mut archivist::client::Client, query: &str) -> Vec<String> {
-    let mut texts: Vec<String> = c
-        .search(pb::SearchRequest {
-            query: query.to_owned(),
-            limit: 50,
-            ..Default::default()
-        })
-        .await
-        .expect("search")
-        .into_inner()
-        .hits
-        .into_iter()
-        .map(|h| h.text)
-        .collect();
-    texts.sort();
-    texts
 }
 
 /// The texts of call `i`: ten entries holding the call's own word.
