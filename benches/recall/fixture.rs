@@ -131,6 +131,43 @@ pub struct Session {
     pub facts: Vec<Fact>,
 }
 
+/// One subject's memory: a timeline cut into sessions.
+pub struct Subject {
+    pub name: String,
+    pub timeline: Session,
+    /// The index of each session's first entry in the timeline, then the
+    /// timeline's length.
+    cuts: Vec<usize>,
+}
+
+impl Subject {
+    /// `generate`'s timeline of `entries` for `name`, cut into `sessions`.
+    pub fn new(name: String, entries: usize, seed: u64, sessions: usize) -> Subject {
+        let timeline = generate(&name, entries, seed);
+        let cuts = cuts(entries, sessions);
+        Subject {
+            name,
+            timeline,
+            cuts,
+        }
+    }
+
+    pub fn session_name(&self, k: usize) -> String {
+        format!("{}-{k:02}", self.name)
+    }
+
+    pub fn session(&self, k: usize) -> &[Message] {
+        &self.timeline.entries[self.cuts[k]..self.cuts[k + 1]]
+    }
+
+    /// Whether `session` is one of this subject's.
+    pub fn owns(&self, session: &str) -> bool {
+        session
+            .strip_prefix(self.name.as_str())
+            .is_some_and(|rest| rest.starts_with('-'))
+    }
+}
+
 /// Where a timeline of `entries` is cut into `sessions`: each session's
 /// first index, then `entries`. Cuts fall at even seqs, so a session opens
 /// with the user and a confirmed fact's ask stays beside it.

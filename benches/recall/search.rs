@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use archivist::pb;
 
-use super::fixture::{self, Fact, Message, Rng, Session};
+use super::fixture::{self, Fact, Rng, Subject};
 use super::score::{self, Outcome, Returned, Source};
 use super::{Options, common};
 
@@ -62,42 +62,6 @@ const PARALLEL: usize = 4;
 /// Entries per AppendEntries: the server's default `max_entries_per_call`.
 const BATCH: usize = 1000;
 
-/// One subject's memory: a timeline cut into sessions.
-struct Subject {
-    name: String,
-    timeline: Session,
-    /// The index of each session's first entry in the timeline, then the
-    /// timeline's length.
-    cuts: Vec<usize>,
-}
-
-impl Subject {
-    fn new(name: String, entries: usize, seed: u64) -> Subject {
-        let timeline = fixture::generate(&name, entries, seed);
-        let cuts = fixture::cuts(entries, SESSIONS);
-        Subject {
-            name,
-            timeline,
-            cuts,
-        }
-    }
-
-    fn session_name(&self, k: usize) -> String {
-        format!("{}-{k:02}", self.name)
-    }
-
-    fn session(&self, k: usize) -> &[Message] {
-        &self.timeline.entries[self.cuts[k]..self.cuts[k + 1]]
-    }
-
-    /// Whether `session` is one of this subject's.
-    fn owns(&self, session: &str) -> bool {
-        session
-            .strip_prefix(self.name.as_str())
-            .is_some_and(|rest| rest.starts_with('-'))
-    }
-}
-
 /// The tenant of `size` entries: `k` subjects sharing them.
 fn tenant(o: &Options, size: usize) -> Vec<Subject> {
     (0..o.subjects)
@@ -107,6 +71,7 @@ fn tenant(o: &Options, size: usize) -> Vec<Subject> {
                 format!("subject-{s}"),
                 entries,
                 fixture::session_seed(o.seed, size, s),
+                SESSIONS,
             )
         })
         .collect()

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use archivist::pb;
 
-use super::fixture::{self, Fact, Message, Session};
+use super::fixture::{self, Fact, Message, Session, Subject};
 use super::score::{self, Outcome, Returned, Source};
 use super::{Options, common, new_entries};
 
@@ -196,29 +196,6 @@ fn items(answer: pb::GetContextResponse) -> (Vec<Returned>, Vec<Returned>) {
     (recalled, cover)
 }
 
-/// One subject's memory: a timeline cut into older sessions.
-struct Subject {
-    name: String,
-    timeline: Session,
-    cuts: Vec<usize>,
-}
-
-impl Subject {
-    fn new(name: String, entries: usize, seed: u64) -> Subject {
-        let timeline = fixture::generate(&name, entries, seed);
-        let cuts = fixture::cuts(entries, SESSIONS);
-        Subject {
-            name,
-            timeline,
-            cuts,
-        }
-    }
-
-    fn session(&self, k: usize) -> &[Message] {
-        &self.timeline.entries[self.cuts[k]..self.cuts[k + 1]]
-    }
-}
-
 async fn append_all(
     client: &mut archivist::client::Client,
     session: &str,
@@ -292,6 +269,7 @@ async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size
                 format!("subject-{s}"),
                 size,
                 fixture::session_seed(o.seed, size, s),
+                SESSIONS,
             )
         })
         .collect();
@@ -302,7 +280,7 @@ async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size
     let started = Instant::now();
     for subject in &subjects {
         for k in 0..SESSIONS {
-            let name = format!("{}-{k:02}", subject.name);
+            let name = subject.session_name(k);
             append_all(&mut client, &name, &subject.name, subject.session(k)).await;
         }
     }

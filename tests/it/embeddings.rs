@@ -647,6 +647,14 @@ impl VectorDatabase {
         })
     }
 
+    /// What points the binary at this database.
+    pub(crate) fn env(&self) -> [(&'static str, String); 2] {
+        [
+            ("ARCHIVIST_STORAGE_BACKEND", "postgres".to_owned()),
+            ("ARCHIVIST_STORAGE_URL", self.url.clone()),
+        ]
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         let (client, conn) = tokio_postgres::connect(&self.url, NoTls)
             .await

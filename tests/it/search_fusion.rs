@@ -286,9 +286,5 @@ async fn on_pgvector_a_near_text_found_by_meaning_only_ranks_above_small_talk_an
     let Some(db) = VectorDatabase::fresh().await else {
         return;
     };
-    fusion_on(&[
-        ("ARCHIVIST_STORAGE_BACKEND", "postgres".to_owned()),
-        ("ARCHIVIST_STORAGE_URL", db.url.clone()),
-    ])
-    .await;
+    fusion_on(&db.env()).await;
 }

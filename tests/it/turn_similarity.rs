@@ -217,9 +217,5 @@ async fn on_pgvector_min_similarity_keeps_a_near_meaning_out_of_the_recall_above
     let Some(db) = VectorDatabase::fresh().await else {
         return;
     };
-    threshold_on(&[
-        ("ARCHIVIST_STORAGE_BACKEND", "postgres".to_owned()),
-        ("ARCHIVIST_STORAGE_URL", db.url.clone()),
-    ])
-    .await;
+    threshold_on(&db.env()).await;
 }
