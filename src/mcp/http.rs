@@ -5,8 +5,9 @@
 //! without bound. `--stateless` answers each POST on its own, no
 //! handshake or session id needed, as plain JSON when the client accepts
 //! it and as an SSE stream when it accepts only that. On both, a POST
-//! whose JSON body is no JSON-RPC message is answered as JSON-RPC says
-//! (a parse error, an invalid request), not as the SDK does.
+//! whose JSON body is no JSON-RPC message, or whose body is over the cap,
+//! is answered as JSON-RPC says (a parse error, an invalid request), not
+//! as the SDK does.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -282,12 +283,9 @@ fn guarded(request: &Request, allowed: &[String]) -> bool {
 /// as something else is left to the SDK (415 is right there).
 async fn read_message(request: Request) -> Result<(Request, Option<Value>), Response> {
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
-        return Err((
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("Payload Too Large: a request may take at most {MAX_BODY_BYTES} bytes"),
-        )
-            .into_response());
+    let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(e) => return Err(unread(e).into_response()),
     };
     let declared_json = parts
         .headers
@@ -302,10 +300,39 @@ async fn read_message(request: Request) -> Result<(Request, Option<Value>), Resp
     Ok((Request::from_parts(parts, Body::from(bytes)), message))
 }
 
+/// The refusal of a body that could not be read whole: one over the cap
+/// (413), or one the client broke off or framed wrongly (400). Either is
+/// an invalid request with no id, as JSON-RPC has no code of its own for
+/// them and the message was never read.
+fn unread(e: axum::Error) -> RpcError {
+    let over = std::error::Error::source(&e)
+        .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>());
+    let (status, message) = match over {
+        true => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "Request too large: a request may take at most {MAX_BODY_BYTES} bytes ({} MiB)",
+                MAX_BODY_BYTES / (1024 * 1024)
+            ),
+        ),
+        false => (
+            StatusCode::BAD_REQUEST,
+            format!("Invalid Request: the body could not be read ({e})"),
+        ),
+    };
+    RpcError {
+        status,
+        id: Value::Null,
+        code: INVALID_REQUEST,
+        message,
+    }
+}
+
 /// The JSON-RPC message `bytes` hold, or the error JSON-RPC names for
 /// what they hold instead.
 fn check_message(bytes: &[u8]) -> Result<Value, RpcError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| RpcError {
+        status: StatusCode::BAD_REQUEST,
         id: Value::Null,
         code: PARSE_ERROR,
         message: format!("Parse error: the body is not JSON ({e})"),
@@ -321,6 +348,7 @@ fn check_message(bytes: &[u8]) -> Result<Value, RpcError> {
                 .cloned()
                 .unwrap_or(Value::Null);
             Err(RpcError {
+                status: StatusCode::BAD_REQUEST,
                 id,
                 code: INVALID_REQUEST,
                 message: format!("Invalid Request: not a JSON-RPC 2.0 message MCP knows ({e})"),
@@ -336,17 +364,24 @@ const INVALID_REQUEST: i64 = -32600;
 
 /// A JSON-RPC error for a POST that carried no message.
 struct RpcError {
+    /// 400, or 413 for a body over the cap.
+    status: StatusCode,
     id: Value,
     code: i64,
     message: String,
 }
 
 impl RpcError {
-    /// 400 Bad Request carrying the error as a JSON-RPC response.
+    /// The error as a JSON-RPC response, with its HTTP status.
     fn into_response(self) -> Response {
-        let RpcError { id, code, message } = self;
+        let RpcError {
+            status,
+            id,
+            code,
+            message,
+        } = self;
         let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-        let mut response = (StatusCode::BAD_REQUEST, body.to_string()).into_response();
+        let mut response = (status, body.to_string()).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -418,6 +453,33 @@ mod tests {
             code(b"{\"jsonrpc\": \"2.0\", \"id\": 7, \"method\": \"tools/list\"}"),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn a_body_not_read_whole_is_over_the_cap_or_broken() {
+        let big = Body::from(vec![b' '; MAX_BODY_BYTES + 1]);
+        let over = unread(
+            axum::body::to_bytes(big, MAX_BODY_BYTES)
+                .await
+                .expect_err("over the cap"),
+        );
+        assert_eq!(
+            (over.status, over.code),
+            (StatusCode::PAYLOAD_TOO_LARGE, INVALID_REQUEST)
+        );
+        assert!(
+            over.message.contains("4194304 bytes (4 MiB)"),
+            "{}",
+            over.message
+        );
+        let broken = unread(axum::Error::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(
+            (broken.status, broken.code),
+            (StatusCode::BAD_REQUEST, INVALID_REQUEST)
+        );
+        assert_eq!(broken.id, Value::Null);
     }
 
     #[test]

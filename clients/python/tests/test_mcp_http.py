@@ -280,3 +280,34 @@ def test_a_body_that_is_no_json_rpc_message_is_answered_as_json_rpc_says(mcp_htt
     [answer] = messages(headers, body)
     assert "sessions" in answer["result"]["structuredContent"]
     raw.close()
+
+
+@pytest.mark.parametrize("stateless", [True, False])
+def test_a_body_over_the_cap_is_answered_as_json_rpc(mcp_http, stateless: bool) -> None:
+    """Issue 40's leftovers: a body over the 4 MiB cap was 413 with a
+    plain-text body, where every other refusal of this layer is a
+    JSON-RPC error a client can parse. Still 413, now with the error (no
+    id: the body was never read) naming the cap; with a session too."""
+    raw = Raw(mcp_http(*(["--stateless"] if stateless else [])).url)
+    session = None if stateless else open_session(raw, 1)
+    cap = 4 * 1024 * 1024
+    # JSON to the last byte, one byte past the cap.
+    padding = cap + 1 - len(b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": ""}}')
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"x": "' + b"x" * padding + b'"}}'
+    assert len(big) == cap + 1
+    for sent in [None, session]:
+        status, headers, body = raw.post_bytes(big, session=sent)
+        assert status == 413, body[:200]
+        assert headers["content-type"].startswith("application/json"), headers
+        answer = json.loads(body)
+        assert (answer["jsonrpc"], answer["id"], answer["error"]["code"]) == ("2.0", None, -32600)
+        assert f"{cap} bytes (4 MiB)" in answer["error"]["message"], answer
+    # At the cap, the body is read (and this one is a fine ping).
+    fits = big[:100] + big[101:]
+    assert len(fits) == cap
+    status, headers, body = raw.post_bytes(fits, session=session)
+    assert status == 200, body[:200]
+    [answer] = messages(headers, body)
+    assert answer["id"] == 1 and "result" in answer
+    raw.close()
+
