@@ -4,10 +4,11 @@
 //! without a message, so a flood of handshakes cannot grow the process
 //! without bound. `--stateless` answers each POST on its own, no
 //! handshake or session id needed, as plain JSON when the client accepts
-//! it and as an SSE stream when it accepts only that. On both, a POST
-//! whose JSON body is no JSON-RPC message, or whose body is over the cap,
-//! is answered as JSON-RPC says (a parse error, an invalid request), not
-//! as the SDK does.
+//! it and as an SSE stream when it accepts only that; a response or a
+//! notification is 202 with no body, as in a stateful session. On both, a
+//! POST whose JSON body is no JSON-RPC message, or whose body is over the
+//! cap, is answered as JSON-RPC says (a parse error, an invalid request),
+//! not as the SDK does.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Method, StatusCode, header};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestId};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -162,10 +164,16 @@ async fn stateless(State(state): State<Arc<Stateless>>, request: Request) -> Res
     if request.method() != Method::POST || guarded(&request, &state.hosts) {
         return state.json.handle(request).await.into_response();
     }
-    let mut request = match read_message(request).await {
-        Ok((request, _)) => request,
+    let (mut request, message) = match read_message(request).await {
+        Ok(read) => read,
         Err(refused) => return refused,
     };
+    // A response (or error) to no request of this server's: taken as the
+    // stateful endpoint takes one in a session, 202 with no body (the SDK
+    // refuses it here, with an error that has no id).
+    if let Some(ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_)) = message {
+        return StatusCode::ACCEPTED.into_response();
+    }
     let (json, sse) = accepted(request.headers());
     let service = match (json, sse) {
         (true, _) => &state.json,
@@ -231,16 +239,18 @@ async fn stateful(State(state): State<Arc<Stateful>>, request: Request) -> Respo
     if request.headers().contains_key("mcp-session-id") {
         return state.service.handle(request).await.into_response();
     }
-    let initialize = message
-        .as_ref()
-        .is_some_and(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
-    if !initialize {
-        return state.service.handle(request).await.into_response();
-    }
+    let id = match message {
+        Some(ClientJsonRpcMessage::Request(r))
+            if matches!(r.request, ClientRequest::InitializeRequest(_)) =>
+        {
+            r.id
+        }
+        _ => return state.service.handle(request).await.into_response(),
+    };
     let _opening = state.opening.lock().await;
     let open = state.sessions.sessions.read().await.len();
     if open >= state.max_sessions {
-        return sessions_full(&state, message.as_ref().and_then(|m| m.get("id")));
+        return sessions_full(&state, &id);
     }
     state.service.handle(request).await.into_response()
 }
@@ -281,7 +291,9 @@ fn guarded(request: &Request, allowed: &[String]) -> bool {
 /// says a parse error (-32700) or an invalid request (-32600), which MCP's
 /// HTTP transport sends as 400 with the error and no id. A body declared
 /// as something else is left to the SDK (415 is right there).
-async fn read_message(request: Request) -> Result<(Request, Option<Value>), Response> {
+async fn read_message(
+    request: Request,
+) -> Result<(Request, Option<ClientJsonRpcMessage>), Response> {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(bytes) => bytes,
@@ -330,15 +342,15 @@ fn unread(e: axum::Error) -> RpcError {
 
 /// The JSON-RPC message `bytes` hold, or the error JSON-RPC names for
 /// what they hold instead.
-fn check_message(bytes: &[u8]) -> Result<Value, RpcError> {
+fn check_message(bytes: &[u8]) -> Result<ClientJsonRpcMessage, RpcError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| RpcError {
         status: StatusCode::BAD_REQUEST,
         id: Value::Null,
         code: PARSE_ERROR,
         message: format!("Parse error: the body is not JSON ({e})"),
     })?;
-    match serde_json::from_value::<rmcp::model::ClientJsonRpcMessage>(value.clone()) {
-        Ok(_) => Ok(value),
+    match serde_json::from_value::<ClientJsonRpcMessage>(value.clone()) {
+        Ok(message) => Ok(message),
         Err(e) => {
             // The id, when one of a request's kind can be read, so a
             // client can match the error to its call.
@@ -395,7 +407,7 @@ static FULL: Throttle = Throttle::new(LOG_INTERVAL);
 
 /// 503 with a JSON-RPC error a client can show: the cap, and when a place
 /// may be free (an idle session is closed by then at the latest).
-fn sessions_full(state: &Stateful, id: Option<&Value>) -> Response {
+fn sessions_full(state: &Stateful, id: &RequestId) -> Response {
     if let Some(held_back) = FULL.hit() {
         tracing::warn!(
             max_sessions = state.max_sessions,
@@ -410,7 +422,7 @@ fn sessions_full(state: &Stateful, id: Option<&Value>) -> Response {
     );
     let body = json!({
         "jsonrpc": "2.0",
-        "id": id.cloned().unwrap_or(Value::Null),
+        "id": id,
         "error": {"code": -32000, "message": message},
     });
     let retry_after = state.session_idle.as_secs().clamp(1, 60);

@@ -311,3 +311,36 @@ def test_a_body_over_the_cap_is_answered_as_json_rpc(mcp_http, stateless: bool) 
     assert answer["id"] == 1 and "result" in answer
     raw.close()
 
+
+RESPONSES = [
+    {"jsonrpc": "2.0", "id": 3, "result": {}},
+    {"jsonrpc": "2.0", "id": "sampling-4", "error": {"code": -1, "message": "declined"}},
+]
+NOTIFICATIONS = [
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}},
+]
+
+
+@pytest.mark.parametrize("stateless", [True, False])
+def test_a_response_or_notification_is_accepted_with_no_body(mcp_http, stateless: bool) -> None:
+    """MCP's streamable HTTP: a POST of a JSON-RPC response or notification
+    the server accepts is 202 Accepted with no body. Stateful (in a
+    session) did so; `--stateless` answered a response 400 with an error
+    that had no id. Both now agree, whatever the client accepts."""
+    raw = Raw(mcp_http(*(["--stateless"] if stateless else [])).url)
+    session = None if stateless else open_session(raw, 1)
+    for message in [*RESPONSES, *NOTIFICATIONS]:
+        status, headers, body = raw.post(message, session=session)
+        assert (status, body) == (202, b""), (message, status, body)
+        if stateless:
+            # A generic JSON-RPC client accepting only JSON, or naming nothing.
+            for accept in ["application/json", None]:
+                status, _, body = raw.post(message, accept=accept)
+                assert (status, body) == (202, b""), (message, accept, status, body)
+    # The server still answers its own requests afterwards.
+    status, headers, body = raw.post(call("list_sessions", {}, id=10), session=session)
+    assert status == 200, body
+    [answer] = messages(headers, body)
+    assert answer["id"] == 10 and "sessions" in answer["result"]["structuredContent"]
+    raw.close()
