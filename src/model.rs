@@ -289,6 +289,14 @@ pub(crate) fn metadata_problems<'a>(
     problems
 }
 
+/// What is wrong with a `min_similarity` (Search's, the turn's recall),
+/// when it is no cosine: for the server's check and the terminal's, so
+/// both say the same. NaN is in no range, so it is refused too.
+pub(crate) fn min_similarity_problem(min_similarity: f32) -> Option<String> {
+    (!(-1.0..=1.0).contains(&min_similarity))
+        .then(|| format!("{min_similarity} is no cosine: a similarity is from -1 to 1"))
+}
+
 /// An entry as a caller submits it, already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEntry {

@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 
 use super::output::{legs, render_hit, wire_json};
 use super::terminal::{
-    ClientFlags, Failed, check_session, check_subject, connect, exit, parse_role, print_json,
-    print_out, request,
+    ClientFlags, Failed, check_session, check_subject, connect, exit, parse_min_similarity,
+    parse_role, print_json, print_out, request,
 };
 use crate::pb;
 use crate::text::count;
@@ -62,7 +62,7 @@ pub struct SearchArgs {
     /// Leave out the hits found only by meaning whose similarity (the
     /// cosine to the query, -1 to 1) is below this; hits found by their
     /// words stay. Default: none.
-    #[arg(long, value_name = "COSINE", allow_negative_numbers = true)]
+    #[arg(long, value_name = "COSINE", allow_hyphen_values = true, value_parser = parse_min_similarity)]
     pub min_similarity: Option<f32>,
 }
 
@@ -98,13 +98,6 @@ fn search_request(args: &SearchArgs) -> Result<pb::SearchRequest, Failed> {
     }
     if let Some(subject) = &args.subject {
         check_subject(subject)?;
-    }
-    if let Some(m) = args.min_similarity
-        && !(-1.0..=1.0).contains(&m)
-    {
-        return Err(Failed::Usage(format!(
-            "--min-similarity {m}: a cosine is from -1 to 1"
-        )));
     }
     let time = |flag: &str, text: &Option<String>| {
         text.as_deref()

@@ -18,8 +18,8 @@ use super::output::*;
 use super::reads::{list_entries, list_sessions, show, show_backlog};
 pub use super::terminal::ClientFlags;
 use super::terminal::{
-    Failed, all_segments, check_session, check_subject, connect, ensure_session, exit, parse_role,
-    print_json, request,
+    Failed, all_segments, check_session, check_subject, connect, ensure_session, exit,
+    parse_min_similarity, parse_role, print_json, request,
 };
 use super::waits::{close, flush};
 use crate::pb;
@@ -133,7 +133,7 @@ pub enum SessionCommand {
         /// With --query: leave out of the recall what only meaning found
         /// whose similarity (the cosine to the query, -1 to 1) is below
         /// this; what the words found stays. Default: none.
-        #[arg(long, value_name = "COSINE", allow_negative_numbers = true)]
+        #[arg(long, value_name = "COSINE", allow_hyphen_values = true, value_parser = parse_min_similarity)]
         min_similarity: Option<f32>,
     },
     /// Make the session's (or, with no session, every) PENDING segment due
@@ -268,20 +268,7 @@ async fn session(args: SessionArgs) -> Result<(), Failed> {
         | SessionCommand::Watch { session }
         | SessionCommand::Tree { session }
         | SessionCommand::Entries { session, .. } => check_session(session)?,
-        SessionCommand::Context {
-            session,
-            min_similarity,
-            ..
-        } => {
-            check_session(session)?;
-            if let Some(m) = min_similarity
-                && !(-1.0..=1.0).contains(m)
-            {
-                return Err(Failed::Usage(format!(
-                    "--min-similarity {m}: a cosine is from -1 to 1"
-                )));
-            }
-        }
+        SessionCommand::Context { session, .. } => check_session(session)?,
         SessionCommand::Requeue { session, .. } => {
             if let Some(session) = session {
                 check_session(session)?;

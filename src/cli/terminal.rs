@@ -172,6 +172,19 @@ pub(super) fn check_subject(subject: &str) -> Result<(), Failed> {
         })
 }
 
+/// A `--min-similarity`: any number clap would take for a flag too
+/// (`-0.5`, `-inf`, `-NaN`: hence `allow_hyphen_values` where it is
+/// declared), refused as the server refuses it when it is no cosine.
+pub(super) fn parse_min_similarity(text: &str) -> Result<f32, String> {
+    let least: f32 = text
+        .parse()
+        .map_err(|e| format!("{e}: a cosine is a number from -1 to 1"))?;
+    match crate::model::min_similarity_problem(least) {
+        Some(problem) => Err(format!("{problem} [INVALID_MIN_SIMILARITY]")),
+        None => Ok(least),
+    }
+}
+
 /// A role named on the command line.
 pub(super) fn parse_role(name: &str) -> Result<pb::Role, Failed> {
     Role::parse(name).map(role_to_pb).ok_or_else(|| {

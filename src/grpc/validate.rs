@@ -516,14 +516,11 @@ fn parse_query(
 /// A `min_similarity`'s violation, added to `violations`, when it is no
 /// cosine.
 fn check_min_similarity(min_similarity: Option<f32>, violations: &mut Vec<FieldViolation>) {
-    if let Some(m) = min_similarity
-        && !(-1.0..=1.0).contains(&m)
-    {
-        // NaN is in no range, so it lands here too.
+    if let Some(problem) = min_similarity.and_then(crate::model::min_similarity_problem) {
         violations.push(violation(
             "min_similarity",
             "INVALID_MIN_SIMILARITY",
-            format!("{m} is no cosine: a similarity is from -1 to 1"),
+            problem,
         ));
     }
 }

@@ -219,6 +219,19 @@ async fn hostile_or_impossible_searches_are_told_as_usage_errors_or_typed_refusa
     }
     let found = hits(&search(&address, None, &["--json", "--", "-match", "near"]).await);
     assert!(found.is_empty(), "{found:?}");
+    // A negative --min-similarity is a number, not a flag: what the words
+    // found stays whatever it is.
+    for least in ["-0.5", "-1", "-.25"] {
+        let found = hits(
+            &search(
+                &address,
+                None,
+                &["--json", "near", "--min-similarity", least],
+            )
+            .await,
+        );
+        assert_eq!(found.len(), 1, "{least}");
+    }
 
     // The server's refusals, printed as every command prints one: the
     // status, the reason, the field; exit 1.
@@ -253,6 +266,15 @@ async fn hostile_or_impossible_searches_are_told_as_usage_errors_or_typed_refusa
         (vec!["near", "--after", "yesterday-ish"], "--after"),
         (vec!["near", "--before", "1969-01-01T00:00:00Z"], "--before"),
         (vec![], "QUERY"),
+        // The server's words and reason, before any call; -inf is a
+        // number here, not a flag.
+        (
+            vec!["near", "--min-similarity", "-inf"],
+            "-inf is no cosine: a similarity is from -1 to 1 [INVALID_MIN_SIMILARITY]",
+        ),
+        (vec!["near", "--min-similarity", "-NaN"], "NaN is no cosine"),
+        (vec!["near", "--min-similarity", "1.5"], "1.5 is no cosine"),
+        (vec!["near", "--min-similarity", "high"], "--min-similarity"),
     ] {
         let ran = search(&address, None, &args).await;
         assert_eq!(ran.code, 64, "{args:?}: {}{}", ran.stdout, ran.stderr);

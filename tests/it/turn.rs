@@ -203,6 +203,44 @@ async fn the_binary_on_sqlite_recalls_mondays_fact_into_fridays_context() {
         "{}",
         ran.stdout
     );
+    // A negative threshold is a number, not a flag (what the words found
+    // stays, whatever it is); one that is no cosine, -inf as much as 1.5,
+    // is refused before any call with the server's words and reason.
+    let context = |least: &'static str| {
+        let address = address.clone();
+        async move {
+            let args = [
+                "session",
+                "context",
+                "ada-fri",
+                "--server",
+                &address,
+                "--query",
+                QUESTION,
+                "--min-similarity",
+                least,
+            ];
+            archivist(&args, &[("ARCHIVIST_TOKEN", None)], None).await
+        }
+    };
+    for least in ["-0.5", "-1", "-1e-3"] {
+        let ran = context(least).await;
+        assert_eq!(ran.code, 0, "{least}: {}{}", ran.stdout, ran.stderr);
+        assert!(ran.stdout.contains(FACT), "{least}: {}", ran.stdout);
+    }
+    for (least, shown) in [
+        ("-inf", "-inf"),
+        ("-NaN", "NaN"),
+        ("inf", "inf"),
+        ("1.5", "1.5"),
+    ] {
+        let ran = context(least).await;
+        assert_eq!(ran.code, 64, "{least}: {}{}", ran.stdout, ran.stderr);
+        let says =
+            format!("{shown} is no cosine: a similarity is from -1 to 1 [INVALID_MIN_SIMILARITY]");
+        assert!(ran.stderr.contains(&says), "{least}: {}", ran.stderr);
+        assert!(ran.stderr.contains("--min-similarity"), "{}", ran.stderr);
+    }
     let ran = archivist(
         &[
             "session",
