@@ -14,6 +14,7 @@ import pytest
 
 from archivist_client import AsyncClient, Client, InvalidArgument
 from archivist_client.langchain import ArchivistRetriever
+from archivist_client.v1 import archivist_pb2 as pb
 
 from support import FakeEmbedder, eventually
 
@@ -120,6 +121,51 @@ def test_a_threshold_that_is_no_cosine_is_refused_before_sending() -> None:
             client.search("anything", min_similarity="high")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             ArchivistRetriever(client=client, min_similarity=2.0)
+
+
+def test_the_client_refuses_a_threshold_exactly_where_the_server_does(server, session_id: str) -> None:  # type: ignore[no-untyped-def]
+    """The request carries a float (single precision): 1.00000001 goes as
+    1.0, which the server takes, and so must the client (it refused it,
+    checking the double it was given); 1.0000001 goes as 1.0000001192 and
+    is refused by both. Each threshold is put to the server as it is, past
+    the client's check, and the client must say the same."""
+    edges = [1.00000001, -1.00000001, 1.0000000596046448, 1, -1, 0, -0.0, 1e-50]
+    past = [1.0000001, -1.0000001, 1.00000006, 1e39, -1e39, math.nan, math.inf, -math.inf]
+    with Client(server.address) as client:
+        client.append(session_id, [("user", "anything at all")])
+        for least in [*edges, *past]:
+            asks = [
+                (
+                    client._stub.Search,
+                    pb.SearchRequest(query="anything", min_similarity=least),
+                    lambda: client.search("anything", min_similarity=least),
+                ),
+                (
+                    client._stub.GetContext,
+                    pb.GetContextRequest(session_id=session_id, min_similarity=least),
+                    lambda: client.context(session_id, min_similarity=least),
+                ),
+            ]
+            for method, request, ask in asks:
+                try:
+                    client._call(method, request, None)
+                    server_took = True
+                except InvalidArgument as refused:
+                    assert refused.reason == "INVALID_MIN_SIMILARITY"
+                    server_took = False
+                assert server_took == (least in edges), least
+                try:
+                    ask()
+                    client_took = True
+                except InvalidArgument as refused:
+                    assert refused.reason == "INVALID_MIN_SIMILARITY"
+                    assert [v.field for v in refused.violations] == ["min_similarity"]
+                    client_took = False
+                assert client_took == server_took, (least, type(request).__name__)
+        # An int past any float is no cosine either, refused as one.
+        with pytest.raises(InvalidArgument) as refused:
+            client.search("anything", min_similarity=2**1100)
+        assert refused.value.reason == "INVALID_MIN_SIMILARITY"
 
 
 NEAR = "I work nights as a nurse and walk the dog after"

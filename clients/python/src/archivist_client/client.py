@@ -14,6 +14,7 @@ caller that wants to retry a call decides for itself (`err.retry_after`,
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -163,18 +164,27 @@ MAX_QUERY_BYTES = 4096
 MAX_SEARCH_LIMIT = 100
 
 
-def _check_min_similarity(min_similarity: float | None) -> None:
-    """A `min_similarity` that is no cosine refused as the server would."""
+def _min_similarity(min_similarity: float | None) -> float | None:
+    """A `min_similarity` as the request carries it, a single-precision
+    float, refused as the server refuses it when that is no cosine: the
+    server checks what arrives, so 1.00000001 (sent as 1.0) is taken and
+    1.0000001 (sent as 1.0000001192) is not."""
     if min_similarity is None:
-        return
+        return None
     if isinstance(min_similarity, bool) or not isinstance(min_similarity, (int, float)):
         raise TypeError(f"min_similarity must be a float; got {type(min_similarity).__name__}")
-    if not -1.0 <= min_similarity <= 1.0:  # NaN fails this too
+    try:
+        # The field's own conversion: rounding, and infinity past the range.
+        sent = pb.SearchRequest(min_similarity=float(min_similarity)).min_similarity
+    except OverflowError:  # an int past any float
+        sent = math.inf if min_similarity > 0 else -math.inf
+    if not -1.0 <= sent <= 1.0:  # NaN fails this too
         raise invalid_argument(
             "min_similarity",
-            f"must be a cosine, from -1 to 1; got {min_similarity!r}",
+            f"{min_similarity!r} is no cosine: a similarity is from -1 to 1",
             "INVALID_MIN_SIMILARITY",
         )
+    return sent
 
 
 def _search_request(
@@ -226,7 +236,7 @@ def _search_request(
         raise invalid_argument(
             "mode", f"must be one of {', '.join(SEARCH_MODES)}; got {mode!r}", "INVALID_MODE"
         )
-    _check_min_similarity(min_similarity)
+    least = _min_similarity(min_similarity)
     roles_wire = [
         cast("pb.Role", role_value(r, f"roles[{i}]"))
         for i, r in enumerate(_strings("roles", roles))
@@ -248,8 +258,8 @@ def _search_request(
         mode=cast("pb.SearchMode", pb.SearchMode.Value("SEARCH_MODE_" + mode.upper())),
         metadata=dict(metadata or {}),
     )
-    if min_similarity is not None:
-        request.min_similarity = float(min_similarity)
+    if least is not None:
+        request.min_similarity = least
     return request
 
 
@@ -258,14 +268,14 @@ def _context_request(
 ) -> pb.GetContextRequest:
     if query is not None and not isinstance(query, str):
         raise TypeError(f"query must be a str; got {type(query).__name__}")
-    _check_min_similarity(min_similarity)
+    least = _min_similarity(min_similarity)
     request = pb.GetContextRequest(
         session_id=session_id,
         max_tokens=count_value("max_tokens", max_tokens),
         query=query or "",
     )
-    if min_similarity is not None:
-        request.min_similarity = float(min_similarity)
+    if least is not None:
+        request.min_similarity = least
     return request
 
 
