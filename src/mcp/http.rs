@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Method, StatusCode, header};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestId};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ProtocolVersion, RequestId};
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -172,7 +172,10 @@ async fn stateless(State(state): State<Arc<Stateless>>, request: Request) -> Res
     // stateful endpoint takes one in a session, 202 with no body (the SDK
     // refuses it here, with an error that has no id).
     if let Some(ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_)) = message {
-        return StatusCode::ACCEPTED.into_response();
+        return match unknown_version(request.headers()) {
+            Some(refused) => refused,
+            None => StatusCode::ACCEPTED.into_response(),
+        };
     }
     let (json, sse) = accepted(request.headers());
     let service = match (json, sse) {
@@ -191,6 +194,25 @@ async fn stateless(State(state): State<Arc<Stateless>>, request: Request) -> Res
         HeaderValue::from_static("application/json, text/event-stream"),
     );
     service.handle(request).await.into_response()
+}
+
+/// The SDK's refusal of an `MCP-Protocol-Version` it does not know, which
+/// it makes of every message in a session and of a notification here, so
+/// a response the SDK never sees is refused alike.
+fn unknown_version(headers: &http::HeaderMap) -> Option<Response> {
+    let value = headers.get("mcp-protocol-version")?;
+    let message = match value.to_str() {
+        Err(_) => "Bad Request: Invalid MCP-Protocol-Version header encoding".to_owned(),
+        Ok(v)
+            if ProtocolVersion::KNOWN_VERSIONS
+                .iter()
+                .any(|k| k.as_str() == v) =>
+        {
+            return None;
+        }
+        Ok(v) => format!("Bad Request: Unsupported MCP-Protocol-Version: {v}"),
+    };
+    Some((StatusCode::BAD_REQUEST, message).into_response())
 }
 
 /// Whether the client accepts JSON, and SSE: no Accept header accepts

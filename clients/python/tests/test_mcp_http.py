@@ -338,6 +338,17 @@ def test_a_response_or_notification_is_accepted_with_no_body(mcp_http, stateless
             for accept in ["application/json", None]:
                 status, _, body = raw.post(message, accept=accept)
                 assert (status, body) == (202, b""), (message, accept, status, body)
+    # A protocol version the server does not know is refused alike.
+    for message in [*RESPONSES, *NOTIFICATIONS]:
+        body = json.dumps(message).encode()
+        status, _, answer = raw.post_bytes(
+            body, session=session, extra={"mcp-protocol-version": "1999-01-01"}
+        )
+        assert (status, answer) == (400, b"Bad Request: Unsupported MCP-Protocol-Version: 1999-01-01")
+        status, _, answer = raw.post_bytes(
+            body, session=session, extra={"mcp-protocol-version": PROTOCOL}
+        )
+        assert (status, answer) == (202, b""), (message, answer)
     # The server still answers its own requests afterwards.
     status, headers, body = raw.post(call("list_sessions", {}, id=10), session=session)
     assert status == 200, body
