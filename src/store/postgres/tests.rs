@@ -567,6 +567,196 @@ async fn an_erasure_racing_passes_that_make_roll_ups_never_deadlocks() {
     assert_eq!(db.deadlocks().await, 0, "the server broke a deadlock");
 }
 
+/// The statements of the connections to the database of `observer` that
+/// wait for a lock, in no particular order.
+async fn waiting_statements(observer: &tokio_postgres::Client) -> Vec<String> {
+    observer
+        .query(
+            "SELECT query FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .expect("read pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Waits (up to 10 s) until exactly `n` connections wait for a lock, and
+/// returns their statements.
+async fn until_waiting(observer: &tokio_postgres::Client, n: usize, what: &str) -> Vec<String> {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let waiting = waiting_statements(observer).await;
+            if waiting.len() == n {
+                return waiting;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: never {n} connections waiting for a lock"))
+}
+
+/// The lock order of the module doc, step by step: an erasure and a
+/// completing pass of one session meet at the session's row, never on
+/// its segments. Whichever locks the session first, the other waits for
+/// it there, before it has locked a segment; neither ever waits for the
+/// other while holding segments the other wants (the cycle a CI run once
+/// reported: the erasure deleting the session's row, waiting for a pass's
+/// key-share lock, while the pass waited for a segment the erasure held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_and_a_completing_pass_meet_at_the_session_row() {
+    let Some((db, stores)) = replicas(2).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+        max_gap: None,
+    };
+    let connect = || async {
+        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    let holder = connect().await;
+    let observer = connect().await;
+    let is_session_lock = |q: &str| q.starts_with("SELECT") && q.contains("FROM sessions");
+
+    // The erasure first: another transaction holds the session's newest
+    // segment, so the erasure stops inside its transaction with the
+    // session's row and its older segments locked.
+    let out = stores[0]
+        .append(&t, &session("e"), entries(&["a", "b", "c", "d"]), one, 0)
+        .await
+        .expect("append");
+    let ids = out.closed_segment_ids.clone();
+    assert_eq!(ids.len(), 4);
+    let mut claims = Vec::new();
+    for id in &ids {
+        let (claim, _) = stores[1]
+            .claim(*id, "w", LEASE)
+            .await
+            .expect("claim")
+            .expect("free");
+        claims.push(claim);
+    }
+    let newest = i64::try_from(*ids.iter().max().expect("ids")).expect("id");
+    holder.execute("BEGIN", &[]).await.expect("begin");
+    holder
+        .execute(
+            "SELECT id FROM segments WHERE id = $1 FOR UPDATE",
+            &[&newest],
+        )
+        .await
+        .expect("lock the newest segment");
+    let erasure = tokio::spawn({
+        let store = stores[0].clone();
+        async move {
+            store
+                .delete_session(&Tenant::default(), &session("e"))
+                .await
+        }
+    });
+    let waiting = until_waiting(&observer, 1, "the erasure").await;
+    assert!(
+        waiting[0].contains("FROM segments WHERE session_id"),
+        "the erasure waits at {waiting:?}"
+    );
+    // A pass completing the oldest segment now waits for the erasure at the
+    // session's row: it has locked no segment the erasure will want.
+    let oldest = claims.remove(0);
+    let pass = tokio::spawn({
+        let store = stores[1].clone();
+        async move { store.complete(&oldest, summary(), 1, 2).await }
+    });
+    let waiting = until_waiting(&observer, 2, "the pass").await;
+    assert_eq!(
+        waiting.iter().filter(|q| is_session_lock(q)).count(),
+        1,
+        "the pass must wait at the session's row: {waiting:?}"
+    );
+    holder.execute("ROLLBACK", &[]).await.expect("unlock");
+    let erased = erasure
+        .await
+        .expect("joined")
+        .expect("the erasure finishes");
+    assert_eq!(erased.entries, 4);
+    let done = pass.await.expect("joined").expect("the pass finishes");
+    assert!(!done.held, "the session was erased under the pass");
+
+    // The pass first: it holds its session's key-share lock and waits for
+    // the forming of its level's roll-ups (held here), so the erasure waits
+    // for it at the session's row, before locking any segment.
+    let out = stores[0]
+        .append(&t, &session("p"), entries(&["a", "b"]), one, 0)
+        .await
+        .expect("append");
+    let (claim, _) = stores[1]
+        .claim(out.closed_segment_ids[0], "w", LEASE)
+        .await
+        .expect("claim")
+        .expect("free");
+    let session_id: i64 = observer
+        .query_one("SELECT id FROM sessions WHERE name = 'p'", &[])
+        .await
+        .expect("session id")
+        .get(0);
+    holder
+        .execute(
+            "SELECT pg_advisory_lock(($1::BIGINT << 8) | 1)",
+            &[&session_id],
+        )
+        .await
+        .expect("hold the level");
+    let pass = tokio::spawn({
+        let store = stores[1].clone();
+        async move { store.complete(&claim, summary(), 1, 2).await }
+    });
+    let waiting = until_waiting(&observer, 1, "the pass").await;
+    assert!(
+        waiting[0].contains("pg_advisory_xact_lock"),
+        "the pass waits at {waiting:?}"
+    );
+    let erasure = tokio::spawn({
+        let store = stores[0].clone();
+        async move {
+            store
+                .delete_session(&Tenant::default(), &session("p"))
+                .await
+        }
+    });
+    let waiting = until_waiting(&observer, 2, "the erasure").await;
+    assert_eq!(
+        waiting.iter().filter(|q| is_session_lock(q)).count(),
+        1,
+        "the erasure must wait at the session's row: {waiting:?}"
+    );
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock(($1::BIGINT << 8) | 1)",
+            &[&session_id],
+        )
+        .await
+        .expect("let the level go");
+    let done = pass.await.expect("joined").expect("the pass finishes");
+    assert!(done.held);
+    let erased = erasure
+        .await
+        .expect("joined")
+        .expect("the erasure finishes");
+    assert_eq!(erased.entries, 2);
+
+    drop((holder, observer, stores));
+    assert_eq!(db.deadlocks().await, 0, "the server broke a deadlock");
+}
+
 /// How many connections to the database of `observer` (other than its
 /// own) are in `state`, or waiting for a lock when `state` is "lock".
 async fn backends(observer: &tokio_postgres::Client, state: &str) -> i64 {
