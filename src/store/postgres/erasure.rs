@@ -156,7 +156,7 @@ impl Postgres {
             match transact(&client, body).await {
                 // A race lost all the same (the lock order should rule
                 // it out): erase again.
-                Err(e) if is_lost_race(&e) && tries < TRIES => continue,
+                Err(e) if is_lost_race(&e, "erasure") && tries < TRIES => continue,
                 other => return self.noting_full(other),
             }
         }
@@ -197,7 +197,7 @@ impl Postgres {
                 Ok(out)
             };
             match transact(&client, body).await {
-                Err(e) if is_lost_race(&e) && tries < TRIES => continue,
+                Err(e) if is_lost_race(&e, "subject erasure") && tries < TRIES => continue,
                 other => return self.noting_full(other),
             }
         }
@@ -243,7 +243,7 @@ impl Postgres {
                 Ok(Some(erased)) => out.push((session, erased)),
                 Ok(None) => {}
                 // Left for the next round.
-                Err(e) if is_lost_race(&e) => {}
+                Err(e) if is_lost_race(&e, "expiry") => {}
                 Err(e) => return self.noting_full(Err(e)),
             }
         }

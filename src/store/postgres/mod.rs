@@ -169,20 +169,35 @@ fn is_connection_loss(e: &tokio_postgres::Error) -> bool {
 
 /// A transaction lost to another (a deadlock broken by the server, a
 /// serialization failure, a key inserted meanwhile): running it again is
-/// safe and will most likely succeed.
-fn is_lost_race(e: &StoreError) -> bool {
+/// safe and will most likely succeed. `what` names the transaction for
+/// the warning a deadlock gets.
+fn is_lost_race(e: &StoreError, what: &str) -> bool {
     let StoreError::Query(source) = e else {
         return false;
     };
-    source
+    let Some(db) = source
         .downcast_ref::<tokio_postgres::Error>()
-        .and_then(tokio_postgres::Error::code)
-        .is_some_and(|c| {
-            *c == SqlState::T_R_DEADLOCK_DETECTED
-                || *c == SqlState::T_R_SERIALIZATION_FAILURE
-                || *c == SqlState::UNIQUE_VIOLATION
-                || *c == SqlState::FOREIGN_KEY_VIOLATION
-        })
+        .and_then(tokio_postgres::Error::as_db_error)
+    else {
+        return false;
+    };
+    let c = db.code();
+    if *c == SqlState::T_R_DEADLOCK_DETECTED {
+        // The lock order (module doc) should rule deadlocks out, and the
+        // retry would hide one: the server's account of the cycle (the
+        // processes, the transactions they waited for, the tuple; never
+        // stored text) is what tells which order was broken.
+        tracing::warn!(
+            transaction = what,
+            detail = db.detail().unwrap_or(""),
+            context = db.where_().unwrap_or(""),
+            "PostgreSQL broke a deadlock, failing this transaction"
+        );
+    }
+    *c == SqlState::T_R_DEADLOCK_DETECTED
+        || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        || *c == SqlState::UNIQUE_VIOLATION
+        || *c == SqlState::FOREIGN_KEY_VIOLATION
 }
 
 /// Where a URL points, without its password: `postgres://user@host:port/db`.

@@ -757,6 +757,90 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session_row() {
     assert_eq!(db.deadlocks().await, 0, "the server broke a deadlock");
 }
 
+/// A deadlock the server breaks is retried, but not silently: the losing
+/// transaction logs the server's account of the cycle. Forced here: the
+/// erasure waits for a segment another transaction holds, which then
+/// waits for the erasure's session row; the other transaction's
+/// `deadlock_timeout` is long, so the erasure is the one failed. On one
+/// thread, so that the capture sees the erasure's log.
+#[tokio::test]
+async fn a_deadlock_broken_by_the_server_is_logged_with_its_cycle() {
+    let Some((db, stores)) = replicas(1).await else {
+        return;
+    };
+    let t = Tenant::default();
+    let one = SegmentPolicy {
+        max_entries: 1,
+        max_tokens: 1_000_000,
+        max_gap: None,
+    };
+    let out = stores[0]
+        .append(&t, &session("s"), entries(&["a", "b"]), one, 0)
+        .await
+        .expect("append");
+    let newest = i64::try_from(*out.closed_segment_ids.iter().max().expect("ids")).expect("id");
+    let connect = || async {
+        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        client
+    };
+    let holder = std::sync::Arc::new(connect().await);
+    let observer = connect().await;
+    let session_id: i64 = observer
+        .query_one("SELECT id FROM sessions WHERE name = 's'", &[])
+        .await
+        .expect("session id")
+        .get(0);
+    holder
+        .batch_execute("SET deadlock_timeout = '60s'; BEGIN")
+        .await
+        .expect("begin");
+    holder
+        .execute(
+            "SELECT id FROM segments WHERE id = $1 FOR UPDATE",
+            &[&newest],
+        )
+        .await
+        .expect("lock the newest segment");
+    let log = crate::test_log::LogCapture::start();
+    log.rearm();
+    let erasure = tokio::spawn({
+        let store = stores[0].clone();
+        async move {
+            store
+                .delete_session(&Tenant::default(), &session("s"))
+                .await
+        }
+    });
+    until_waiting(&observer, 1, "the erasure").await;
+    // Waits for the erasure, which waits for it: the erasure's check, a
+    // second in, finds the cycle and fails the erasure's transaction; the
+    // retry then waits for this key-share lock until the ROLLBACK.
+    holder
+        .execute(
+            "SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE",
+            &[&session_id],
+        )
+        .await
+        .expect("the erasure lost the deadlock, not this");
+    holder.batch_execute("ROLLBACK").await.expect("unlock");
+    let erased = erasure.await.expect("joined").expect("the retry erases");
+    assert_eq!(erased.entries, 2);
+    let text = log.text();
+    assert!(
+        text.contains("PostgreSQL broke a deadlock") && text.contains("transaction=\"erasure\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("waits for ShareLock on transaction"),
+        "{text}"
+    );
+    drop((holder, observer, stores));
+    assert_eq!(db.deadlocks().await, 1);
+}
+
 /// How many connections to the database of `observer` (other than its
 /// own) are in `state`, or waiting for a lock when `state` is "lock".
 async fn backends(observer: &tokio_postgres::Client, state: &str) -> i64 {

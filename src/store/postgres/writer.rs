@@ -88,7 +88,7 @@ async fn run_batch(pool: &Pool, mut batch: Vec<AppendJob>) {
             Err(e) => Err(e.into()),
         };
         match result {
-            Err(e) if is_lost_race(&e) && tries < TRIES => continue,
+            Err(e) if is_lost_race(&e, "append batch") && tries < TRIES => continue,
             other => break other,
         }
     };
