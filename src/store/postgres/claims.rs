@@ -12,7 +12,7 @@ use tokio_postgres::types::ToSql;
 
 use super::rows::{self, SEGMENT_COLUMN_COUNT, SEGMENT_COLUMNS, SEGMENT_FROM};
 use super::segments::entries_between;
-use super::{DB_NOW, Postgres, signed, transact, unsigned};
+use super::{DB_NOW, Postgres, erasure_lock, signed, transact, unsigned};
 use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary, Tenant};
 use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
@@ -377,17 +377,27 @@ struct Level {
     level: i64,
 }
 
-/// Locks the session of `node` (a key-share lock), then the forming of
-/// roll-ups over `node`'s level of that session, then, in id order, the
-/// level's nodes a roll-up may adopt (those SUMMARISED and in none yet)
-/// and `node` itself; returns the level. With `fanout` below 2 (no
-/// roll-ups) only `node` is locked. None when `node` is gone (its session
-/// was erased).
+/// Locks the session of `node` (its erasure lock, shared, then a
+/// key-share lock on its row), then the forming of roll-ups over `node`'s
+/// level of that session, then, in id order, the level's nodes a roll-up
+/// may adopt (those SUMMARISED and in none yet) and `node` itself;
+/// returns the level. With `fanout` below 2 (no roll-ups) only `node` is
+/// locked. None when `node` is gone (its session was erased).
 ///
-/// The key-share lock is the one inserting a roll-up takes anyway; taken
-/// first, it keeps the order of the module doc of `postgres` (session,
-/// then segments) and makes an erasure of the session, which locks the
-/// session's row outright, wait for this pass or this pass for it.
+/// The session first keeps the order of the module doc of `postgres`
+/// (session, then segments): an erasure of the session, which takes its
+/// erasure lock exclusively, waits for this pass, or this pass for it,
+/// before either has locked a segment. The row's key-share lock alone
+/// cannot promise that: PostgreSQL grants FOR KEY SHARE without waiting
+/// while only other key-share lockers hold the row, and rechecks after
+/// re-taking the page lock only whether the row was updated meanwhile,
+/// not whether an erasure's FOR UPDATE (a lock, no update) came in
+/// between. So a pass could hold its key-share lock beside the erasure's
+/// FOR UPDATE, lock its segments, and wait for the erasure's, while the
+/// erasure's DELETE of the row waited for the pass: a deadlock (seen in
+/// the erasure race test under load). The advisory lock is the lock
+/// manager's, with no such window. The key-share lock stays: inserting a
+/// roll-up takes it anyway.
 ///
 /// The lock on the level (a transaction-scoped advisory lock, which
 /// nothing else takes) is what makes each roll-up once: two siblings
@@ -402,6 +412,12 @@ async fn lock_level(
     node: SegmentId,
     fanout: u32,
 ) -> Result<Option<Level>, StoreError> {
+    let erasing = client
+        .prepare_cached(&format!(
+            "SELECT pg_advisory_xact_lock_shared({}) FROM segments WHERE id = $1",
+            erasure_lock("session_id")
+        ))
+        .await?;
     let session = client
         .prepare_cached(
             "SELECT 1 FROM sessions WHERE id = (SELECT session_id FROM segments WHERE id = $1) \
@@ -414,8 +430,9 @@ async fn lock_level(
         .await?;
     let id = signed(node);
     // One round trip; the server runs them in this order.
-    let (_, rows) = tokio::try_join!(
+    let (_, _, rows) = tokio::try_join!(
         biased;
+        async { client.query(&erasing, &[&id]).await },
         async { client.query(&session, &[&id]).await },
         async { client.query(&read, &[&id]).await },
     )?;

@@ -1,6 +1,7 @@
 //! Erasing sessions: one on request (DeleteSession), every one of a
-//! subject (DeleteSubject) and those idle past retention (expiry). Each erasure locks the tenant's usage row and the
-//! session's row, then its nodes, and deletes summaries, segments, entries,
+//! subject (DeleteSubject) and those idle past retention (expiry). Each
+//! erasure locks the tenant's usage row and the session (its erasure lock
+//! and its row), then its nodes, and deletes summaries, segments, entries,
 //! what they were owed of embeddings and their vectors, and the session,
 //! and its bytes from the tenant's count; the stored embedding failures of
 //! its owner's other debts, which may quote its texts, are forgotten.
@@ -24,7 +25,7 @@ use crate::store::{Erased, SessionRef, StoreError};
 ///
 /// The session's nodes are locked first, in id order, as a completing pass
 /// locks its roll-up group (see the module doc of `postgres`). With the
-/// session's row locked as `lock_for_erasure` locks it, no pass is
+/// session locked as `lock_for_erasure` locks it, no pass is
 /// completing one of them and none can add a roll-up, so the nodes locked
 /// are all the session has, and the deletes take no other lock on them.
 async fn erase_tx(
@@ -100,12 +101,15 @@ async fn erase_tx(
     })
 }
 
-/// Locks the tenant's usage row, then the session's row (if it is still
-/// there and, with `cutoff`, still idle since then); its id. The session's
-/// row is locked outright (FOR UPDATE, as deleting it would): that waits
-/// for every pass completing one of its nodes (each holds a key-share lock
-/// on it) and keeps new ones out, so no roll-up can be added to the
-/// session while it is erased.
+/// Locks the tenant's usage row, then the session's erasure lock
+/// (exclusive) and its row (if it is still there and, with `cutoff`, still
+/// idle since then); its id. The erasure lock waits for every pass
+/// completing one of the session's nodes (each holds it shared from
+/// before it locks anything else of the session) and keeps new ones out,
+/// so no roll-up can be added to the session while it is erased; the row
+/// is then locked outright (FOR UPDATE, as deleting it would) for appends
+/// and closings. Not the row lock alone: see `lock_level` in `claims.rs`
+/// for how a pass's key-share lock can slip in beside it.
 async fn lock_for_erasure(
     client: &Object,
     tenant: &str,
@@ -114,6 +118,12 @@ async fn lock_for_erasure(
 ) -> Result<Option<i64>, StoreError> {
     let usage = client
         .prepare_cached("SELECT 1 FROM tenant_usage WHERE tenant = $1 FOR UPDATE")
+        .await?;
+    let erasing = client
+        .prepare_cached(&format!(
+            "SELECT pg_advisory_xact_lock({}) FROM sessions WHERE tenant = $1 AND name = $2",
+            super::erasure_lock("id")
+        ))
         .await?;
     let session = client
         .prepare_cached(
@@ -124,9 +134,10 @@ async fn lock_for_erasure(
         )
         .await?;
     let cutoff = cutoff.map(|c| c.0);
-    let (_, row) = tokio::try_join!(
+    let (_, _, row) = tokio::try_join!(
         biased;
         async { client.query_opt(&usage, &[&tenant]).await },
+        async { client.query_opt(&erasing, &[&tenant, &name]).await },
         async { client.query_opt(&session, &[&tenant, &name, &cutoff]).await }
     )?;
     Ok(match row {
@@ -172,12 +183,21 @@ impl Postgres {
         let usage = client
             .prepare_cached("SELECT 1 FROM tenant_usage WHERE tenant = $1 FOR UPDATE")
             .await?;
-        // Locked as `lock_for_erasure` locks one, in name order as appends
-        // lock theirs, after the tenant's usage row.
+        // Locked as `lock_for_erasure` locks one, after the tenant's usage
+        // row: every session's erasure lock, then their rows, each in name
+        // order as appends lock theirs. The rows locked are those whose
+        // erasure lock was taken (a session the subject gains meanwhile is
+        // left for another erasure).
+        let erasing = client
+            .prepare_cached(&format!(
+                "SELECT id, pg_advisory_xact_lock({}) FROM (SELECT id FROM sessions \
+                 WHERE tenant = $1 AND subject = $2 ORDER BY name) s",
+                super::erasure_lock("id")
+            ))
+            .await?;
         let sessions = client
             .prepare_cached(
-                "SELECT id, name FROM sessions WHERE tenant = $1 AND subject = $2 \
-                 ORDER BY name FOR UPDATE",
+                "SELECT id, name FROM sessions WHERE id = ANY($1) ORDER BY name FOR UPDATE",
             )
             .await?;
         let mut tries = 0;
@@ -185,9 +205,13 @@ impl Postgres {
             tries += 1;
             let body = async {
                 client.query_opt(&usage, &[&tenant.0]).await?;
-                let rows = client
-                    .query(&sessions, &[&tenant.0, &subject.as_str()])
-                    .await?;
+                let ids = client
+                    .query(&erasing, &[&tenant.0, &subject.as_str()])
+                    .await?
+                    .iter()
+                    .map(|r| r.try_get::<_, i64>(0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let rows = client.query(&sessions, &[&ids]).await?;
                 let mut out = Vec::with_capacity(rows.len());
                 for r in rows {
                     let (id, name): (i64, String) = (r.try_get(0)?, r.try_get(1)?);

@@ -16,21 +16,24 @@
 //!
 //! Locks, always taken in this order so that no two transactions wait on
 //! each other in a cycle: a tenant's `tenant_usage` row (appends and
-//! erasures, in tenant order), then session rows (in tenant and name
-//! order), then segment rows, several always in ascending id: a
-//! transaction that changes several segments first locks them with
-//! `SELECT ... ORDER BY id FOR UPDATE`, and changes no other.
+//! erasures, in tenant order), then sessions (in tenant and name order;
+//! a session's erasure lock, an advisory lock, before its row), then
+//! segment rows, several always in ascending id: a transaction that
+//! changes several segments first locks them with `SELECT ... ORDER BY id
+//! FOR UPDATE`, and changes no other.
 //!
-//! - A completing pass takes a key-share lock on its session (the lock
-//!   that inserting a roll-up takes anyway), then an advisory lock on
-//!   forming the roll-ups of its node's level (taken by nothing else; it
-//!   is what makes each roll-up once), then the nodes of that level a
-//!   roll-up may adopt, and its own.
-//! - An erasure locks its session's row outright (FOR UPDATE, which no
-//!   key-share holder shares: it waits for the passes completing the
-//!   session's nodes and keeps new ones out), then every node of the
+//! - A completing pass takes its session's erasure lock shared and a
+//!   key-share lock on its row (the lock that inserting a roll-up takes
+//!   anyway), then an advisory lock on forming the roll-ups of its node's
+//!   level (taken by nothing else; it is what makes each roll-up once),
+//!   then the nodes of that level a roll-up may adopt, and its own.
+//! - An erasure takes its session's erasure lock exclusively (it waits
+//!   for the passes completing the session's nodes and keeps new ones
+//!   out), locks its row outright (FOR UPDATE), then every node of the
 //!   session; as no roll-up can be added meanwhile, those are all there
-//!   are when it deletes them.
+//!   are when it deletes them. The row lock alone would not keep passes
+//!   out: PostgreSQL can grant a key-share lock beside a FOR UPDATE taken
+//!   at the same moment (`lock_level` in `claims.rs`).
 //! - A requeue, an unpark and the closing of idle segments lock the rows
 //!   they change, in id order, in the statement that changes them.
 //! - An append changes, of the segments already there, only the open one
@@ -126,6 +129,15 @@ fn writers(durability: Durability) -> usize {
 /// How often a transaction that lost a deadlock (or a race on a key) is
 /// run again before its error is returned.
 const TRIES: usize = 3;
+/// The advisory lock key that guards a session against its erasure, as
+/// SQL over the column holding the session's id: an erasure takes it
+/// exclusively, a completing pass shared, each before any row of the
+/// session (see the module doc). The session's id shifted as the forming
+/// lock of a level (`claims.rs`) shifts it, with level 0, which no node
+/// has: the two never share a key.
+fn erasure_lock(session_id: &str) -> String {
+    format!("({session_id} << 8)")
+}
 /// What a tenant's byte cap counts for each stored entry and session on
 /// top of its text, as the SQLite backend counts it: added by appends,
 /// given back by erasures.
