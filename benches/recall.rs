@@ -57,7 +57,13 @@
 //! - `--turn`: the turn's context instead (`recall/turn.rs`): facts of
 //!   older sessions of a subject asked in a new one through GetContext
 //!   with the question as `query`, and in-session with and without it;
-//!   `--embedder URL` there too.
+//!   `--embedder URL` there too; `--keep-data DIR` (for iterating on
+//!   the server: each try then costs only the questions) keeps each
+//!   loaded and drained data directory under DIR, named after the size,
+//!   seed, subjects or sessions and embedding models, and a later run
+//!   with the same ones starts the server it is given (a new build
+//!   reads the same files) on it instead of loading again; remove DIR
+//!   when the fixture changes.
 //!
 //! With `ARCHIVIST_BENCH_LLM_URL` set (an OpenAI-compatible base URL, such
 //! as `http://127.0.0.1:8088/v1`), the same tables again for servers whose
@@ -135,6 +141,8 @@ struct Options {
     turn: bool,
     /// `--dump-legs FILE`: each question's legs, as JSON lines.
     dump_legs: Option<PathBuf>,
+    /// `--keep-data DIR`: the turn bench's loaded data kept there and reused.
+    keep_data: Option<PathBuf>,
 }
 
 fn list<T: std::str::FromStr>(flag: &str, value: Option<String>) -> Vec<T> {
@@ -185,6 +193,7 @@ impl Options {
             history: None,
             turn: false,
             dump_legs: None,
+            keep_data: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -219,6 +228,7 @@ impl Options {
                 "--history" => o.history = Some(number(&a, args.next())),
                 "--turn" => o.turn = true,
                 "--dump-legs" => o.dump_legs = Some(args.next().expect("--dump-legs FILE").into()),
+                "--keep-data" => o.keep_data = Some(args.next().expect("--keep-data DIR").into()),
                 // cargo bench passes --bench.
                 _ => {}
             }

@@ -29,14 +29,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub struct Server {
     child: Child,
     pub address: String,
-    /// None only once `stop` has taken it.
+    /// The data directory, removed on drop; None once `stop` has taken it,
+    /// and for a directory kept across runs (`start_server_at`).
     dir: Option<tempfile::TempDir>,
+    path: std::path::PathBuf,
 }
 
 impl Server {
     /// The server's data directory (a SQLite server's database is there).
     pub fn data_dir(&self) -> &std::path::Path {
-        self.dir.as_ref().expect("a data directory").path()
+        &self.path
     }
 
     /// The server's process id.
@@ -94,6 +96,28 @@ pub async fn start_server_in(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Server {
+    let path = dir.path().to_owned();
+    start(binary, Some(dir), path, args, env).await
+}
+
+/// As `start_server`, on the data directory at `path`, which outlives the
+/// server (a bench's data kept for its next run); `stop` does not apply.
+pub async fn start_server_at(
+    binary: &std::path::Path,
+    path: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
+    start(binary, None, path.to_owned(), args, env).await
+}
+
+async fn start(
+    binary: &std::path::Path,
+    dir: Option<tempfile::TempDir>,
+    path: std::path::PathBuf,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
@@ -110,7 +134,7 @@ pub async fn start_server_in(
         .arg("serve")
         .args(args)
         .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-        .arg(dir.path())
+        .arg(&path)
         .env(
             "RUST_LOG",
             std::env::var("ARCHIVIST_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
@@ -124,7 +148,8 @@ pub async fn start_server_in(
     let server = Server {
         child,
         address: format!("http://127.0.0.1:{port}"),
-        dir: Some(dir),
+        dir,
+        path,
     };
     for _ in 0..200 {
         if archivist::client::connect(&server.address).await.is_ok() {

@@ -27,6 +27,12 @@
 //! `--embedder-query-model`), so recall's search is hybrid (AUTO);
 //! without it, lexical (the default).
 //!
+//! `--keep-data DIR` keeps each reading's data directory, loaded and
+//! drained, under DIR and reuses it on a run with the same sizes, seed,
+//! subjects or sessions and embedding models (`kept_server`): for
+//! iterating on the server, when the drain through a real embedder takes
+//! longer than the questions.
+//!
 //! Run: `cargo bench --bench recall -- --turn --sizes 1000,10000`.
 
 use std::time::{Duration, Instant};
@@ -261,6 +267,51 @@ pub async fn run(o: &Options) {
     }
 }
 
+/// The server of one reading and whether its data is already loaded: on
+/// a new temporary directory, or with `--keep-data` on the one kept there
+/// for this reading (`name`), loaded when a run before finished loading
+/// it (`mark_loaded`).
+async fn kept_server(
+    o: &Options,
+    binary: &std::path::Path,
+    env: &[(&str, &str)],
+    name: String,
+) -> (common::Server, Option<std::path::PathBuf>, bool) {
+    let Some(keep) = &o.keep_data else {
+        return (common::start_server(binary, &[], env).await, None, false);
+    };
+    let models = match &o.embedder {
+        Some(_) => format!("{}+{}", o.embedder_model, o.embedder_query_model),
+        None => "lexical".to_owned(),
+    };
+    let dir = keep.join(format!("{name}-seed{}-{models}", o.seed));
+    let loaded = dir.join(LOADED).exists();
+    if !loaded {
+        // A run stopped while loading leaves a part: start again.
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).expect("remove a partly loaded data directory");
+        }
+        std::fs::create_dir_all(&dir).expect("create the kept data directory");
+    }
+    eprintln!(
+        "[turn] data directory {} ({})",
+        dir.display(),
+        if loaded { "reused" } else { "new, kept" }
+    );
+    let server = common::start_server_at(binary, &dir, &[], env).await;
+    (server, Some(dir), loaded)
+}
+
+/// The file in a kept data directory that says its load was drained.
+const LOADED: &str = "turn-bench-loaded";
+
+/// Marks a kept directory (`kept_server`) loaded once its load settled.
+fn mark_loaded(dir: Option<&std::path::Path>, settled: bool) {
+    if let (Some(dir), true) = (dir, settled) {
+        std::fs::write(dir.join(LOADED), "").expect("mark the kept data directory loaded");
+    }
+}
+
 /// Facts of older sessions of a subject, asked in a new one.
 async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size: usize) {
     let subjects: Vec<Subject> = (0..o.subjects)
@@ -273,18 +324,25 @@ async fn cross(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], size
             )
         })
         .collect();
-    let server = common::start_server(binary, &[], env).await;
+    let (server, kept, loaded) = kept_server(
+        o,
+        binary,
+        env,
+        format!("cross-{size}-subjects{}", o.subjects),
+    )
+    .await;
     let mut client = archivist::client::connect(&server.address)
         .await
         .expect("connect");
     let started = Instant::now();
-    for subject in &subjects {
+    for subject in subjects.iter().filter(|_| !loaded) {
         for k in 0..SESSIONS {
             let name = subject.session_name(k);
             append_all(&mut client, &name, &subject.name, subject.session(k)).await;
         }
     }
     let (_, settled) = super::settle(&mut client, o.wait).await;
+    mark_loaded(kept.as_deref(), settled);
     eprintln!(
         "[turn] {size} entries x {} subjects loaded and drained in {:.1} s (settled: {settled})",
         subjects.len(),
@@ -356,15 +414,22 @@ async fn within(o: &Options, binary: &std::path::Path, env: &[(&str, &str)], siz
             )
         })
         .collect();
-    let server = common::start_server(binary, &[], env).await;
+    let (server, kept, loaded) = kept_server(
+        o,
+        binary,
+        env,
+        format!("within-{size}-sessions{}", o.sessions),
+    )
+    .await;
     let mut client = archivist::client::connect(&server.address)
         .await
         .expect("connect");
     let started = Instant::now();
-    for s in &sessions {
+    for s in sessions.iter().filter(|_| !loaded) {
         append_all(&mut client, &s.id, "", &s.entries).await;
     }
     let (_, settled) = super::settle(&mut client, o.wait).await;
+    mark_loaded(kept.as_deref(), settled);
     eprintln!(
         "[turn] {} sessions of {size} entries loaded and drained in {:.1} s (settled: {settled})",
         sessions.len(),
