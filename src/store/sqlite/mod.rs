@@ -234,6 +234,7 @@ impl Sqlite {
             .pragma_update(None, "temp_store", "MEMORY")
             .map_err(open_err)?;
         schema::migrate(&mut writer)?;
+        fts::tune_all(&writer)?;
         // What a killed process left unindexed (the tail, fts.rs) is
         // indexed before anything else is written or read.
         let indexed = index_tail_alone(&writer)?;

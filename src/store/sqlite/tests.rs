@@ -1159,3 +1159,58 @@ fn a_search_whose_budget_went_on_waiting_is_busy_not_too_costly() {
         assert_eq!(hits.len(), 1);
     });
 }
+
+/// The automerge of the tenant's search table, as FTS5 keeps it.
+fn automerge_of_search_table(dir: &std::path::Path) -> Option<i64> {
+    use rusqlite::OptionalExtension;
+    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let k: i64 = conn
+        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
+        .expect("a search table");
+    conn.query_row(
+        &format!(
+            "SELECT v FROM {}_config WHERE k = 'automerge'",
+            fts::name(k)
+        ),
+        [],
+        |r| r.get(0),
+    )
+    .optional()
+    .expect("config")
+}
+
+#[tokio::test]
+async fn search_tables_merge_at_this_builds_automerge_new_or_made_before() {
+    let (dir, store) = open().await;
+    assert!(append(&store, "s", &["a text to index"]).await);
+    // A search indexes the tail, making the tenant's table.
+    store
+        .index_tail_of(Tenant::default().0.as_str())
+        .await
+        .expect("index");
+    assert_eq!(
+        automerge_of_search_table(dir.path()),
+        Some(i64::from(fts::AUTOMERGE))
+    );
+    drop(store);
+    // A table as an earlier build made it: FTS5's own default.
+    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let k: i64 = conn
+        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
+        .expect("table");
+    conn.execute(
+        &format!("DELETE FROM {}_config WHERE k = 'automerge'", fts::name(k)),
+        [],
+    )
+    .expect("forget");
+    drop(conn);
+    assert_eq!(automerge_of_search_table(dir.path()), None);
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+        .await
+        .expect("reopen");
+    assert_eq!(
+        automerge_of_search_table(dir.path()),
+        Some(i64::from(fts::AUTOMERGE))
+    );
+    drop(store);
+}
