@@ -118,7 +118,8 @@ pub(super) fn table_for(conn: &Connection, tenant: &str) -> Result<i64, StoreErr
 /// 4 (SQLite 3.54 outside archivist, docs/benchmarks.md), and the largest
 /// batch's time fell too (84 ms against 98), merges being about a fifth
 /// of the index's work. A search reads up to twice as many segments a
-/// level; measured on the Search bench beside it.
+/// level, and was measured no slower for it (the ratios bench's
+/// `--search-under-appends`); what it finds is the same.
 pub(super) const AUTOMERGE: u32 = 8;
 
 /// Gives table `k` this build's `automerge` unless it has it (tables made
