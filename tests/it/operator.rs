@@ -60,6 +60,28 @@ pub(crate) async fn archivist(
     }
 }
 
+/// `archivist session context SESSION --query QUERY --min-similarity
+/// LEAST` against the open server at `address`, as a user types it.
+pub(crate) async fn context_at_least(
+    address: &str,
+    session: &str,
+    query: &str,
+    least: &str,
+) -> Ran {
+    let args = [
+        "session",
+        "context",
+        session,
+        "--server",
+        address,
+        "--query",
+        query,
+        "--min-similarity",
+        least,
+    ];
+    archivist(&args, &[("ARCHIVIST_TOKEN", None)], None).await
+}
+
 /// The environment of a run configured for the fake provider at `base`
 /// (as `fast` configures the tests' servers).
 fn openai_env(base: &str) -> Vec<(&'static str, Option<String>)> {

@@ -38,6 +38,16 @@ fn call(i: usize) -> Vec<String> {
         .collect()
 }
 
+/// Search finds every entry of the first `calls` calls, by the word only
+/// that call's entries hold.
+async fn every_call_is_found(c: &mut archivist::client::Client, calls: usize) {
+    for i in 0..calls {
+        let mut want = call(i);
+        want.sort();
+        assert_eq!(found(c, &format!("tail{i}w")).await, want, "call {i}");
+    }
+}
+
 #[tokio::test]
 async fn the_tail_never_passes_its_bound_and_the_backlog_and_metrics_count_it() {
     let server = TestServer::start_with(|c| {
@@ -73,11 +83,7 @@ async fn the_tail_never_passes_its_bound_and_the_backlog_and_metrics_count_it() 
     );
     // Every call's entries are found, those of the tail too, which the
     // first search indexed.
-    for i in 0..20 {
-        let mut want = call(i);
-        want.sort();
-        assert_eq!(found(&mut c, &format!("tail{i}w")).await, want, "call {i}");
-    }
+    every_call_is_found(&mut c, 20).await;
     let b = backlog(&mut c).await;
     assert_eq!((b.unindexed, b.oldest_unindexed_age), (0, None));
 }
@@ -119,11 +125,7 @@ async fn what_a_killed_server_left_unindexed_is_indexed_when_the_next_one_opens(
         .iter()
         .any(|l| l.contains("not yet indexed when the last run ended") && l.contains("50"));
     assert!(said, "the start-up says what it indexed");
-    for i in 0..5 {
-        let mut want = call(i);
-        want.sort();
-        assert_eq!(found(&mut c, &format!("tail{i}w")).await, want, "call {i}");
-    }
+    every_call_is_found(&mut c, 5).await;
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use tonic::Code;
 
 use crate::binary::Process;
 use crate::harness::{TestServer, append_request, reason};
-use crate::operator::archivist;
+use crate::operator::{archivist, context_at_least};
 use crate::security::{TOKEN_A, TOKEN_B, client, tenants};
 
 const FACT: &str = "My gym locker code is 4711, the one by the boiler.";
@@ -206,23 +206,7 @@ async fn the_binary_on_sqlite_recalls_mondays_fact_into_fridays_context() {
     // A negative threshold is a number, not a flag (what the words found
     // stays, whatever it is); one that is no cosine, -inf as much as 1.5,
     // is refused before any call with the server's words and reason.
-    let context = |least: &'static str| {
-        let address = address.clone();
-        async move {
-            let args = [
-                "session",
-                "context",
-                "ada-fri",
-                "--server",
-                &address,
-                "--query",
-                QUESTION,
-                "--min-similarity",
-                least,
-            ];
-            archivist(&args, &[("ARCHIVIST_TOKEN", None)], None).await
-        }
-    };
+    let context = |least| context_at_least(&address, "ada-fri", QUESTION, least);
     for least in ["-0.5", "-1", "-1e-3"] {
         let ran = context(least).await;
         assert_eq!(ran.code, 0, "{least}: {}{}", ran.stdout, ran.stderr);

@@ -14,7 +14,7 @@ use tonic_types::StatusExt;
 
 use crate::embeddings::VectorDatabase;
 use crate::harness::{append_request, eventually, reason};
-use crate::operator::archivist;
+use crate::operator::context_at_least;
 use crate::search_fusion::{BUS, QUESTION, SMALL_TALK, cosine};
 
 /// Found by meaning only (no word of the question), near it but not on
@@ -149,28 +149,11 @@ async fn threshold_on(env: &[(&str, String)]) {
     }
 
     // The terminal client passes it on.
-    let context = |least: &'static str| {
-        let address = server.address.clone();
-        async move {
-            let ran = archivist(
-                &[
-                    "session",
-                    "context",
-                    "ada-fri",
-                    "--server",
-                    &address,
-                    "--query",
-                    QUESTION,
-                    "--min-similarity",
-                    least,
-                ],
-                &[("ARCHIVIST_TOKEN", None)],
-                None,
-            )
-            .await;
-            assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
-            ran.stdout
-        }
+    let address = &server.address;
+    let context = |least| async move {
+        let ran = context_at_least(address, "ada-fri", QUESTION, least).await;
+        assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+        ran.stdout
     };
     let low = context("0.5").await;
     let high = context("0.9").await;
@@ -180,22 +163,7 @@ async fn threshold_on(env: &[(&str, String)]) {
         "{high}"
     );
     assert!(!low.contains(BUS) && !high.contains(BUS));
-    let refused = archivist(
-        &[
-            "session",
-            "context",
-            "ada-fri",
-            "--server",
-            &server.address,
-            "--query",
-            QUESTION,
-            "--min-similarity",
-            "1.5",
-        ],
-        &[("ARCHIVIST_TOKEN", None)],
-        None,
-    )
-    .await;
+    let refused = context_at_least(address, "ada-fri", QUESTION, "1.5").await;
     assert_eq!(refused.code, 64, "{}{}", refused.stdout, refused.stderr);
     assert!(
         refused.stderr.contains("--min-similarity"),

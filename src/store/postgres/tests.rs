@@ -17,7 +17,23 @@ const BIG: SegmentPolicy = SegmentPolicy {
     max_tokens: 1_000_000_000,
     max_gap: None,
 };
+/// Segments of one entry each: every append closes what it stores.
+const ONE: SegmentPolicy = SegmentPolicy {
+    max_entries: 1,
+    max_tokens: 1_000_000,
+    max_gap: None,
+};
 const LEASE: Duration = Duration::from_secs(60);
+
+/// A plain client of the test database, for holding locks and watching
+/// who waits.
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
 
 fn summary() -> Summary {
     Summary {
@@ -209,15 +225,10 @@ async fn a_segment_is_claimed_by_one_replica_at_a_time() {
         return;
     };
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
     let texts: Vec<String> = (0..30).map(|i| format!("e{i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let out = stores[0]
-        .append(&t, &session("s"), entries(&refs), one, 0)
+        .append(&t, &session("s"), entries(&refs), ONE, 0)
         .await
         .expect("append");
     // Every replica tries every segment at once: each is claimed once.
@@ -267,15 +278,10 @@ async fn siblings_completed_on_two_replicas_at_once_make_their_roll_up_once() {
         return;
     };
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
     for round in 0..10 {
         let name = format!("s{round}");
         let out = stores[0]
-            .append(&t, &session(&name), entries(&["a", "b"]), one, 0)
+            .append(&t, &session(&name), entries(&["a", "b"]), ONE, 0)
             .await
             .expect("append");
         let ids = out.closed_segment_ids;
@@ -353,7 +359,7 @@ async fn the_kept_counts_equal_a_recount_through_every_change_and_fold() {
     let Some((_db, stores)) = replicas(2).await else {
         return;
     };
-    let one = SegmentPolicy {
+    let two = SegmentPolicy {
         max_entries: 2,
         max_tokens: 1_000_000,
         max_gap: None,
@@ -366,7 +372,7 @@ async fn the_kept_counts_equal_a_recount_through_every_change_and_fold() {
                 &Tenant(tenant.to_owned()),
                 &session("s"),
                 entries(&refs),
-                one,
+                two,
                 0,
             )
             .await
@@ -457,22 +463,17 @@ async fn an_erasure_racing_passes_that_make_roll_ups_never_deadlocks() {
         return;
     };
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
     let texts: Vec<String> = (0..8).map(|i| format!("e{i}")).collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     // A session nobody erases: it must come through whole.
     stores[0]
-        .append(&t, &session("bystander"), entries(&refs), one, 0)
+        .append(&t, &session("bystander"), entries(&refs), ONE, 0)
         .await
         .expect("append");
     for round in 0..24u64 {
         let name = format!("s{round}");
         let out = stores[0]
-            .append(&t, &session(&name), entries(&refs), one, 0)
+            .append(&t, &session(&name), entries(&refs), ONE, 0)
             .await
             .expect("append");
         let mut claims = Vec::new();
@@ -613,20 +614,8 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session() {
         return;
     };
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
-    let connect = || async {
-        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-    };
-    let holder = connect().await;
-    let observer = connect().await;
+    let holder = connect(&db.url).await;
+    let observer = connect(&db.url).await;
     // The statements that lock a session's segments: the erasure's and a
     // pass's (its level's nodes).
     let locks_segments = |q: &String| q.contains("FROM segments WHERE session_id");
@@ -635,7 +624,7 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session() {
     // segment, so the erasure stops inside its transaction with the
     // session's row and its older segments locked.
     let out = stores[0]
-        .append(&t, &session("e"), entries(&["a", "b", "c", "d"]), one, 0)
+        .append(&t, &session("e"), entries(&["a", "b", "c", "d"]), ONE, 0)
         .await
         .expect("append");
     let ids = out.closed_segment_ids.clone();
@@ -697,7 +686,7 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session() {
     // the forming of its level's roll-ups (held here), so the erasure waits
     // for it at the session's row, before locking any segment.
     let out = stores[0]
-        .append(&t, &session("p"), entries(&["a", "b"]), one, 0)
+        .append(&t, &session("p"), entries(&["a", "b"]), ONE, 0)
         .await
         .expect("append");
     let (claim, _) = stores[1]
@@ -770,25 +759,13 @@ async fn a_deadlock_broken_by_the_server_is_logged_with_its_cycle() {
         return;
     };
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
     let out = stores[0]
-        .append(&t, &session("s"), entries(&["a", "b"]), one, 0)
+        .append(&t, &session("s"), entries(&["a", "b"]), ONE, 0)
         .await
         .expect("append");
     let newest = i64::try_from(*out.closed_segment_ids.iter().max().expect("ids")).expect("id");
-    let connect = || async {
-        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-    };
-    let holder = std::sync::Arc::new(connect().await);
-    let observer = connect().await;
+    let holder = std::sync::Arc::new(connect(&db.url).await);
+    let observer = connect(&db.url).await;
     let session_id: i64 = observer
         .query_one("SELECT id FROM sessions WHERE name = 's'", &[])
         .await
@@ -864,26 +841,14 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
     };
     let store = stores[0].clone();
     let t = Tenant::default();
-    let one = SegmentPolicy {
-        max_entries: 1,
-        max_tokens: 1_000_000,
-        max_gap: None,
-    };
     store
-        .append(&t, &session("s"), entries(&["a", "b", "c"]), one, 0)
+        .append(&t, &session("s"), entries(&["a", "b", "c"]), ONE, 0)
         .await
         .expect("append");
-    let connect = || async {
-        let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        client
-    };
     // Another transaction holds the session's segments, so an erasure
     // stops inside its transaction, waiting for them.
-    let holder = connect().await;
-    let observer = connect().await;
+    let holder = connect(&db.url).await;
+    let observer = connect(&db.url).await;
     holder
         .batch_execute("BEGIN; SELECT id FROM segments FOR UPDATE")
         .await
@@ -930,7 +895,7 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
             );
         }
         store
-            .append(&t, &session("s"), entries(&["d"]), one, 0)
+            .append(&t, &session("s"), entries(&["d"]), ONE, 0)
             .await
             .expect("append after")
     })
@@ -994,10 +959,7 @@ async fn found(store: &Store, q: &str) -> Vec<String> {
 /// them.
 async fn before_the_backlog(url: &str, then: &str) {
     const BACKLOG: i32 = 4;
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(connection);
+    let client = connect(url).await;
     client
         .execute(
             "DELETE FROM archivist_schema_version WHERE version >= $1",

@@ -144,24 +144,24 @@ fn set_automerge(conn: &Connection, k: i64) -> Result<(), StoreError> {
 /// Gives every tenant table this build's `automerge` (at open, in the
 /// writer's connection before it starts).
 pub(super) fn tune_all(conn: &Connection) -> Result<(), StoreError> {
-    let tables: Vec<i64> = conn
-        .prepare("SELECT id FROM search_tables")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    for k in tables {
+    for k in tables(conn)? {
         set_automerge(conn, k)?;
     }
     Ok(())
 }
 
+/// Every tenant table's number.
+fn tables(conn: &Connection) -> Result<Vec<i64>, StoreError> {
+    Ok(conn
+        .prepare("SELECT id FROM search_tables")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
 /// Drops every tenant table (a language change: the tokenizer is fixed
 /// when a table is made). The backlog then owes every text again.
 pub(super) fn drop_all(conn: &Connection) -> Result<(), StoreError> {
-    let tables: Vec<i64> = conn
-        .prepare("SELECT id FROM search_tables")?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    for k in tables {
+    for k in tables(conn)? {
         conn.execute_batch(&format!("DROP TABLE {}", name(k)))?;
     }
     conn.execute("DELETE FROM search_tables", [])?;

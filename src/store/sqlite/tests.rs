@@ -760,13 +760,17 @@ async fn a_begun_erasure_is_gone_to_readers_and_finishes_after_a_crash() {
     recount_kept_rows(dir.path());
 }
 
+/// The number of the database's one search table (tests of one tenant).
+fn only_search_table(conn: &Connection) -> i64 {
+    conn.query_row("SELECT id FROM search_tables", [], |r| r.get(0))
+        .expect("a search table")
+}
+
 /// The tenant's recaps in its search table, and the recap texts an erasure
 /// has yet to take out of it.
 fn recaps_indexed_and_waiting(dir: &std::path::Path) -> (i64, i64) {
     let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
-    let k: i64 = conn
-        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
-        .expect("a search table");
+    let k = only_search_table(&conn);
     conn.query_row(
         &format!(
             "SELECT (SELECT count(*) FROM {}_docsize WHERE id < 0), \
@@ -1164,9 +1168,7 @@ fn a_search_whose_budget_went_on_waiting_is_busy_not_too_costly() {
 fn automerge_of_search_table(dir: &std::path::Path) -> Option<i64> {
     use rusqlite::OptionalExtension;
     let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
-    let k: i64 = conn
-        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
-        .expect("a search table");
+    let k = only_search_table(&conn);
     conn.query_row(
         &format!(
             "SELECT v FROM {}_config WHERE k = 'automerge'",
@@ -1195,9 +1197,7 @@ async fn search_tables_merge_at_this_builds_automerge_new_or_made_before() {
     drop(store);
     // A table as an earlier build made it: FTS5's own default.
     let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
-    let k: i64 = conn
-        .query_row("SELECT id FROM search_tables", [], |r| r.get(0))
-        .expect("table");
+    let k = only_search_table(&conn);
     conn.execute(
         &format!("DELETE FROM {}_config WHERE k = 'automerge'", fts::name(k)),
         [],
