@@ -25,6 +25,16 @@ const ONE: SegmentPolicy = SegmentPolicy {
 };
 const LEASE: Duration = Duration::from_secs(60);
 
+/// Erases the default tenant's session `name` on a task of its own (to
+/// be caught waiting for a lock).
+fn erase_in_background(
+    store: &Store,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<crate::store::Erased, StoreError>> {
+    let (store, name) = (store.clone(), session(name));
+    tokio::spawn(async move { store.delete_session(&Tenant::default(), &name).await })
+}
+
 /// A plain client of the test database, for holding locks and watching
 /// who waits.
 async fn connect(url: &str) -> tokio_postgres::Client {
@@ -647,14 +657,7 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session() {
         )
         .await
         .expect("lock the newest segment");
-    let erasure = tokio::spawn({
-        let store = stores[0].clone();
-        async move {
-            store
-                .delete_session(&Tenant::default(), &session("e"))
-                .await
-        }
-    });
+    let erasure = erase_in_background(&stores[0], "e");
     let waiting = until_waiting(&observer, 1, "the erasure").await;
     assert!(
         waiting[0].contains("FROM segments WHERE session_id"),
@@ -715,14 +718,7 @@ async fn an_erasure_and_a_completing_pass_meet_at_the_session() {
         waiting[0].contains("pg_advisory_xact_lock"),
         "the pass waits at {waiting:?}"
     );
-    let erasure = tokio::spawn({
-        let store = stores[0].clone();
-        async move {
-            store
-                .delete_session(&Tenant::default(), &session("p"))
-                .await
-        }
-    });
+    let erasure = erase_in_background(&stores[0], "p");
     let waiting = until_waiting(&observer, 2, "the erasure").await;
     assert!(
         !waiting.iter().any(locks_segments),
@@ -784,14 +780,7 @@ async fn a_deadlock_broken_by_the_server_is_logged_with_its_cycle() {
         .expect("lock the newest segment");
     let log = crate::test_log::LogCapture::start();
     log.rearm();
-    let erasure = tokio::spawn({
-        let store = stores[0].clone();
-        async move {
-            store
-                .delete_session(&Tenant::default(), &session("s"))
-                .await
-        }
-    });
+    let erasure = erase_in_background(&stores[0], "s");
     until_waiting(&observer, 1, "the erasure").await;
     // Waits for the erasure, which waits for it: the erasure's check, a
     // second in, finds the cycle and fails the erasure's transaction; the
@@ -853,10 +842,7 @@ async fn a_connection_dropped_inside_a_transaction_is_closed_not_reused() {
         .batch_execute("BEGIN; SELECT id FROM segments FOR UPDATE")
         .await
         .expect("lock the segments");
-    let erasure = tokio::spawn({
-        let store = store.clone();
-        async move { store.delete_session(&t, &session("s")).await }
-    });
+    let erasure = erase_in_background(&store, "s");
     let waiting = tokio::time::timeout(Duration::from_secs(10), async {
         while backends(&observer, "lock").await == 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
