@@ -490,7 +490,7 @@ fn print_disk(servers: &[(&str, &Server)], figures: &[Figures]) {
         return;
     }
     println!(
-        "Data directory per 1,000 entries stored (the bench's texts): the database file, and with the write-ahead log."
+        "Data directory per 1,000 entries stored (the bench's texts): the database files (main and search), and with the write-ahead logs."
     );
     for ((name, server), figures) in servers.iter().zip(figures) {
         let entries: u64 = figures.iter().map(|(_, _, r)| r.entries).sum();
@@ -499,7 +499,11 @@ fn print_disk(servers: &[(&str, &Server)], figures: &[Figures]) {
             let file = file.expect("data directory entry");
             let len = file.metadata().map_or(0, |m| m.len());
             all += len;
-            if file.file_name() == "archivist.sqlite3" {
+            // The main file and the search file beside it (issue 38).
+            if ["archivist.sqlite3", "archivist-search.sqlite3"]
+                .iter()
+                .any(|name| file.file_name() == *name)
+            {
                 db += len;
             }
         }

@@ -50,7 +50,8 @@
 //!   idle closing and the session listing, `segments.rs` reads, `entries.rs`
 //!   the transcript (ListEntries), `claims.rs` claims, `runs.rs` the provider each kind of run last used,
 //!   `checkpoint.rs` checkpoints off the writer and the scrub of erasures,
-//!   `fts.rs` the FTS5 table of each tenant and what the writer indexes,
+//!   `fts.rs` the search file and the FTS5 table of each tenant,
+//!   `indexer.rs` the thread that indexes the tail beside the writer,
 //!   `search.rs` the lexical leg, `index.rs` the index's backlog,
 //!   `embeddings.rs` batch claims, vectors and the exact cosine leg,
 //!   `vectors.rs` the cosine leg's cache of each tenant's vectors), the

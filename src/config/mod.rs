@@ -300,14 +300,14 @@ pub struct SearchConfig {
     /// which it is stopped and answered `SEARCH_TOO_COSTLY`.
     #[serde(with = "duration")]
     pub budget: Duration,
-    /// SQLite: entries stored and not yet indexed (the tail, indexed just
-    /// behind the appends in large batches) past which the writer indexes
-    /// them before it commits the batch that reached it: the appends of
-    /// that batch wait for it, so the tail never runs away.
+    /// SQLite: texts stored and not yet indexed (the tail, indexed just
+    /// behind the appends in large batches by the indexer thread) at which
+    /// the indexer indexes them all; appends wait while twice this many
+    /// wait, so the tail never runs away.
     pub tail_texts: u64,
-    /// SQLite: the longest the writer lets the tail wait (it indexes it at
-    /// least this often while there is one). A search indexes its tenant's
-    /// tail first in any case.
+    /// SQLite: the longest the indexer lets the tail wait (it indexes it at
+    /// least this often while there is one). A search has its tenant's
+    /// tail indexed first in any case.
     #[serde(with = "duration")]
     pub tail_wait: Duration,
 }

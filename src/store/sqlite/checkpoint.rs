@@ -99,6 +99,9 @@ pub(super) fn start(
         Connection::open_with_flags(path, OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE)
             .map_err(open_err)?;
     configure(&conn).map_err(open_err)?;
+    // A scrub truncates the search file's log too (the pragma without a
+    // schema checkpoints every attached file).
+    super::attach_if_made(&conn, path)?;
     conn.pragma_update(None, "synchronous", durability.pragma())
         .map_err(open_err)?;
     // Never waits on the writer or a reader: see the module doc.
@@ -141,6 +144,11 @@ struct LogHook {
 impl LogHook {
     /// Called after each commit with the log's length in pages.
     fn committed(&mut self, wal: &mut Wal, pages: c_int) {
+        if wal.name() != c"main" {
+            // The search file's log, which the writer rarely writes: the
+            // indexer's connection checkpoints it as SQLite does.
+            return;
+        }
         if pages < self.asked_at {
             // The log started again from its beginning.
             self.asked_at = 0;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::Sqlite;
 use super::rows::{self, SEGMENT_COLUMNS, SEGMENT_FROM, after_segment};
 use super::segments::{Order, entries_between};
-use super::{Sqlite, fts};
 use crate::model::{Disposition, Millis, SegmentId, SegmentState, Summary, Tenant};
 use crate::store::{Claim, Completed, EndedPass, Material, PassInput, StoreError};
 
@@ -93,51 +93,51 @@ impl Sqlite {
         fanout: u32,
     ) -> Result<Completed, StoreError> {
         let claim = claim.clone();
-        self.write(move |conn| {
-            let summarised = SegmentState::Summarised.code();
-            let held = update_held(
-                conn,
-                &claim,
-                &format!(
-                    "state = :state, attempts = attempts + :attempts, passes = passes + 1, \
+        let completed = self
+            .write(move |conn| {
+                let summarised = SegmentState::Summarised.code();
+                let held = update_held(
+                    conn,
+                    &claim,
+                    &format!(
+                        "state = :state, attempts = attempts + :attempts, passes = passes + 1, \
                      next_attempt_at = NULL, failure_class = NULL, {RELEASE_CLAIM}"
-                ),
-                &[(":state", &summarised), (":attempts", &attempts)],
-            )?;
-            if !held {
-                return Ok(Completed {
-                    held: false,
-                    rollups: Vec::new(),
-                });
-            }
-            conn.prepare_cached(
-                "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
+                    ),
+                    &[(":state", &summarised), (":attempts", &attempts)],
+                )?;
+                if !held {
+                    return Ok(Completed {
+                        held: false,
+                        rollups: Vec::new(),
+                    });
+                }
+                conn.prepare_cached(
+                    "INSERT INTO summaries (segment_id, text, provider, model, prompt_version, \
                  input_tokens, output_tokens, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            )?
-            .execute(params![
-                claim.segment_id,
-                summary.text,
-                summary.provider,
-                summary.model,
-                summary.prompt_version,
-                summary.input_tokens,
-                summary.output_tokens,
-                summary.created_at.0
-            ])?;
-            let tenant: String = conn
-                .prepare_cached(
-                    "SELECT x.tenant FROM segments g JOIN sessions x ON x.id = g.session_id \
-                     WHERE g.id = ?1",
                 )?
-                .query_row([claim.segment_id], |r| r.get(0))?;
-            let k = fts::table_for(conn, &tenant)?;
-            fts::index(conn, k, -(claim.segment_id as i64), &summary.text)?;
-            Ok(Completed {
-                held: true,
-                rollups: roll_up(conn, claim.segment_id, fanout)?,
+                .execute(params![
+                    claim.segment_id,
+                    summary.text,
+                    summary.provider,
+                    summary.model,
+                    summary.prompt_version,
+                    summary.input_tokens,
+                    summary.output_tokens,
+                    summary.created_at.0
+                ])?;
+                // Owed to the index, which the indexer writes (indexer.rs).
+                conn.prepare_cached("INSERT OR IGNORE INTO search_owed (segment_id) VALUES (?1)")?
+                    .execute([claim.segment_id])?;
+                Ok(Completed {
+                    held: true,
+                    rollups: roll_up(conn, claim.segment_id, fanout)?,
+                })
             })
-        })
-        .await
+            .await?;
+        if completed.held {
+            self.owe_index(1);
+        }
+        Ok(completed)
     }
 
     pub(crate) async fn end_pass(

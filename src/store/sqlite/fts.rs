@@ -16,47 +16,177 @@
 //! per entry (about 100 µs an entry measured outside archivist, against
 //! 25 µs for the same inserts made once at the end).
 //!
-//! The tail: appended entries are indexed just behind the writer, in large
-//! batches, not in the transaction that stores them. Each transaction that
-//! writes to FTS5 writes a new segment and pays its share of the merges, so
-//! indexing each group commit's few texts cost an append about as much as
-//! storing it (docs/benchmarks.md, issue 38: 10.6 µs a text at 80 texts a
-//! transaction, 2.6 µs at 4,000 outside archivist; inside, ten-entry
-//! appends ran at 65 % of the unindexed rate with batches of 4,000, 72–84 %
-//! with 20,000, the default). A session's `indexed_seq` is the
-//! watermark: its entries past it are the tail (the partial index
-//! `sessions_with_tail` holds the sessions that have one). The writer
-//! indexes the whole tail (`index_tail`) before it commits the batch that
-//! brings it to `[search] tail_texts`, in a batch that ends once it has
-//! waited `tail_wait`, and at open (after kill -9: the watermark is in the
-//! same transactions as the entries, so nothing past it is lost to Search).
-//! An append costs one column of the session row it writes anyway.
+//! The search file: the index lives in `archivist-search.sqlite3` beside
+//! the main file (attached as `search` to every connection), with
+//! `search_tables`, `search_state` (language and backlog, index.rs) and
+//! the watermarks (`search_marks`), so that the indexer thread
+//! (indexer.rs) writes it beside the writer: SQLite lets one connection
+//! at a time write a file, and FTS5's work per text (1.2–1.7 µs of CPU,
+//! docs/benchmarks.md, issue 38) in the writer's thread held every append
+//! back. No transaction is atomic across the two files (each has its own
+//! log), so none depends on it: the indexer writes only the search file,
+//! the writer's jobs that write it (an erasure's first step, a language
+//! change, the backlog) write nothing else, and what the main file says
+//! of the index (`indexed_seq`, `search_owed`) is only ever behind it.
 //!
-//! Read-your-writes: a search first has the writer index its tenant's tail
-//! (`Sqlite::index_tail_of`; one writer job, only when the tail is not
-//! empty), then reads the index alone. Chosen over scanning the tail at
-//! read time (its texts put in an in-memory FTS5 table beside the query):
-//! the hits of one index are ranked by one set of bm25 statistics, every
-//! query form (phrases, prefixes, exclusions, the common-term probe) works
-//! unchanged, and a search pays for the tail only when one is there, at
-//! the large-batch price. The cost is a search waiting on the writer's
-//! queue when its tenant has appended since the last indexing
-//! (docs/benchmarks.md measures it under appends).
+//! The tail: appended entries are indexed just behind the writer, in large
+//! batches, not in the transaction that stores them: each transaction that
+//! writes to FTS5 writes a new segment and pays its share of the merges
+//! (10.6 µs a text at 80 texts a transaction, 2.6 µs at 4,000). A
+//! session's watermark in `search_marks` says how far its entries are
+//! indexed, in the same transactions as the texts, so a killed process
+//! loses nothing (the indexer's first pass indexes the rest); the writer
+//! copies it into `sessions.indexed_seq` after each pass, and the partial
+//! index `sessions_with_tail` holds the sessions whose copy is behind:
+//! where a pass looks. Recaps are owed in `search_owed` by the
+//! transaction that stores them.
+//!
+//! Read-your-writes: a search first asks whether its tenant has a tail
+//! (one read), and if so has the indexer index it (`Sqlite::index_tail_of`),
+//! then reads the index alone. Chosen over scanning the tail at read time
+//! (its texts put in an in-memory FTS5 table beside the query): the hits
+//! of one index are ranked by one set of bm25 statistics, every query
+//! form works unchanged, and a search pays for the tail only when one is
+//! there, at the large-batch price.
 //!
 //! Erasure: the tail holds no text (the watermark points into `entries`);
-//! erasing a session moves its watermark to its end in the tombstoning
-//! transaction, so nothing indexes its entries after that, and the
-//! batches that delete its entries unindex what was indexed.
+//! erasing a session makes the indexer pass it by from the tombstoning
+//! transaction on. Each batch of the erasure takes its texts out of the
+//! index in one writer transaction (which locks the search file first, so
+//! that it sees whatever the indexer committed), and deletes them from the
+//! main file in the next (sessions.rs, `unindex_batch`).
 //!
 //! A document is indexed exactly when the table has its document-size row
 //! (`search_<k>_docsize`): erasure unindexes only what was indexed (a
 //! 'delete' of a document never inserted would corrupt the index), and the
 //! backlog skips what is already there.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, TransactionState, params};
 
 use crate::config::SearchLanguage;
 use crate::store::StoreError;
+
+/// The search file inside the data directory, beside the main one.
+pub(super) const FILE: &str = "archivist-search.sqlite3";
+
+/// Attaches the search file at `path` as the schema `search`. Its tables'
+/// names are unique across both files, so statements name them alone.
+pub(super) fn attach(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
+    let path = path
+        .to_str()
+        .ok_or_else(|| rusqlite::Error::InvalidPath(path.to_owned()))?;
+    conn.execute("ATTACH DATABASE ?1 AS search", [path])?;
+    Ok(())
+}
+
+/// Takes the search file's write lock in the open transaction, unless it
+/// holds it already: before the transaction reads that file at all, so
+/// that it reads what the indexer last committed. A transaction that read
+/// it first could not write it after the indexer had committed
+/// (SQLITE_BUSY_SNAPSHOT), and one that only read it could miss what an
+/// erasure must take out.
+pub(super) fn lock(conn: &Connection) -> Result<(), StoreError> {
+    if conn.transaction_state(Some("search"))? != TransactionState::Write {
+        // A write that changes nothing still begins the file's write
+        // transaction.
+        conn.prepare_cached("DELETE FROM search.search_marks WHERE 0")?
+            .execute([])?;
+    }
+    Ok(())
+}
+
+/// Makes the search file's tables if it has none (a new data directory,
+/// one from before the file, or a file lost): the main file then owes it
+/// every text, its sessions' entries as their tail and its recaps in
+/// `search_owed`, committed first, so that a crash before the tables are
+/// made owes them again. The tables of the index from before the file are
+/// dropped from the main file. The writer's connection, at open.
+pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
+    let made = |schema: &str, table: &str| -> Result<bool, StoreError> {
+        Ok(conn
+            .prepare(&format!(
+                "SELECT EXISTS (SELECT 1 FROM {schema}.sqlite_schema WHERE name = ?1)"
+            ))?
+            .query_row([table], |r| r.get(0))?)
+    };
+    let legacy = made("main", "search_state")?;
+    if !made("search", "search_state")? {
+        in_transaction(conn, |conn| {
+            conn.execute_batch(
+                "UPDATE main.sessions SET indexed_seq = 0 WHERE erasing IS NULL;
+                 INSERT INTO main.search_owed (segment_id)
+                   SELECT segment_id FROM main.summaries
+                   WHERE segment_id NOT IN (SELECT segment_id FROM main.search_owed);",
+            )
+        })?;
+        // The language the main file's index had, with no backlog: the
+        // tail owes every text. The server sets the configured one after.
+        let language: String = if legacy {
+            conn.query_row(
+                "SELECT language FROM main.search_state WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )?
+        } else {
+            SearchLanguage::Simple.name().to_owned()
+        };
+        in_transaction(conn, |conn| {
+            conn.execute_batch(
+                "CREATE TABLE search.search_tables (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 tenant TEXT NOT NULL UNIQUE
+             );
+             CREATE TABLE search.search_marks (
+                 session_id INTEGER PRIMARY KEY,
+                 seq INTEGER NOT NULL
+             );
+             CREATE TABLE search.search_state (
+                 id              INTEGER PRIMARY KEY CHECK (id = 1),
+                 language        TEXT    NOT NULL,
+                 entries_after   INTEGER,
+                 entries_until   INTEGER,
+                 summaries_after INTEGER,
+                 summaries_until INTEGER
+             );",
+            )?;
+            conn.execute(
+                "INSERT INTO search.search_state (id, language) VALUES (1, ?1)",
+                [&language],
+            )?;
+            Ok(())
+        })?;
+    }
+    if legacy {
+        let old: Vec<i64> = conn
+            .prepare("SELECT id FROM main.search_tables")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        in_transaction(conn, |conn| {
+            for k in old {
+                conn.execute_batch(&format!("DROP TABLE main.{}", name(k)))?;
+            }
+            conn.execute_batch("DROP TABLE main.search_tables; DROP TABLE main.search_state;")
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs `f` in an IMMEDIATE transaction of its own, rolled back if it fails.
+fn in_transaction(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f(conn).and_then(|()| conn.execute_batch("COMMIT")) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e.into())
+        }
+    }
+}
 
 /// The tokenizer of each language (FTS5 has stemming for English only).
 fn tokenizer(language: SearchLanguage) -> &'static str {
@@ -103,7 +233,7 @@ pub(super) fn table_for(conn: &Connection, tenant: &str) -> Result<i64, StoreErr
     // so an erased text is in no page of the file (with the connection's
     // PRAGMA secure_delete zeroing the freed ones).
     conn.execute_batch(&format!(
-        "CREATE VIRTUAL TABLE {table} USING fts5(body, content = '', tokenize = '{}');
+        "CREATE VIRTUAL TABLE search.{table} USING fts5(body, content = '', tokenize = '{}');
          INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1);",
         tokenizer(language)
     ))?;
@@ -206,34 +336,82 @@ pub(super) fn unindex(conn: &Connection, k: i64, doc: i64, body: &str) -> Result
     Ok(())
 }
 
-/// Indexes the tail (fts.rs's module doc, "the tail"): every session's
-/// entries past its `indexed_seq`, of `tenant` alone or of every tenant,
+/// What one pass of the indexer did: texts indexed, each session's new
+/// watermark (id, created_at, last seq), and the owed recaps it found
+/// indexed (their `search_owed` ids), for the writer to note in the main
+/// file (`indexer.rs`).
+#[derive(Debug, Default)]
+pub(super) struct Pass {
+    pub(super) texts: u64,
+    pub(super) marks: Vec<(i64, i64, i64)>,
+    pub(super) recaps: Vec<i64>,
+    /// It stopped at its limit with more of the tail left.
+    pub(super) more: bool,
+}
+
+/// Indexes the tail (the module doc, "the tail") of `tenant`, or of every
+/// tenant: each session's entries past its watermark in `search_marks`,
 /// each tenant's in document order (FTS5 flushes its pending terms
-/// whenever a rowid goes backwards), and moves each session's watermark to
-/// its last entry. Runs in the writer's open transaction, after what
-/// `Kept` holds is written (the watermark reads `next_seq`). Returns how
-/// many texts it indexed.
-pub(super) fn index_tail(conn: &Connection, tenant: Option<&str>) -> Result<u64, StoreError> {
+/// whenever a rowid goes backwards, so recaps, whose documents are
+/// negative, come first), and the recaps owed in `search_owed`; moves the
+/// watermarks. Runs in the indexer's transaction, which holds the search
+/// file's write lock (`lock`) before it reads the main file, so it reads a
+/// main file no older than any erasure that waits for that lock. Sessions
+/// being erased are left out.
+/// At most `limit` entries a pass (a tail left by an upgrade or a crash
+/// can be a whole history): `more` says it stopped there.
+pub(super) fn index_tail(
+    conn: &Connection,
+    tenant: Option<&str>,
+    limit: u64,
+) -> Result<Pass, StoreError> {
+    let mut pass = Pass::default();
+    let mut left = i64::try_from(limit).unwrap_or(i64::MAX);
     // A measurement-only build (Cargo.toml) leaves appended texts out of
     // the index, to weigh the index against this same code.
     if cfg!(feature = "measure-unindexed") {
-        return Ok(0);
+        return Ok(pass);
     }
     let tenants: Vec<String> = match tenant {
         Some(t) => vec![t.to_owned()],
         None => conn
             .prepare_cached(&format!(
-                "SELECT DISTINCT tenant FROM sessions WHERE {TAIL}"
+                "SELECT tenant FROM sessions s WHERE {TAIL} AND {TRULY} \
+                 UNION SELECT x.tenant FROM search_owed o JOIN segments g ON g.id = o.segment_id \
+                 JOIN sessions x ON x.id = g.session_id"
             ))?
             .query_map([], |r| r.get(0))?
             .collect::<Result<_, _>>()?,
     };
-    let mut texts = 0u64;
     for tenant in tenants {
-        if !tail_exists(conn, &tenant)? {
+        let sessions: Vec<(i64, i64, i64, i64)> = conn
+            .prepare_cached(&format!(
+                "SELECT s.id, s.created_at, coalesce(m.seq, 0), s.next_seq - 1 FROM sessions s \
+                 LEFT JOIN search_marks m ON m.session_id = s.id \
+                 WHERE s.tenant = ?1 AND {TAIL} AND {TRULY} ORDER BY s.id"
+            ))?
+            .query_map([&tenant], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?
+            .collect::<Result<_, _>>()?;
+        let recaps: Vec<(i64, i64, String)> = conn
+            .prepare_cached(
+                "SELECT o.id, o.segment_id, m.text FROM search_owed o \
+                 JOIN summaries m ON m.segment_id = o.segment_id \
+                 JOIN segments g ON g.id = o.segment_id JOIN sessions x ON x.id = g.session_id \
+                 WHERE x.tenant = ?1 AND x.erasing IS NULL ORDER BY o.segment_id DESC",
+            )?
+            .query_map([&tenant], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        if sessions.is_empty() && recaps.is_empty() {
             continue;
         }
-        let table = name(table_for(conn, &tenant)?);
+        let k = table_for(conn, &tenant)?;
+        for (owed, segment, text) in recaps {
+            pass.texts += u64::from(index(conn, k, -segment, &text)?);
+            pass.recaps.push(owed);
+        }
+        let table = name(k);
         // A text the backlog indexed already (a language change owes every
         // stored one) has its document size row: a second insert would
         // count its terms twice. Looked for only while a backlog is owed
@@ -250,37 +428,50 @@ pub(super) fn index_tail(conn: &Connection, tenant: Option<&str>) -> Result<u64,
         };
         // Session by session in id order, each one's entries in seq order
         // (its primary key's): document order with no sort of the texts.
-        let sessions: Vec<(i64, i64)> = conn
-            .prepare_cached(&format!(
-                "SELECT id, indexed_seq FROM sessions WHERE tenant = ?1 AND {TAIL} ORDER BY id"
-            ))?
-            .query_map([&tenant], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
         let mut insert = conn.prepare_cached(&format!(
             "INSERT INTO {table} (rowid, body) SELECT (session_id << 32) | seq, content \
-             FROM entries WHERE session_id = ?1 AND seq > ?2 {guard} ORDER BY seq"
+             FROM entries WHERE session_id = ?1 AND seq > ?2 AND seq <= ?3 {guard} ORDER BY seq"
         ))?;
-        for (session, after) in sessions {
-            texts += insert.execute(params![session, after])? as u64;
+        let mut mark = conn.prepare_cached(
+            "INSERT INTO search_marks (session_id, seq) VALUES (?1, ?2) \
+             ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq",
+        )?;
+        for (session, created_at, after, last) in sessions {
+            if left == 0 {
+                pass.more = true;
+                return Ok(pass);
+            }
+            // Seqs are gapless from 1 (a session loses entries only to its
+            // erasure), so the limit is a seq.
+            let upto = last.min(after.saturating_add(left));
+            pass.texts += insert.execute(params![session, after, upto])? as u64;
+            mark.execute(params![session, upto])?;
+            pass.marks.push((session, created_at, upto));
+            left -= upto - after;
         }
-        conn.prepare_cached(&format!(
-            "UPDATE sessions SET indexed_seq = next_seq - 1 WHERE tenant = ?1 AND {TAIL}"
-        ))?
-        .execute([&tenant])?;
     }
-    Ok(texts)
+    Ok(pass)
 }
 
-/// The sessions with a tail, as the partial index `sessions_with_tail`
-/// (schema.rs) holds them: a statement must name it in these words for
-/// SQLite to read that index.
-const TAIL: &str = "next_seq > indexed_seq + 1";
+/// The sessions the main file holds to have a tail, as the partial index
+/// `sessions_with_tail` (schema.rs) holds them: a statement must name it
+/// in these words for SQLite to read that index. Their `indexed_seq` is
+/// the writer's copy of the watermark and may lag it (the indexer moves
+/// the watermark, then the writer its copy), never lead it.
+const TAIL: &str = "s.next_seq > s.indexed_seq + 1";
 
-/// Whether the tenant has a tail.
+/// Of those, the ones the search file's watermark says have a tail, and
+/// are not being erased.
+const TRULY: &str = "s.erasing IS NULL \
+    AND s.next_seq - 1 > coalesce((SELECT seq FROM search_marks WHERE session_id = s.id), 0)";
+
+/// Whether the tenant has a tail, or a recap owed to the index.
 pub(super) fn tail_exists(conn: &Connection, tenant: &str) -> Result<bool, StoreError> {
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND {TAIL})"
+            "SELECT EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = ?1 AND {TAIL} AND {TRULY}) \
+             OR EXISTS (SELECT 1 FROM search_owed o JOIN segments g ON g.id = o.segment_id \
+                        JOIN sessions x ON x.id = g.session_id WHERE x.tenant = ?1)"
         ))?
         .query_row([tenant], |r| r.get(0))?)
 }
@@ -293,10 +484,11 @@ pub(super) fn tail(
 ) -> Result<(u64, Option<i64>), StoreError> {
     Ok(conn
         .prepare_cached(&format!(
-            "SELECT coalesce(sum(next_seq - 1 - indexed_seq), 0), \
+            "SELECT coalesce(sum(s.next_seq - 1 - coalesce(m.seq, 0)), 0), \
              min((SELECT created_at FROM entries e \
-                  WHERE e.session_id = x.id AND e.seq = x.indexed_seq + 1)) \
-             FROM sessions x WHERE (?1 IS NULL OR tenant = ?1) AND {TAIL}"
+                  WHERE e.session_id = s.id AND e.seq = coalesce(m.seq, 0) + 1)) \
+             FROM sessions s LEFT JOIN search_marks m ON m.session_id = s.id \
+             WHERE (?1 IS NULL OR s.tenant = ?1) AND {TAIL} AND {TRULY}"
         ))?
         .query_row([tenant], |r| Ok((r.get(0)?, r.get(1)?)))?)
 }

@@ -3,7 +3,8 @@
 //! each is made again with the language's tokenizer), owing every stored
 //! text again; each batch indexes the next owed texts in document order
 //! and moves the backlog's lower bound past them, in one writer
-//! transaction between appends.
+//! transaction between appends. All of it is in the search file (fts.rs),
+//! which these writer jobs lock before they read it (`fts::lock`).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -52,6 +53,7 @@ impl Sqlite {
         language: SearchLanguage,
     ) -> Result<bool, StoreError> {
         self.write(move |conn| {
+            fts::lock(conn)?;
             let current: String =
                 conn.query_row("SELECT language FROM search_state WHERE id = 1", [], |r| {
                     r.get(0)
@@ -105,6 +107,7 @@ impl Sqlite {
 
     pub(crate) async fn index_some(&self, batch: u32) -> Result<Indexed, StoreError> {
         self.write(move |conn| {
+            fts::lock(conn)?;
             let owed = backlog(conn)?;
             // Entries first; summaries once no entry is owed.
             let (part, (after, until), then_owed) = match (owed.entries, owed.summaries) {

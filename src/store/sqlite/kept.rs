@@ -137,11 +137,6 @@ impl Kept {
         self.unindexed = self.unindexed.saturating_add(n);
     }
 
-    /// The entries stored since the last `take_unindexed`.
-    pub(super) fn unindexed(&self) -> u64 {
-        self.unindexed
-    }
-
     /// The entries stored since the last call.
     pub(super) fn take_unindexed(&mut self) -> u64 {
         std::mem::take(&mut self.unindexed)

@@ -27,6 +27,7 @@ mod entries;
 mod fts;
 mod generations;
 mod index;
+mod indexer;
 mod kept;
 mod rows;
 mod runs;
@@ -47,8 +48,9 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
 use super::{Durability, FullSeen, OpenMode, StoreError};
+use indexer::{Asks, Indexer, TailPolicy};
 use kept::Kept;
-use writer::{Job, TailPolicy, append_job, index_tail_alone, job, writer_loop};
+use writer::{Job, append_job, job, writer_loop};
 
 /// Jobs waiting for the writer before callers wait to enqueue.
 const QUEUE_DEPTH: usize = 4096;
@@ -77,28 +79,6 @@ impl From<rusqlite::Error> for StoreError {
             StoreError::Query(Box::new(e))
         }
     }
-}
-
-/// Wakes the writer when the tail's wait is over and it has a tail but no
-/// work: an empty job ends a batch, and the batch's end indexes what is
-/// due. Ends with the store (the writer's queue gone).
-fn tick(jobs: mpsc::WeakSender<Job>, policy: Arc<TailPolicy>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
-        loop {
-            tokio::time::sleep(policy.wait().max(Duration::from_millis(10))).await;
-            let Some(jobs) = jobs.upgrade() else {
-                return;
-            };
-            if policy.owed() > 0 {
-                // A full queue ends batches by itself.
-                let (wake, _) = job(|_| Ok(()));
-                let _ = jobs.try_send(wake);
-            }
-        }
-    });
 }
 
 /// SQLITE_FULL: the disk (or the database's size limit) has no room.
@@ -132,8 +112,12 @@ struct Inner {
     checkpoints: Option<checkpoint::Checkpoints>,
     /// The semantic leg's vectors in memory (vectors.rs).
     vectors: vectors::Vectors,
-    /// When the writer indexes the search index's tail (writer.rs).
+    /// When the indexer indexes the search index's tail (indexer.rs).
     tail: Arc<TailPolicy>,
+    /// The indexer thread (None read-only).
+    indexer: Option<Indexer>,
+    /// What wakes the indexer.
+    asks: Arc<Asks>,
 }
 
 impl Sqlite {
@@ -151,8 +135,7 @@ impl Sqlite {
             tokio::task::spawn_blocking(move || Sqlite::open_blocking(&data_dir, durability, mode))
                 .await
                 .map_err(StoreError::Worker)??;
-        if let Some(jobs) = &store.inner.jobs {
-            tick(jobs.downgrade(), store.inner.tail.clone());
+        if store.inner.jobs.is_some() {
             store.resume_erasures().await?;
         }
         Ok(store)
@@ -199,6 +182,8 @@ impl Sqlite {
                     checkpoints: None,
                     vectors: vectors::Vectors::default(),
                     tail: Arc::default(),
+                    indexer: None,
+                    asks: Arc::default(),
                 }),
             });
         }
@@ -216,45 +201,47 @@ impl Sqlite {
         };
         let mut writer = Connection::open_with_flags(&path, flags).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
-        // Only the writer commits, so only its setting matters.
-        writer
-            .pragma_update(None, "synchronous", durability.pragma())
-            .map_err(open_err)?;
-        // Deleted content is overwritten, not left in free pages: an erased
-        // session's text must leave the files (with a checkpoint of the WAL).
-        writer
-            .pragma_update(None, "secure_delete", "ON")
-            .map_err(open_err)?;
-        writer
-            .pragma_update(None, "journal_mode", "WAL")
-            .map_err(open_err)?;
-        // A sort of texts (indexing the tail in document order) may spill
-        // to a temporary file: in memory, an erased text is never in one.
-        writer
-            .pragma_update(None, "temp_store", "MEMORY")
-            .map_err(open_err)?;
-        schema::migrate(&mut writer)?;
-        fts::tune_all(&writer)?;
-        // What a killed process left unindexed (the tail, fts.rs) is
-        // indexed before anything else is written or read.
-        let indexed = index_tail_alone(&writer)?;
-        if indexed > 0 {
-            tracing::info!(
-                texts = indexed,
-                "indexed for search what was stored and not yet indexed when the last run ended"
-            );
+        // The search file is made as needed whatever the mode: a data
+        // directory from before it has none, and one whose file was lost
+        // has it made again and filled (fts::prepare).
+        let search = search_path(&path);
+        if !search.is_file() {
+            Connection::open(&search).map_err(|e| StoreError::Open {
+                path: search.clone(),
+                source: e.into(),
+            })?;
         }
+        fts::attach(&writer, &search).map_err(open_err)?;
+        writing(&writer, durability).map_err(open_err)?;
+        schema::migrate(&mut writer)?;
+        fts::prepare(&writer)?;
+        fts::tune_all(&writer)?;
         let checkpoints = checkpoint::start(&path, durability, &mut writer)?;
         let (jobs, rx) = mpsc::channel(QUEUE_DEPTH);
         let tail = Arc::new(TailPolicy::default());
-        let policy = tail.clone();
+        let asks = Arc::new(Asks::default());
+        let spawn_err = |source| StoreError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        };
+        let (policy, wake) = (tail.clone(), asks.clone());
         std::thread::Builder::new()
             .name("archivist-store-writer".to_owned())
-            .spawn(move || writer_loop(writer, rx, policy))
-            .map_err(|source| StoreError::DataDir {
-                path: data_dir.to_owned(),
-                source,
-            })?;
+            .spawn(move || writer_loop(writer, rx, policy, wake))
+            .map_err(spawn_err)?;
+        // Its own connection: it writes the search file only, beside the
+        // writer. What a killed process left unindexed (the tail) is its
+        // first pass.
+        let indexing = Connection::open_with_flags(
+            &path,
+            OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE,
+        )
+        .map_err(open_err)?;
+        configure(&indexing).map_err(open_err)?;
+        fts::attach(&indexing, &search_path(&path)).map_err(open_err)?;
+        writing(&indexing, durability).map_err(open_err)?;
+        let indexer = Indexer::start(indexing, asks.clone(), tail.clone(), jobs.downgrade())
+            .map_err(spawn_err)?;
         Ok(Sqlite {
             inner: Arc::new(Inner {
                 path,
@@ -264,30 +251,37 @@ impl Sqlite {
                 checkpoints: Some(checkpoints),
                 vectors: vectors::Vectors::default(),
                 tail,
+                indexer: Some(indexer),
+                asks,
             }),
         })
     }
 
-    /// When the writer indexes the search index's tail (`[search]`
+    /// When the indexer indexes the search index's tail (`[search]`
     /// tail_texts and tail_wait).
     pub(super) fn set_tail_policy(&self, texts: u64, wait: Duration) {
         self.inner.tail.set(texts, wait);
     }
 
-    /// Indexes the tenant's tail (fts.rs), if it has one, in a writer job:
+    /// Counts `n` texts owed to the index by a commit (a recap); wakes the
+    /// indexer if a pass is due.
+    fn owe_index(&self, n: u64) {
+        if self.inner.tail.stored(n) {
+            self.inner.asks.wake();
+        }
+    }
+
+    /// Has the indexer index the tenant's tail (fts.rs), if it has one:
     /// what a search runs first, so that it finds every entry acknowledged
-    /// before it began. Read-only, there is no writer: the search reads
+    /// before it began. Read-only, there is no indexer: the search reads
     /// what is indexed (a server indexes the tail when it opens).
     pub(super) async fn index_tail_of(&self, tenant: &str) -> Result<(), StoreError> {
-        if self.inner.jobs.is_none() {
+        let Some(indexer) = &self.inner.indexer else {
             return Ok(());
-        }
+        };
         let t = tenant.to_owned();
-        let owed = self.read(move |conn| fts::tail_exists(conn, &t)).await?;
-        if owed {
-            let t = tenant.to_owned();
-            self.write(move |conn| fts::index_tail(conn, Some(&t)))
-                .await?;
+        if self.read(move |conn| fts::tail_exists(conn, &t)).await? {
+            indexer.tenant(tenant).await?;
         }
         Ok(())
     }
@@ -324,8 +318,10 @@ impl Sqlite {
         T: Send + 'static,
         F: FnOnce(&Connection, &mut Kept) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, answer) = append_job(f);
         let jobs = self.inner.jobs.as_ref().ok_or(StoreError::ReadOnly)?;
+        // Held back while the index's tail is at its bound (indexer.rs).
+        self.inner.tail.admit().await?;
+        let (job, answer) = append_job(f);
         jobs.try_send(job).map_err(super::refused)?;
         self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
     }
@@ -359,6 +355,7 @@ impl Sqlite {
                 source: e.into(),
             })?;
             configure(&conn)?;
+            attach_if_made(&conn, &path)?;
             for _ in 0..CHECKPOINT_TRIES {
                 let busy: i64 =
                     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
@@ -536,7 +533,40 @@ fn open_reader(path: &Path) -> Result<Connection, StoreError> {
         source: e.into(),
     })?;
     configure(&conn)?;
+    attach_if_made(&conn, path)?;
     Ok(conn)
+}
+
+/// The search file beside the main file at `path`.
+fn search_path(path: &Path) -> PathBuf {
+    path.with_file_name(fts::FILE)
+}
+
+/// Attaches the search file beside the main file at `path`, if it is
+/// there (a read-only open of a directory from before it has none).
+fn attach_if_made(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let search = search_path(path);
+    if search.is_file() {
+        fts::attach(conn, &search).map_err(|e| StoreError::Open {
+            path: search,
+            source: e.into(),
+        })?;
+    }
+    Ok(())
+}
+
+/// A writing connection's settings, for both files: `durability`'s sync,
+/// the log, deleted content overwritten (an erased session's text must
+/// leave the files, with a checkpoint of the log), and sorts in memory
+/// (indexing in document order may sort texts; an erased text is never in
+/// a temporary file).
+fn writing(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
+    for schema in ["main", "search"] {
+        conn.pragma_update(Some(schema), "synchronous", durability.pragma())?;
+        conn.pragma_update(Some(schema), "secure_delete", "ON")?;
+        conn.pragma_update(Some(schema), "journal_mode", "WAL")?;
+    }
+    conn.pragma_update(None, "temp_store", "MEMORY")
 }
 
 #[cfg(test)]

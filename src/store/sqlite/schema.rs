@@ -623,6 +623,19 @@ ALTER TABLE sessions ADD COLUMN indexed_seq INTEGER NOT NULL DEFAULT 0;
 UPDATE sessions SET indexed_seq = next_seq - 1;
 CREATE INDEX sessions_with_tail ON sessions (tenant) WHERE next_seq > indexed_seq + 1;
 "#,
+    r#"
+-- The index moves to a file of its own (fts.rs, indexer.rs): the indexer
+-- thread writes it beside the writer. indexed_seq becomes the writer's
+-- copy of the search file's watermark (it may lag it, never lead it). A
+-- stored recap is owed to the index here until the indexer has it; the
+-- id, never reused, names what the indexer reports done. The tables of
+-- the index in this file go when the store opens (fts::prepare), and the
+-- new file is owed everything.
+CREATE TABLE search_owed (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    segment_id INTEGER NOT NULL UNIQUE
+);
+"#,
 ];
 
 /// Applies the migrations this build has and the database lacks, all in one

@@ -59,14 +59,18 @@ fn tombstone_tx(
         .query_row([id], |r| r.get(0))?;
     // The recaps leave the index with the entries, in the batches; their
     // texts wait in `erasing_texts` until then ('delete' needs the text).
-    if fts::table_of(conn, tenant)?.is_some() {
-        conn.prepare_cached(
-            "INSERT OR IGNORE INTO erasing_texts (session_id, doc, text) \
-             SELECT ?1, -m.segment_id, m.text FROM summaries m \
-             JOIN segments g ON g.id = m.segment_id WHERE g.session_id = ?1",
-        )?
-        .execute([id])?;
-    }
+    // Every recap's: whether the index has it is the search file's to say,
+    // which this transaction does not read (fts::lock).
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO erasing_texts (session_id, doc, text) \
+         SELECT ?1, -m.segment_id, m.text FROM summaries m \
+         JOIN segments g ON g.id = m.segment_id WHERE g.session_id = ?1",
+    )?
+    .execute([id])?;
+    conn.prepare_cached(
+        "DELETE FROM search_owed WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
+    )?
+    .execute([id])?;
     conn.prepare_cached(
         "DELETE FROM summaries WHERE segment_id IN (SELECT id FROM segments WHERE session_id = ?1)",
     )?
@@ -91,99 +95,135 @@ fn tombstone_tx(
     Ok(Erased { entries, segments })
 }
 
-/// One batch of an erasure begun by `tombstone_tx`: takes the recaps'
-/// waiting texts out of the index, or with none left deletes the session's
-/// oldest entries, up to `ERASE_BATCH_ROWS` of them or about
-/// `ERASE_BATCH_BYTES` or `ERASE_BATCH_TIME` (at least one), and their
-/// bytes from the tenant's count. With none left, deletes the session row and records the erasure
-/// as owed a scrub of the files (only now: a scrub finished before the
-/// last batch would leave that batch's text in the log), and returns the
-/// record's id.
-fn erase_batch(conn: &Connection, id: i64) -> Result<Option<i64>, StoreError> {
+/// The next batch of an erasure begun by `tombstone_tx`, as its first
+/// step found it.
+enum EraseStep {
+    /// These waiting recap texts are out of the index.
+    Recaps(Vec<i64>),
+    /// The session's entries up to `upto`, `bytes` of them, are out of the
+    /// index.
+    Entries { upto: i64, bytes: u64 },
+    /// Nothing of it is left but its row (and its watermark, now gone).
+    Row,
+}
+
+/// The first step of a batch of an erasure: takes the recaps' waiting
+/// texts out of the index, or with none left the session's oldest entries,
+/// up to `ERASE_BATCH_ROWS` of them or about `ERASE_BATCH_BYTES` or
+/// `ERASE_BATCH_TIME` (at least one); with none left, its watermark. It
+/// writes the search file alone, and is committed before the second step
+/// (`erase_batch`) deletes the same rows from the main file: the two files
+/// commit apart, and this order leaves no indexed text behind a crash
+/// between them (the batch is found again, and what is out of the index
+/// stays out: `fts::unindex` takes only what is there).
+fn unindex_batch(conn: &Connection, id: i64) -> Result<EraseStep, StoreError> {
+    fts::lock(conn)?;
     let tenant: String = conn
         .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
         .query_row([id], |r| r.get(0))?;
     let table = fts::table_of(conn, &tenant)?;
     let began = std::time::Instant::now();
-    if unindex_recaps(conn, id, table, began)? {
-        return Ok(None);
+    let recaps = unindex_recaps(conn, id, table, began)?;
+    if !recaps.is_empty() {
+        return Ok(EraseStep::Recaps(recaps));
     }
     let mut upto = None;
     let mut bytes = 0u64;
-    {
-        let mut stmt = conn.prepare_cached(
-            "SELECT seq, length(CAST(content AS BLOB)) \
-             + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2, content \
-             FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
-        )?;
-        let mut rows = stmt.query(params![id, ROW_OVERHEAD_BYTES, ERASE_BATCH_ROWS])?;
-        while let Some(row) = rows.next()? {
-            let seq: i64 = row.get(0)?;
-            let len: u64 = row.get(1)?;
-            let content: String = row.get(2)?;
-            // Out of the index in the transaction that deletes the row.
-            if let Some(k) = table {
-                fts::unindex(conn, k, (id << 32) | seq, &content)?;
-            }
-            upto = Some(seq);
-            bytes += len;
-            if bytes >= ERASE_BATCH_BYTES || began.elapsed() >= ERASE_BATCH_TIME {
-                break;
-            }
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, length(CAST(content AS BLOB)) \
+         + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2, content \
+         FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
+    )?;
+    let mut rows = stmt.query(params![id, ROW_OVERHEAD_BYTES, ERASE_BATCH_ROWS])?;
+    while let Some(row) = rows.next()? {
+        let seq: i64 = row.get(0)?;
+        let len: u64 = row.get(1)?;
+        let content: String = row.get(2)?;
+        if let Some(k) = table {
+            fts::unindex(conn, k, (id << 32) | seq, &content)?;
+        }
+        upto = Some(seq);
+        bytes += len;
+        if bytes >= ERASE_BATCH_BYTES || began.elapsed() >= ERASE_BATCH_TIME {
+            break;
         }
     }
     if let Some(upto) = upto {
-        conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2")?
-            .execute(params![id, upto])?;
-        conn.prepare_cached(
-            "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
-        )?
-        .execute(params![tenant, bytes])?;
-        return Ok(None);
+        return Ok(EraseStep::Entries { upto, bytes });
     }
-    conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+    // The id may be a new session's once the row is gone.
+    conn.prepare_cached("DELETE FROM search_marks WHERE session_id = ?1")?
         .execute([id])?;
-    let scrub: i64 = conn
-        .prepare_cached(
-            "INSERT INTO erasures_pending (tenant, erased_at) VALUES (?1, ?2) RETURNING id",
-        )?
-        .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
-    Ok(Some(scrub))
+    Ok(EraseStep::Row)
 }
 
-/// Takes the waiting recap texts of erasure `id` out of index `table`
-/// (and out of `erasing_texts`), as many as `ERASE_BATCH_TIME` from
-/// `began` allows (at least one); says whether there were any.
+/// The second step of a batch of an erasure (`unindex_batch` did the
+/// first): deletes from the main file what the first took out of the
+/// index, and the bytes from the tenant's count. With nothing left, deletes
+/// the session row and records the erasure as owed a scrub of the files
+/// (only now: a scrub finished before the last batch would leave that
+/// batch's text in the log), and returns the record's id.
+fn erase_batch(conn: &Connection, id: i64, step: EraseStep) -> Result<Option<i64>, StoreError> {
+    let tenant: String = conn
+        .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
+        .query_row([id], |r| r.get(0))?;
+    match step {
+        EraseStep::Recaps(docs) => {
+            let mut delete = conn
+                .prepare_cached("DELETE FROM erasing_texts WHERE session_id = ?1 AND doc = ?2")?;
+            for doc in &docs {
+                delete.execute(params![id, doc])?;
+            }
+            Ok(None)
+        }
+        EraseStep::Entries { upto, bytes } => {
+            conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2")?
+                .execute(params![id, upto])?;
+            conn.prepare_cached(
+                "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
+            )?
+            .execute(params![tenant, bytes])?;
+            Ok(None)
+        }
+        EraseStep::Row => {
+            conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+                .execute([id])?;
+            let scrub: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO erasures_pending (tenant, erased_at) VALUES (?1, ?2) RETURNING id",
+                )?
+                .query_row(params![tenant, Millis::now().0], |r| r.get(0))?;
+            Ok(Some(scrub))
+        }
+    }
+}
+
+/// Takes the waiting recap texts of erasure `id` out of index `table`, as
+/// many as `ERASE_BATCH_TIME` from `began` allows (at least one); returns
+/// their documents, for `erase_batch` to take out of `erasing_texts`.
 fn unindex_recaps(
     conn: &Connection,
     id: i64,
     table: Option<i64>,
     began: std::time::Instant,
-) -> Result<bool, StoreError> {
+) -> Result<Vec<i64>, StoreError> {
     let mut done = Vec::new();
-    {
-        let mut stmt = conn.prepare_cached(
-            "SELECT doc, text FROM erasing_texts WHERE session_id = ?1 ORDER BY doc LIMIT ?2",
-        )?;
-        let mut rows = stmt.query(params![id, ERASE_BATCH_ROWS])?;
-        while let Some(row) = rows.next()? {
-            let doc: i64 = row.get(0)?;
-            let text: String = row.get(1)?;
-            if let Some(k) = table {
-                fts::unindex(conn, k, doc, &text)?;
-            }
-            done.push(doc);
-            if began.elapsed() >= ERASE_BATCH_TIME {
-                break;
-            }
+    let mut stmt = conn.prepare_cached(
+        "SELECT doc, text FROM erasing_texts WHERE session_id = ?1 ORDER BY doc LIMIT ?2",
+    )?;
+    let mut rows = stmt.query(params![id, ERASE_BATCH_ROWS])?;
+    while let Some(row) = rows.next()? {
+        let doc: i64 = row.get(0)?;
+        let text: String = row.get(1)?;
+        if let Some(k) = table {
+            fts::unindex(conn, k, doc, &text)?;
+        }
+        done.push(doc);
+        if began.elapsed() >= ERASE_BATCH_TIME {
+            break;
         }
     }
-    let mut delete =
-        conn.prepare_cached("DELETE FROM erasing_texts WHERE session_id = ?1 AND doc = ?2")?;
-    for doc in &done {
-        delete.execute(params![id, doc])?;
-    }
-    Ok(!done.is_empty())
+    Ok(done)
 }
 
 /// The tenant's session of that name, if it exists.
@@ -319,7 +359,10 @@ impl Sqlite {
     /// writer job per batch, and its row; returns its scrub record's id.
     async fn finish_erasure(&self, id: i64) -> Result<i64, StoreError> {
         loop {
-            if let Some(scrub) = self.write(move |conn| erase_batch(conn, id)).await? {
+            // Two jobs, each committed before the next: out of the search
+            // file, then out of the main one (`unindex_batch`).
+            let step = self.write(move |conn| unindex_batch(conn, id)).await?;
+            if let Some(scrub) = self.write(move |conn| erase_batch(conn, id, step)).await? {
                 return Ok(scrub);
             }
         }

@@ -165,7 +165,7 @@ async fn kept_counts_equal_a_recount() {
         .await
         .expect("due");
     store.unpark(due.clone()).await.expect("unpark");
-    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir.path());
     let recount: Vec<(String, i64, i64)> = conn
         .prepare(
             "SELECT x.tenant, s.state, count(*) FROM segments s \
@@ -191,7 +191,7 @@ async fn kept_counts_equal_a_recount() {
 async fn a_database_from_before_the_tree_keeps_its_data() {
     let dir = tempfile::tempdir().expect("temp dir");
     {
-        let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+        let conn = raw(dir.path());
         for sql in &schema::MIGRATIONS[..3] {
             conn.execute_batch(sql).expect("old schema");
         }
@@ -217,8 +217,9 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
     assert_eq!(seg.summary.expect("summary").text, "old recap");
     let backlog = store.backlog(None).await.expect("backlog");
     assert_eq!(backlog.summarised, 1);
-    // What was stored before the search index is owed to it, not indexed
-    // in the migration's transaction (which would hold every write back).
+    // What was stored before the search file is owed to it as its tail
+    // (entries) and in `search_owed` (recaps), not by the backlog: a
+    // search finds it at once.
     let search = |q: &str| {
         let query = crate::search::query::Query::parse(q).expect("query");
         let scope = crate::store::SearchScope::default();
@@ -245,22 +246,11 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(store.index_backlog().await.expect("backlog"), 3);
-    assert!(search("second").await.is_empty());
-    // Appends go on beside the backlog, at the next ordinal, found at once.
+    assert_eq!(store.index_backlog().await.expect("backlog"), 0);
+    assert_eq!(search("second").await, vec![(0, "second".to_owned())]);
+    // Appends go on beside it, at the next ordinal, found at once.
     assert!(append(&store, "old", &["third"]).await);
     assert_eq!(search("third").await, vec![(0, "third".to_owned())]);
-    // A text a batch: the two old entries, then the old recap.
-    let mut steps = Vec::new();
-    loop {
-        let step = store.index_some(1).await.expect("index");
-        steps.push(step.texts);
-        if step.done {
-            break;
-        }
-        assert!(steps.len() < 10, "{steps:?}");
-    }
-    assert_eq!(steps, [1, 1, 1]);
     assert_eq!(store.index_backlog().await.expect("backlog"), 0);
     assert_eq!(search("second").await, vec![(0, "second".to_owned())]);
     assert_eq!(search("recap").await, vec![(1, "old recap".to_owned())]);
@@ -291,7 +281,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         "{ctx:?}"
     );
     // Every reference still points at the live tables.
-    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir.path());
     let dangling: i64 = conn
         .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
             r.get(0)
@@ -329,7 +319,7 @@ async fn a_database_from_before_the_tree_keeps_its_data() {
         .await
         .expect("erase");
     assert!(search("second or recap or third").await.is_empty());
-    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir.path());
     check(&conn);
 }
 
@@ -405,7 +395,7 @@ async fn the_log_is_checkpointed_into_the_database_file() {
 /// from the file: each session's next seq, its open segment's counts and
 /// the tenant's bytes, against a recount of the entries.
 fn recount_kept_rows(dir: &std::path::Path) {
-    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir);
     let sessions: Vec<(String, i64, i64)> = conn
         .prepare(
             "SELECT x.name, x.next_seq, (SELECT coalesce(max(seq), 0) FROM entries \
@@ -704,7 +694,7 @@ async fn jobs_in_one_batch_see_what_the_appends_before_them_kept() {
 
 /// Rows of the sessions table still being erased, and all entries stored.
 fn erasing_and_entries(dir: &std::path::Path) -> (i64, i64) {
-    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir);
     conn.query_row(
         "SELECT (SELECT count(*) FROM sessions WHERE erasing IS NOT NULL), \
          (SELECT count(*) FROM entries)",
@@ -760,6 +750,17 @@ async fn a_begun_erasure_is_gone_to_readers_and_finishes_after_a_crash() {
     recount_kept_rows(dir.path());
 }
 
+/// A connection of the test's own to the data directory's main file, with
+/// the search file attached once there is one.
+fn raw(dir: &std::path::Path) -> Connection {
+    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let search = dir.join(fts::FILE);
+    if search.is_file() {
+        fts::attach(&conn, &search).expect("attach");
+    }
+    conn
+}
+
 /// The number of the database's one search table (tests of one tenant).
 fn only_search_table(conn: &Connection) -> i64 {
     conn.query_row("SELECT id FROM search_tables", [], |r| r.get(0))
@@ -769,7 +770,7 @@ fn only_search_table(conn: &Connection) -> i64 {
 /// The tenant's recaps in its search table, and the recap texts an erasure
 /// has yet to take out of it.
 fn recaps_indexed_and_waiting(dir: &std::path::Path) -> (i64, i64) {
-    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir);
     let k = only_search_table(&conn);
     conn.query_row(
         &format!(
@@ -812,6 +813,8 @@ async fn a_begun_erasures_recaps_leave_the_index_in_its_batches_even_after_a_cra
                 .held
         );
     }
+    // Owed to the index; a search has the indexer index them.
+    store.index_tail_of(&t.0).await.expect("index");
     assert_eq!(recaps_indexed_and_waiting(dir.path()), (2, 0));
     // The first transaction makes the recaps gone and leaves their texts
     // for the batches; a crash right after it leaves them waiting.
@@ -1167,7 +1170,7 @@ fn a_search_whose_budget_went_on_waiting_is_busy_not_too_costly() {
 /// The automerge of the tenant's search table, as FTS5 keeps it.
 fn automerge_of_search_table(dir: &std::path::Path) -> Option<i64> {
     use rusqlite::OptionalExtension;
-    let conn = Connection::open(dir.join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir);
     let k = only_search_table(&conn);
     conn.query_row(
         &format!(
@@ -1196,7 +1199,7 @@ async fn search_tables_merge_at_this_builds_automerge_new_or_made_before() {
     );
     drop(store);
     // A table as an earlier build made it: FTS5's own default.
-    let conn = Connection::open(dir.path().join(DATABASE_FILE)).expect("open");
+    let conn = raw(dir.path());
     let k = only_search_table(&conn);
     conn.execute(
         &format!("DELETE FROM {}_config WHERE k = 'automerge'", fts::name(k)),
@@ -1213,4 +1216,99 @@ async fn search_tables_merge_at_this_builds_automerge_new_or_made_before() {
         Some(i64::from(fts::AUTOMERGE))
     );
     drop(store);
+}
+
+/// The texts a search of the default tenant finds for `q`, after having
+/// the indexer index its tail (as `Store::search` does).
+async fn hits(store: &Sqlite, q: &str) -> Vec<String> {
+    let query = crate::search::query::Query::parse(q).expect("query");
+    store
+        .index_tail_of(&Tenant::default().0)
+        .await
+        .expect("tail");
+    let mut texts: Vec<String> = store
+        .search(
+            &Tenant::default(),
+            &crate::store::SearchScope::default(),
+            &query,
+            100,
+            true,
+            &crate::store::bound::SearchBound::new(crate::store::tests::SEARCH_BUDGET),
+        )
+        .await
+        .expect("search")
+        .into_iter()
+        .map(|h| h.text)
+        .collect();
+    texts.sort();
+    texts
+}
+
+/// Holds the search file's write lock, as a long pass of the indexer (or
+/// another process's) would, until dropped.
+struct SearchFileHeld(Connection);
+
+impl SearchFileHeld {
+    fn take(dir: &std::path::Path) -> SearchFileHeld {
+        let conn = raw(dir);
+        conn.execute_batch("BEGIN; DELETE FROM search.search_marks WHERE 0;")
+            .expect("the search file's lock");
+        SearchFileHeld(conn)
+    }
+}
+
+impl Drop for SearchFileHeld {
+    fn drop(&mut self) {
+        let _ = self.0.execute_batch("COMMIT");
+    }
+}
+
+#[tokio::test]
+async fn appends_never_wait_for_the_indexer_below_the_bound_and_wait_at_it() {
+    let (dir, store) = open().await;
+    // A whole pass at 5 texts; appends wait at 10.
+    store.set_tail_policy(5, std::time::Duration::from_secs(3600));
+    let held = SearchFileHeld::take(dir.path());
+    // The indexer cannot write, and appends up to the bound go through:
+    // the writer takes the main file's lock alone.
+    for i in 0..10 {
+        assert!(
+            append(&store, "s", &[&format!("held{i} text")]).await,
+            "{i}"
+        );
+    }
+    let store = std::sync::Arc::new(store);
+    let waiting = {
+        let store = store.clone();
+        tokio::spawn(async move { append(&store, "s", &["past the bound"]).await })
+    };
+    // At the bound it waits for a pass. (Not a measure of time: while the
+    // lock is held no pass can end, however slow the machine.)
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    drop(held);
+    assert!(waiting.await.expect("joined"));
+    let want: Vec<String> = (0..10).map(|i| format!("held{i} text")).collect();
+    assert_eq!(hits(&store, "text").await, want);
+    assert_eq!(hits(&store, "bound").await, ["past the bound"]);
+}
+
+#[tokio::test]
+async fn a_lost_search_file_is_made_again_with_everything_in_it() {
+    let (dir, store) = open().await;
+    assert!(append(&store, "s", &["the heron at the weir", "a second heron"]).await);
+    assert_eq!(hits(&store, "heron").await.len(), 2);
+    drop(store);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("{}{suffix}", fts::FILE)));
+    }
+    let store = Sqlite::open(dir.path(), Durability::Process, OpenMode::Existing)
+        .await
+        .expect("reopen");
+    assert_eq!(
+        hits(&store, "heron").await,
+        ["a second heron", "the heron at the weir"]
+    );
+    assert!(append(&store, "s", &["a third heron"]).await);
+    assert_eq!(hits(&store, "heron").await.len(), 3);
 }

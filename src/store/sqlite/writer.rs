@@ -10,84 +10,29 @@
 //! forgets it all before any other kind of job runs, when a batch fails,
 //! and when another connection has committed since its last batch.
 //!
-//! The entries appends store are the search index's tail (fts.rs) until a
-//! batch indexes them all before it commits: the first batch to find the
-//! tail at `TailPolicy`'s bound of texts (so the appends of that batch wait
-//! for it: the tail never runs away), or the first to end once the
-//! policy's wait has passed since the tail was last indexed whole. The
-//! writer counts the tail as its appends add to it; a ticker wakes an idle
-//! writer once the wait is over. What another process appends (a backfill
-//! run) is indexed by that process's writer, or by the next search.
+//! The entries appends store are the search index's tail (fts.rs), which
+//! the indexer thread indexes (indexer.rs): after each commit the writer
+//! counts what its appends stored and wakes the indexer when a pass is
+//! due; it never waits for it. Its transactions take the main file's
+//! write lock alone (`TAKE_MAIN`): `BEGIN IMMEDIATE` would take the
+//! search file's too and wait out each of the indexer's passes. A job
+//! that writes the search file takes that lock first (`fts::lock`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::fts;
+use super::indexer::{Asks, TailPolicy};
 use super::kept::Kept;
 use crate::store::StoreError;
 
 /// Most jobs committed in one transaction.
 const MAX_BATCH: usize = 512;
 
-/// When the writer indexes the search index's tail: at `texts` texts, or
-/// `wait` after it last indexed it whole (`[search]` tail_texts,
-/// tail_wait).
-/// Shared with the ticker, which also reads what the writer last counted.
-#[derive(Debug)]
-pub(crate) struct TailPolicy {
-    texts: AtomicU64,
-    wait_ms: AtomicU64,
-    /// The writer's count of the tail after its last batch: an upper
-    /// bound (a search's own indexing and an erasure are not subtracted
-    /// until the next whole-tail indexing).
-    owed: AtomicU64,
-}
-
-impl Default for TailPolicy {
-    fn default() -> Self {
-        let defaults = crate::config::SearchConfig::default();
-        TailPolicy {
-            texts: AtomicU64::new(defaults.tail_texts),
-            wait_ms: AtomicU64::new(millis(defaults.tail_wait)),
-            owed: AtomicU64::new(0),
-        }
-    }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl TailPolicy {
-    pub(super) fn set(&self, texts: u64, wait: Duration) {
-        self.texts.store(texts.max(1), Ordering::Relaxed);
-        self.wait_ms.store(millis(wait), Ordering::Relaxed);
-    }
-
-    pub(super) fn wait(&self) -> Duration {
-        Duration::from_millis(self.wait_ms.load(Ordering::Relaxed))
-    }
-
-    pub(super) fn owed(&self) -> u64 {
-        self.owed.load(Ordering::Relaxed)
-    }
-
-    /// Whether the tail is due: at the bound, or `wait` after it was last
-    /// indexed whole.
-    fn due(&self, owed: u64, since: Instant) -> bool {
-        owed >= self.texts.load(Ordering::Relaxed) || (owed > 0 && since.elapsed() >= self.wait())
-    }
-}
-
-/// The writer's count of the tail and when it last indexed it all.
-struct Tail {
-    owed: u64,
-    since: Instant,
-}
+/// Begins a batch's write transaction on the main file alone: a write
+/// that changes nothing still takes the file's write lock.
+const TAKE_MAIN: &str = "DELETE FROM main.search_owed WHERE 0";
 
 /// Why a batch of writes was not committed; every job in it gets this.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -228,16 +173,12 @@ pub(super) fn writer_loop(
     conn: Connection,
     mut jobs: mpsc::Receiver<Job>,
     policy: Arc<TailPolicy>,
+    indexer: Arc<Asks>,
 ) {
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
     let mut kept = Kept::default();
-    // The tail was indexed at open (mod.rs).
-    let mut tail = Tail {
-        owed: 0,
-        since: Instant::now(),
-    };
     while let Some(first) = jobs.blocking_recv() {
-        if let Err(e) = statement(&conn, "BEGIN IMMEDIATE") {
+        if let Err(e) = begin(&conn) {
             let e = BatchFailure::Begin(Arc::new(e));
             ((first.run)(Err(e.clone())).completion)(Err(e));
             continue;
@@ -255,30 +196,15 @@ pub(super) fn writer_loop(
         if intact && let Err(e) = kept.write(&conn) {
             (intact, full) = (false, super::is_full(&e));
         }
-        let mut indexed = false;
-        if intact && policy.due(tail.owed.saturating_add(kept.unindexed()), tail.since) {
-            match fts::index_tail(&conn, None) {
-                Ok(_) => indexed = true,
-                Err(e) => (intact, full) = (false, matches!(e, StoreError::Full(_))),
-            }
-        }
         let outcome = if intact {
             statement(&conn, "COMMIT").map_err(|e| BatchFailure::Commit(Arc::new(e)))
         } else {
             Err(BatchFailure::Aborted { full })
         };
         let stored = kept.take_unindexed();
-        match (&outcome, indexed) {
-            (Ok(()), true) => {
-                tail = Tail {
-                    owed: 0,
-                    since: Instant::now(),
-                }
-            }
-            (Ok(()), false) => tail.owed = tail.owed.saturating_add(stored),
-            (Err(_), _) => {}
+        if outcome.is_ok() && policy.stored(stored) {
+            indexer.wake();
         }
-        policy.owed.store(tail.owed, Ordering::Relaxed);
         if outcome.is_err() {
             // What was kept was never committed.
             kept.forget();
@@ -292,27 +218,16 @@ pub(super) fn writer_loop(
             completion(outcome.clone());
         }
     }
-    // Every handle is gone: what is left of the tail is indexed now rather
-    // than at the next open (a backfill run ends here).
-    if tail.owed > 0 {
-        let _ = index_tail_alone(&conn);
-    }
 }
 
-/// Indexes the whole tail in a transaction of its own (at open, and when
-/// the writer stops).
-pub(super) fn index_tail_alone(conn: &Connection) -> Result<u64, StoreError> {
-    statement(conn, "BEGIN IMMEDIATE")?;
-    match fts::index_tail(conn, None) {
-        Ok(n) => {
-            statement(conn, "COMMIT")?;
-            Ok(n)
-        }
-        Err(e) => {
-            let _ = statement(conn, "ROLLBACK");
-            Err(e)
-        }
+/// Begins a transaction holding the main file's write lock (`TAKE_MAIN`).
+fn begin(conn: &Connection) -> rusqlite::Result<()> {
+    statement(conn, "BEGIN")?;
+    if let Err(e) = statement(conn, TAKE_MAIN) {
+        let _ = statement(conn, "ROLLBACK");
+        return Err(e);
     }
+    Ok(())
 }
 
 /// Runs one job; says whether the batch's transaction is still whole, and
