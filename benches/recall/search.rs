@@ -527,21 +527,31 @@ fn latency_queries(o: &Options, subjects: &[Subject]) -> Vec<(String, String)> {
     out
 }
 
-/// The FTS5 tables' pages in the server's SQLite file.
+/// The FTS5 tables' pages in the server's SQLite files (the index has a
+/// file of its own beside the main one).
 fn sqlite_index(server: &common::Server) -> Option<Index> {
     let path = server.data_dir().join("archivist.sqlite3");
+    let search = server.data_dir().join("archivist-search.sqlite3");
     let read = || -> rusqlite::Result<Index> {
         let db = rusqlite::Connection::open_with_flags(
             &path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
         )?;
+        db.execute(
+            "ATTACH DATABASE ?1 AS search",
+            [search.to_string_lossy().as_ref()],
+        )?;
         let bytes: i64 = db.query_row(
             // The tenants' FTS5 tables (search_<k>) and their shadow tables.
-            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name GLOB 'search_[0-9]*'",
+            "SELECT coalesce(sum(pgsize), 0) FROM dbstat('search') WHERE name GLOB 'search_[0-9]*'",
             [],
             |r| r.get(0),
         )?;
-        let file: i64 = db.query_row("SELECT sum(pgsize) FROM dbstat", [], |r| r.get(0))?;
+        let file: i64 = db.query_row(
+            "SELECT (SELECT sum(pgsize) FROM dbstat('main')) + (SELECT sum(pgsize) FROM dbstat('search'))",
+            [],
+            |r| r.get(0),
+        )?;
         let entries: i64 = db.query_row("SELECT count(*) FROM entries", [], |r| r.get(0))?;
         let summaries: i64 = db.query_row("SELECT count(*) FROM summaries", [], |r| r.get(0))?;
         Ok(Index {
@@ -549,7 +559,7 @@ fn sqlite_index(server: &common::Server) -> Option<Index> {
             entries: entries as u64,
             documents: (entries + summaries) as u64,
             note: format!(
-                "FTS5 tables (dbstat); {:.0} % of the database's {} MB",
+                "FTS5 tables (dbstat); {:.0} % of the database files' {} MB",
                 100.0 * bytes as f64 / file as f64,
                 file / 1_000_000
             ),

@@ -172,7 +172,7 @@ fn store_status(err: &StoreError) -> Status {
         StoreError::Unreachable(_) | StoreError::Connect { .. } => {
             (Code::Unavailable, "STORAGE_UNAVAILABLE", Vec::new())
         }
-        StoreError::Busy | StoreError::ReadsBusy => {
+        StoreError::Busy | StoreError::ReadsBusy | StoreError::IndexBehind => {
             (Code::ResourceExhausted, "OVERLOADED", Vec::new())
         }
         // Busy as the others are (retry after the RetryInfo delay), with the

@@ -129,6 +129,12 @@ pub enum StoreError {
     NotCommitted(#[source] BackendError),
     #[error("the store's write queue is full")]
     Busy,
+    /// SQLite: appends wait while the search index's tail is at its bound,
+    /// and this one waited its longest.
+    #[error(
+        "the search index is behind the appends (twice search.tail_texts texts wait for it, and none were indexed while this append waited); retry shortly"
+    )]
+    IndexBehind,
     #[error(
         "every database connection for reads stayed busy while this read waited; try again shortly"
     )]

@@ -97,6 +97,39 @@ pub(super) fn lock(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `lock` for a writer job: waits `WRITER_LOCK_WAIT` at most (about one
+/// pass of the indexer), since every append waits behind the writer; a
+/// job that cannot have the lock fails `locked` and is tried again later
+/// (`Sqlite::write_search`), not holding the writer meanwhile.
+pub(super) fn lock_for_writer(conn: &Connection) -> Result<(), StoreError> {
+    conn.busy_timeout(WRITER_LOCK_WAIT)?;
+    let taken = lock(conn);
+    conn.busy_timeout(super::BUSY_TIMEOUT)?;
+    taken
+}
+
+/// How long a writer job waits for the search file's lock.
+const WRITER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Whether `e` is a lock another connection held too long (SQLITE_BUSY).
+pub(super) fn locked(e: &StoreError) -> bool {
+    let cause = match e {
+        StoreError::Query(cause) | StoreError::NotCommitted(cause) => cause,
+        _ => return false,
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(cause.as_ref());
+    while let Some(e) = source {
+        if let Some(e) = e.downcast_ref::<rusqlite::Error>() {
+            return matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// Makes the search file's tables if it has none (a new data directory,
 /// one from before the file, or a file lost): the main file then owes it
 /// every text, its sessions' entries as their tail and its recaps in
@@ -113,6 +146,17 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
     };
     let legacy = made("main", "search_state")?;
     if !made("search", "search_state")? {
+        let stored: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM main.entries) OR EXISTS (SELECT 1 FROM main.summaries)",
+            [],
+            |r| r.get(0),
+        )?;
+        if stored && !legacy {
+            tracing::warn!(
+                file = FILE,
+                "the search index's file was not there (or was empty): it is made again, and every stored text indexed again"
+            );
+        }
         in_transaction(conn, |conn| {
             conn.execute_batch(
                 "UPDATE main.sessions SET indexed_seq = 0 WHERE erasing IS NULL;
@@ -437,10 +481,6 @@ pub(super) fn index_tail(
              ON CONFLICT (session_id) DO UPDATE SET seq = excluded.seq",
         )?;
         for (session, created_at, after, last) in sessions {
-            if left == 0 {
-                pass.more = true;
-                return Ok(pass);
-            }
             // Seqs are gapless from 1 (a session loses entries only to its
             // erasure), so the limit is a seq.
             let upto = last.min(after.saturating_add(left));
@@ -448,6 +488,10 @@ pub(super) fn index_tail(
             mark.execute(params![session, upto])?;
             pass.marks.push((session, created_at, upto));
             left -= upto - after;
+            if upto < last {
+                pass.more = true;
+                return Ok(pass);
+            }
         }
     }
     Ok(pass)

@@ -6,11 +6,17 @@
 //! transaction between appends. All of it is in the search file (fts.rs),
 //! which these writer jobs lock before they read it (`fts::lock`).
 
+use std::time::Duration;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Sqlite, fts};
 use crate::config::SearchLanguage;
 use crate::store::{Indexed, StoreError};
+
+/// How long a language change or a batch of the backlog tries again while
+/// another process holds the search file.
+const LOCK_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The backlog: owed entry documents in (after, until], owed summaries'
 /// segment ids in (after, until].
@@ -52,8 +58,8 @@ impl Sqlite {
         &self,
         language: SearchLanguage,
     ) -> Result<bool, StoreError> {
-        self.write(move |conn| {
-            fts::lock(conn)?;
+        self.write_search(LOCK_PATIENCE, move |conn| {
+            fts::lock_for_writer(conn)?;
             let current: String =
                 conn.query_row("SELECT language FROM search_state WHERE id = 1", [], |r| {
                     r.get(0)
@@ -106,8 +112,8 @@ impl Sqlite {
     }
 
     pub(crate) async fn index_some(&self, batch: u32) -> Result<Indexed, StoreError> {
-        self.write(move |conn| {
-            fts::lock(conn)?;
+        self.write_search(LOCK_PATIENCE, move |conn| {
+            fts::lock_for_writer(conn)?;
             let owed = backlog(conn)?;
             // Entries first; summaries once no entry is owed.
             let (part, (after, until), then_owed) = match (owed.entries, owed.summaries) {

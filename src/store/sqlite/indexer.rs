@@ -113,8 +113,8 @@ impl TailPolicy {
             .saturating_mul(BOUND_PASSES)
     }
 
-    /// Waits while the owed texts are at the bound; refuses as busy if a
-    /// whole pass does not bring them under it within `ADMIT_WAIT`.
+    /// Waits while the owed texts are at the bound; refuses (`IndexBehind`)
+    /// if no whole pass brings them under it within `ADMIT_WAIT`.
     pub(super) async fn admit(&self) -> Result<(), StoreError> {
         if self.owed() < self.bound() {
             return Ok(());
@@ -130,7 +130,7 @@ impl TailPolicy {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, passed).await.is_err() {
-                return Err(StoreError::Busy);
+                return Err(StoreError::IndexBehind);
             }
         }
     }

@@ -212,7 +212,7 @@ impl Sqlite {
             })?;
         }
         fts::attach(&writer, &search).map_err(open_err)?;
-        writing(&writer, durability).map_err(open_err)?;
+        writing(&writer, &path, durability)?;
         schema::migrate(&mut writer)?;
         fts::prepare(&writer)?;
         fts::tune_all(&writer)?;
@@ -239,7 +239,7 @@ impl Sqlite {
         .map_err(open_err)?;
         configure(&indexing).map_err(open_err)?;
         fts::attach(&indexing, &search_path(&path)).map_err(open_err)?;
-        writing(&indexing, durability).map_err(open_err)?;
+        writing(&indexing, &path, durability)?;
         let indexer = Indexer::start(indexing, asks.clone(), tail.clone(), jobs.downgrade())
             .map_err(spawn_err)?;
         Ok(Sqlite {
@@ -297,6 +297,27 @@ impl Sqlite {
         let (job, answer) = job(f);
         jobs.send(job).await.map_err(|_| StoreError::Closed)?;
         self.noting_full(answer.await.map_err(|_| StoreError::Closed)?)
+    }
+
+    /// `write` for a job that writes the search file (fts::lock_for_writer):
+    /// tried again, backing off, while another connection holds that file,
+    /// for up to `patience`.
+    async fn write_search<T, F>(&self, patience: Duration, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
+    {
+        let began = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(25);
+        loop {
+            match self.write(f.clone()).await {
+                Err(e) if fts::locked(&e) && began.elapsed() < patience => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                done => return done,
+            }
+        }
     }
 
     /// Passes a write's result on, remembering a full disk for the probe.
@@ -560,13 +581,22 @@ fn attach_if_made(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 /// leave the files, with a checkpoint of the log), and sorts in memory
 /// (indexing in document order may sort texts; an erased text is never in
 /// a temporary file).
-fn writing(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
-    for schema in ["main", "search"] {
-        conn.pragma_update(Some(schema), "synchronous", durability.pragma())?;
-        conn.pragma_update(Some(schema), "secure_delete", "ON")?;
-        conn.pragma_update(Some(schema), "journal_mode", "WAL")?;
+/// An error names the file it is about (the main file at `path`, or the
+/// search file beside it: one holding something else is "not a database").
+fn writing(conn: &Connection, path: &Path, durability: Durability) -> Result<(), StoreError> {
+    for (schema, file) in [("main", path.to_owned()), ("search", search_path(path))] {
+        let set = || -> rusqlite::Result<()> {
+            conn.pragma_update(Some(schema), "synchronous", durability.pragma())?;
+            conn.pragma_update(Some(schema), "secure_delete", "ON")?;
+            conn.pragma_update(Some(schema), "journal_mode", "WAL")
+        };
+        set().map_err(|e| StoreError::Open {
+            path: file,
+            source: e.into(),
+        })?;
     }
-    conn.pragma_update(None, "temp_store", "MEMORY")
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -303,9 +303,14 @@ impl Sqlite {
             for row in rows {
                 backlog.parked_by_class.push(row?);
             }
+            // Recorded ones wait for a scrub of the files; sessions still
+            // `erasing` wait for their batches (one going on in the
+            // background while another process holds the search file).
             backlog.erasures_pending = conn
                 .prepare_cached(
-                    "SELECT count(*) FROM erasures_pending WHERE (?1 IS NULL OR tenant = ?1)",
+                    "SELECT (SELECT count(*) FROM erasures_pending WHERE (?1 IS NULL OR tenant = ?1)) \
+                     + (SELECT count(*) FROM sessions \
+                        WHERE erasing IS NOT NULL AND (?1 IS NULL OR tenant = ?1))",
                 )?
                 .query_row([&tenant], |r| r.get(0))?;
             let (unindexed, oldest) = super::fts::tail(conn, tenant.as_deref())?;

@@ -3,6 +3,8 @@
 //! bound of its policy), closing segments on demand or when idle, and the
 //! listing of a tenant's sessions.
 
+use std::time::Duration;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::kept::{Kept, KeptSession, OpenSegment};
@@ -36,6 +38,9 @@ pub(super) struct SessionRow {
 const ERASE_BATCH_ROWS: u32 = 1_000;
 const ERASE_BATCH_BYTES: u64 = 1 << 19;
 const ERASE_BATCH_TIME: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long an erasure's caller waits for a search file another process
+/// holds before the erasure goes on in the background.
+const ERASURE_LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// Begins erasing the session `id` (the tenant's `name`), in one short
 /// transaction that makes it gone to every reader: its summaries and
@@ -117,7 +122,7 @@ enum EraseStep {
 /// between them (the batch is found again, and what is out of the index
 /// stays out: `fts::unindex` takes only what is there).
 fn unindex_batch(conn: &Connection, id: i64) -> Result<EraseStep, StoreError> {
-    fts::lock(conn)?;
+    fts::lock_for_writer(conn)?;
     let tenant: String = conn
         .prepare_cached("SELECT tenant FROM sessions WHERE id = ?1 AND erasing IS NOT NULL")?
         .query_row([id], |r| r.get(0))?;
@@ -357,11 +362,45 @@ impl Sqlite {
 
     /// Deletes the entries of an erasure begun by `tombstone_tx`, one
     /// writer job per batch, and its row; returns its scrub record's id.
+    /// When the search file stays locked (another process holds it) past
+    /// `ERASURE_LOCK_WAIT`, the erasure goes on in the background, trying
+    /// again until it can, and this answers `CheckpointBusy`
+    /// (ERASURE_PENDING): the session is gone to readers already.
     async fn finish_erasure(&self, id: i64) -> Result<i64, StoreError> {
+        match self.erase_batches(id, ERASURE_LOCK_WAIT).await {
+            Err(e) if fts::locked(&e) => {
+                tracing::warn!(
+                    "an erasure waits for the search index's file, which another process holds; it goes on in the background"
+                );
+                let store = self.clone();
+                tokio::spawn(async move {
+                    match store.erase_batches(id, Duration::MAX).await {
+                        Ok(_) => {
+                            if let Some(checkpoints) = &store.inner.checkpoints {
+                                checkpoints.ask();
+                            }
+                        }
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "an erasure could not finish; the next start finishes it"
+                        ),
+                    }
+                });
+                Err(StoreError::CheckpointBusy)
+            }
+            done => done,
+        }
+    }
+
+    /// The batches of an erasure, trying a batch the search file's lock
+    /// kept out again for up to `patience`.
+    async fn erase_batches(&self, id: i64, patience: Duration) -> Result<i64, StoreError> {
         loop {
             // Two jobs, each committed before the next: out of the search
             // file, then out of the main one (`unindex_batch`).
-            let step = self.write(move |conn| unindex_batch(conn, id)).await?;
+            let step = self
+                .write_search(patience, move |conn| unindex_batch(conn, id))
+                .await?;
             if let Some(scrub) = self.write(move |conn| erase_batch(conn, id, step)).await? {
                 return Ok(scrub);
             }
@@ -374,13 +413,22 @@ impl Sqlite {
         begun: Vec<(i64, N, Erased)>,
     ) -> Result<Vec<(N, Erased)>, StoreError> {
         let mut newest = None;
+        let mut pending = false;
         let mut out = Vec::with_capacity(begun.len());
         for (id, name, erased) in begun {
-            newest = Some(self.finish_erasure(id).await?);
+            match self.finish_erasure(id).await {
+                Ok(scrub) => newest = Some(scrub),
+                // Going on in the background; the others go on here.
+                Err(StoreError::CheckpointBusy) => pending = true,
+                Err(e) => return Err(e),
+            }
             out.push((name, erased));
         }
         if let Some(scrub) = newest {
             self.scrubbed(scrub).await?;
+        }
+        if pending {
+            return Err(StoreError::CheckpointBusy);
         }
         Ok(out)
     }
@@ -399,7 +447,12 @@ impl Sqlite {
             .await?;
         let mut newest = None;
         for id in begun {
-            newest = Some(self.finish_erasure(id).await?);
+            match self.finish_erasure(id).await {
+                Ok(scrub) => newest = Some(scrub),
+                // Going on in the background.
+                Err(StoreError::CheckpointBusy) => {}
+                Err(e) => return Err(e),
+            }
         }
         if newest.is_some()
             && let Some(checkpoints) = &self.inner.checkpoints

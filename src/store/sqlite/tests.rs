@@ -1312,3 +1312,63 @@ async fn a_lost_search_file_is_made_again_with_everything_in_it() {
     assert!(append(&store, "s", &["a third heron"]).await);
     assert_eq!(hits(&store, "heron").await.len(), 3);
 }
+
+#[tokio::test]
+async fn a_pass_that_stops_at_its_limit_inside_a_session_says_more_is_left() {
+    let (dir, store) = open().await;
+    store.set_tail_policy(1_000_000, std::time::Duration::from_secs(3600));
+    let texts: Vec<String> = (1..=5).map(|i| format!("limit{i} word")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    assert!(append(&store, "one", &refs).await);
+    // As the indexer does, with a limit of 3 entries a transaction.
+    let conn = raw(dir.path());
+    let pass = |conn: &Connection| {
+        conn.execute_batch("BEGIN").expect("begin");
+        fts::lock(conn).expect("lock");
+        let pass = fts::index_tail(conn, None, 3).expect("pass");
+        conn.execute_batch("COMMIT").expect("commit");
+        pass
+    };
+    let first = pass(&conn);
+    assert_eq!((first.texts, first.more), (3, true));
+    let second = pass(&conn);
+    assert_eq!((second.texts, second.more), (2, false));
+    assert_eq!(pass(&conn).texts, 0);
+    drop(conn);
+    assert_eq!(hits(&store, "word").await, texts);
+}
+
+#[tokio::test]
+async fn an_erasure_kept_from_the_search_file_answers_pending_and_finishes_once_it_is_free() {
+    let (dir, store) = open().await;
+    let t = Tenant::default();
+    assert!(append(&store, "gone", &["marker one", "marker two"]).await);
+    assert_eq!(hits(&store, "marker").await.len(), 2);
+    assert!(append(&store, "gone", &["marker three"]).await);
+    assert!(append(&store, "kept", &["other words"]).await);
+    let held = SearchFileHeld::take(dir.path());
+    let erased = store.delete_session(&t, &session("gone")).await;
+    assert!(
+        matches!(erased, Err(StoreError::CheckpointBusy)),
+        "{erased:?}"
+    );
+    // Gone to readers at once, and counted as pending.
+    assert_eq!(count_entries(&store, "gone").await, 0);
+    assert_eq!(
+        store.backlog(None).await.expect("backlog").erasures_pending,
+        1
+    );
+    // Appends go on meanwhile.
+    assert!(append(&store, "kept", &["more words"]).await);
+    drop(held);
+    // It finishes in the background, with no restart (a generous ceiling).
+    for _ in 0..300 {
+        if erasing_and_entries(dir.path()) == (0, 2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(erasing_and_entries(dir.path()), (0, 2));
+    assert!(hits(&store, "marker").await.is_empty());
+    assert_eq!(hits(&store, "words").await, ["more words", "other words"]);
+}
