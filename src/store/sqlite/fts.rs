@@ -177,24 +177,17 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
             SearchLanguage::Simple.name().to_owned()
         };
         in_transaction(conn, |conn| {
-            conn.execute_batch(
+            conn.execute_batch(concat!(
                 "CREATE TABLE search.search_tables (
-                 id INTEGER PRIMARY KEY AUTOINCREMENT,
-                 tenant TEXT NOT NULL UNIQUE
-             );
-             CREATE TABLE search.search_marks (
-                 session_id INTEGER PRIMARY KEY,
-                 seq INTEGER NOT NULL
-             );
-             CREATE TABLE search.search_state (
-                 id              INTEGER PRIMARY KEY CHECK (id = 1),
-                 language        TEXT    NOT NULL,
-                 entries_after   INTEGER,
-                 entries_until   INTEGER,
-                 summaries_after INTEGER,
-                 summaries_until INTEGER
-             );",
-            )?;
+                     id INTEGER PRIMARY KEY AUTOINCREMENT,
+                     tenant TEXT NOT NULL UNIQUE
+                 );
+                 CREATE TABLE search.search_marks (
+                     session_id INTEGER PRIMARY KEY,
+                     seq INTEGER NOT NULL
+                 );",
+                super::schema::search_state_table!("search.")
+            ))?;
             conn.execute(
                 "INSERT INTO search.search_state (id, language) VALUES (1, ?1)",
                 [&language],

@@ -4,6 +4,27 @@ use rusqlite::Connection;
 
 use crate::store::StoreError;
 
+/// The index's language and backlog row's table (index.rs), in `schema`
+/// ("" or "search."): made by a migration in the main file once, in the
+/// search file since it has one (fts::prepare).
+macro_rules! search_state_table {
+    ($schema:literal) => {
+        concat!(
+            "CREATE TABLE ",
+            $schema,
+            "search_state (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    language        TEXT    NOT NULL,
+    entries_after   INTEGER,
+    entries_until   INTEGER,
+    summaries_after INTEGER,
+    summaries_until INTEGER
+);"
+        )
+    };
+}
+pub(super) use search_state_table;
+
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE sessions (
@@ -356,7 +377,8 @@ INSERT INTO erasures_pending_v2 SELECT id, tenant, erased_at FROM erasures_pendi
 DROP TABLE erasures_pending;
 ALTER TABLE erasures_pending_v2 RENAME TO erasures_pending;
 "#,
-    r#"
+    concat!(
+        r#"
 -- The lexical index's language and its backlog (index.rs): the entries in
 -- (entries_after, entries_until] of documents (`doc` as above) and the
 -- summaries in (summaries_after, summaries_until] of segment ids that are
@@ -367,14 +389,9 @@ ALTER TABLE erasures_pending_v2 RENAME TO erasures_pending;
 -- indexed at once, the indexer skips those, and an erasure unindexes only
 -- what was indexed (a 'delete' of a document never inserted would corrupt
 -- the index).
-CREATE TABLE search_state (
-    id              INTEGER PRIMARY KEY CHECK (id = 1),
-    language        TEXT    NOT NULL,
-    entries_after   INTEGER,
-    entries_until   INTEGER,
-    summaries_after INTEGER,
-    summaries_until INTEGER
-);
+"#,
+        search_state_table!(""),
+        r#"
 INSERT INTO search_state
 SELECT 1, 'simple', 0, (SELECT max((session_id << 32) | seq) FROM entries),
        0, (SELECT max(segment_id) FROM summaries);
@@ -405,7 +422,8 @@ CREATE TRIGGER summaries_reindexed AFTER UPDATE OF text ON summaries BEGIN
     SELECT -new.segment_id, new.text, 't' || hex(x.tenant)
     FROM segments g JOIN sessions x ON x.id = g.session_id WHERE g.id = new.segment_id;
 END;
-"#,
+"#
+    ),
     r#"
 -- Embeddings (embeddings.rs). `doc` names an entry or a summary as in
 -- search_index. What is owed a vector has a row in embeddings_owed, made
