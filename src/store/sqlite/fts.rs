@@ -97,10 +97,11 @@ pub(super) fn lock(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `lock` for a writer job: waits `WRITER_LOCK_WAIT` at most (about one
-/// pass of the indexer), since every append waits behind the writer; a
-/// job that cannot have the lock fails `locked` and is tried again later
-/// (`Sqlite::write_search`), not holding the writer meanwhile.
+/// `lock` for a writer job: waits `WRITER_LOCK_WAIT` at most, since every
+/// append waits behind the writer; a job that cannot have the lock fails
+/// `locked` and is tried again shortly (`Sqlite::write_search`, which
+/// also has the indexer begin no transaction meanwhile), not holding the
+/// writer in between.
 pub(super) fn lock_for_writer(conn: &Connection) -> Result<(), StoreError> {
     conn.busy_timeout(WRITER_LOCK_WAIT)?;
     let taken = lock(conn);
@@ -109,7 +110,7 @@ pub(super) fn lock_for_writer(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// How long a writer job waits for the search file's lock.
-const WRITER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+const WRITER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Whether `e` is a lock another connection held too long (SQLITE_BUSY).
 pub(super) fn locked(e: &StoreError) -> bool {
@@ -131,21 +132,51 @@ pub(super) fn locked(e: &StoreError) -> bool {
 }
 
 /// Makes the search file's tables if it has none (a new data directory,
-/// one from before the file, or a file lost): the main file then owes it
-/// every text, its sessions' entries as their tail and its recaps in
-/// `search_owed`, committed first, so that a crash before the tables are
-/// made owes them again. The tables of the index from before the file are
-/// dropped from the main file. The writer's connection, at open.
+/// one from before the file, or a file lost), or if it is not this main
+/// file's (its `user_version` is not the pairing the main file keeps in
+/// `search_file`: a main file restored or replaced beside it): the main
+/// file then owes it every text, its sessions' entries as their tail and
+/// its recaps in `search_owed`. The tables of the index from before the
+/// file are dropped from the main file, and each session's copy of its
+/// watermark is brought down to the search file's (after a machine crash
+/// the main file's log may have reached the disk and the search file's
+/// not). The writer's connection, at open; each step checks what it
+/// finds inside its own IMMEDIATE transaction, so two processes opening
+/// at once take turns.
 pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
-    let made = |schema: &str, table: &str| -> Result<bool, StoreError> {
-        Ok(conn
-            .prepare(&format!(
-                "SELECT EXISTS (SELECT 1 FROM {schema}.sqlite_schema WHERE name = ?1)"
-            ))?
-            .query_row([table], |r| r.get(0))?)
-    };
-    let legacy = made("main", "search_state")?;
-    if !made("search", "search_state")? {
+    in_transaction(conn, |conn| {
+        let paired: Option<i64> = conn
+            .query_row(
+                "SELECT pairing FROM main.search_file WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let own: i64 = conn.query_row("PRAGMA search.user_version", [], |r| r.get(0))?;
+        if made(conn, "search", "search_state")? && paired != Some(own) {
+            tracing::warn!(
+                file = FILE,
+                "the search index's file is not this database's (one of the two was restored or replaced): it is made again, and every stored text indexed again"
+            );
+            let tables: Vec<i64> = conn
+                .prepare("SELECT id FROM search.search_tables")?
+                .query_map([], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            for k in tables {
+                conn.execute_batch(&format!("DROP TABLE search.{}", name(k)))?;
+            }
+            conn.execute_batch(
+                "DROP TABLE search.search_tables; DROP TABLE search.search_marks; \
+                 DROP TABLE search.search_state;",
+            )?;
+        }
+        Ok(())
+    })?;
+    let legacy = made(conn, "main", "search_state")?;
+    in_transaction(conn, |conn| {
+        if made(conn, "search", "search_state")? {
+            return Ok(());
+        }
         let stored: bool = conn.query_row(
             "SELECT EXISTS (SELECT 1 FROM main.entries) OR EXISTS (SELECT 1 FROM main.summaries)",
             [],
@@ -157,14 +188,19 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
                 "the search index's file was not there (or was empty): it is made again, and every stored text indexed again"
             );
         }
-        in_transaction(conn, |conn| {
-            conn.execute_batch(
-                "UPDATE main.sessions SET indexed_seq = 0 WHERE erasing IS NULL;
-                 INSERT INTO main.search_owed (segment_id)
-                   SELECT segment_id FROM main.summaries
-                   WHERE segment_id NOT IN (SELECT segment_id FROM main.search_owed);",
-            )
-        })?;
+        // Both files in one transaction: a crash between their commits
+        // leaves either no tables here (made again next time) or tables
+        // whose pairing the main file does not have (emptied next time).
+        let pairing = i64::from(rand::random::<i32>() | 1);
+        conn.execute_batch(
+            "UPDATE main.sessions SET indexed_seq = 0 WHERE erasing IS NULL;
+             INSERT OR IGNORE INTO main.search_owed (segment_id)
+               SELECT segment_id FROM main.summaries;",
+        )?;
+        conn.execute(
+            "INSERT OR REPLACE INTO main.search_file (id, pairing) VALUES (1, ?1)",
+            [pairing],
+        )?;
         // The language the main file's index had, with no backlog: the
         // tail owes every text. The server sets the configured one after.
         let language: String = if legacy {
@@ -176,38 +212,52 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
         } else {
             SearchLanguage::Simple.name().to_owned()
         };
-        in_transaction(conn, |conn| {
-            conn.execute_batch(concat!(
-                "CREATE TABLE search.search_tables (
-                     id INTEGER PRIMARY KEY AUTOINCREMENT,
-                     tenant TEXT NOT NULL UNIQUE
-                 );
-                 CREATE TABLE search.search_marks (
-                     session_id INTEGER PRIMARY KEY,
-                     seq INTEGER NOT NULL
-                 );",
-                super::schema::search_state_table!("search.")
-            ))?;
-            conn.execute(
-                "INSERT INTO search.search_state (id, language) VALUES (1, ?1)",
-                [&language],
-            )?;
-            Ok(())
-        })?;
-    }
-    if legacy {
+        conn.execute_batch(concat!(
+            "CREATE TABLE search.search_tables (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 tenant TEXT NOT NULL UNIQUE
+             );
+             CREATE TABLE search.search_marks (
+                 session_id INTEGER PRIMARY KEY,
+                 seq INTEGER NOT NULL
+             );",
+            super::schema::search_state_table!("search.")
+        ))?;
+        conn.execute(
+            "INSERT INTO search.search_state (id, language) VALUES (1, ?1)",
+            [&language],
+        )?;
+        conn.execute_batch(&format!("PRAGMA search.user_version = {pairing}"))
+    })?;
+    in_transaction(conn, |conn| {
+        if !made(conn, "main", "search_state")? {
+            return Ok(());
+        }
         let old: Vec<i64> = conn
             .prepare("SELECT id FROM main.search_tables")?
             .query_map([], |r| r.get(0))?
             .collect::<Result<_, _>>()?;
-        in_transaction(conn, |conn| {
-            for k in old {
-                conn.execute_batch(&format!("DROP TABLE main.{}", name(k)))?;
-            }
-            conn.execute_batch("DROP TABLE main.search_tables; DROP TABLE main.search_state;")
-        })?;
-    }
-    Ok(())
+        for k in old {
+            conn.execute_batch(&format!("DROP TABLE main.{}", name(k)))?;
+        }
+        conn.execute_batch("DROP TABLE main.search_tables; DROP TABLE main.search_state;")
+    })?;
+    in_transaction(conn, |conn| {
+        conn.execute_batch(
+            "UPDATE main.sessions SET indexed_seq = \
+               coalesce((SELECT seq FROM search.search_marks WHERE session_id = sessions.id), 0) \
+             WHERE erasing IS NULL AND indexed_seq > \
+               coalesce((SELECT seq FROM search.search_marks WHERE session_id = sessions.id), 0)",
+        )
+    })
+}
+
+/// Whether `schema` has a table named `table`.
+fn made(conn: &Connection, schema: &str, table: &str) -> rusqlite::Result<bool> {
+    conn.prepare(&format!(
+        "SELECT EXISTS (SELECT 1 FROM {schema}.sqlite_schema WHERE name = ?1)"
+    ))?
+    .query_row([table], |r| r.get(0))
 }
 
 /// Runs `f` in an IMMEDIATE transaction of its own, rolled back if it fails.
@@ -373,6 +423,9 @@ pub(super) fn unindex(conn: &Connection, k: i64, doc: i64, body: &str) -> Result
     Ok(())
 }
 
+/// The most owed recaps found indexed already that one pass reports.
+const PASS_REPORTS: i64 = 10_000;
+
 /// What one pass of the indexer did: texts indexed, each session's new
 /// watermark (id, created_at, last seq), and the owed recaps it found
 /// indexed (their `search_owed` ids), for the writer to note in the main
@@ -395,7 +448,7 @@ pub(super) struct Pass {
 /// file's write lock (`lock`) before it reads the main file, so it reads a
 /// main file no older than any erasure that waits for that lock. Sessions
 /// being erased are left out.
-/// At most `limit` entries a pass (a tail left by an upgrade or a crash
+/// At most `limit` texts a pass (a tail left by an upgrade or a crash
 /// can be a whole history): `more` says it stopped there.
 pub(super) fn index_tail(
     conn: &Connection,
@@ -431,22 +484,53 @@ pub(super) fn index_tail(
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })?
             .collect::<Result<_, _>>()?;
+        // The owed recaps not indexed yet, `left` at most (those indexed
+        // already wait only for the writer to forget them: a report lost
+        // to a crash is made again here).
+        let known = table_of(conn, &tenant)?;
+        let unindexed = known.map_or(String::new(), |k| {
+            format!(
+                "AND NOT EXISTS (SELECT 1 FROM {}_docsize WHERE id = -o.segment_id)",
+                name(k)
+            )
+        });
         let recaps: Vec<(i64, i64, String)> = conn
-            .prepare_cached(
+            .prepare_cached(&format!(
                 "SELECT o.id, o.segment_id, m.text FROM search_owed o \
                  JOIN summaries m ON m.segment_id = o.segment_id \
                  JOIN segments g ON g.id = o.segment_id JOIN sessions x ON x.id = g.session_id \
-                 WHERE x.tenant = ?1 AND x.erasing IS NULL ORDER BY o.segment_id DESC",
-            )?
-            .query_map([&tenant], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                 WHERE x.tenant = ?1 AND x.erasing IS NULL {unindexed} \
+                 ORDER BY o.segment_id DESC LIMIT ?2"
+            ))?
+            .query_map(params![&tenant, left], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
             .collect::<Result<_, _>>()?;
+        if let Some(k) = known {
+            let done: Vec<i64> = conn
+                .prepare_cached(&format!(
+                    "SELECT o.id FROM search_owed o \
+                     JOIN segments g ON g.id = o.segment_id JOIN sessions x ON x.id = g.session_id \
+                     WHERE x.tenant = ?1 \
+                     AND EXISTS (SELECT 1 FROM {}_docsize WHERE id = -o.segment_id) LIMIT ?2",
+                    name(k)
+                ))?
+                .query_map(params![&tenant, PASS_REPORTS], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            pass.recaps.extend(done);
+        }
         if sessions.is_empty() && recaps.is_empty() {
             continue;
         }
         let k = table_for(conn, &tenant)?;
+        left -= i64::try_from(recaps.len()).unwrap_or(i64::MAX);
         for (owed, segment, text) in recaps {
             pass.texts += u64::from(index(conn, k, -segment, &text)?);
             pass.recaps.push(owed);
+        }
+        if left <= 0 {
+            pass.more = true;
+            return Ok(pass);
         }
         let table = name(k);
         // A text the backlog indexed already (a language change owes every

@@ -58,6 +58,20 @@ impl Sqlite {
         &self,
         language: SearchLanguage,
     ) -> Result<bool, StoreError> {
+        // Read first: the usual case changes nothing and needs no lock on
+        // the search file (which a long first pass may hold at start-up).
+        let current: String = self
+            .read(|conn| {
+                Ok(
+                    conn.query_row("SELECT language FROM search_state WHERE id = 1", [], |r| {
+                        r.get(0)
+                    })?,
+                )
+            })
+            .await?;
+        if current == language.name() {
+            return Ok(false);
+        }
         self.write_search(LOCK_PATIENCE, move |conn| {
             fts::lock_for_writer(conn)?;
             let current: String =

@@ -21,7 +21,7 @@
 //! slowed by the index, only held back at the bound (docs/benchmarks.md,
 //! issue 38).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,9 @@ const ADMIT_WAIT: Duration = Duration::from_secs(10);
 const PASS_TEXTS: u64 = 20_000;
 /// How soon a whole pass that failed (the search file busy) is tried again.
 const RETRY: Duration = Duration::from_millis(200);
+/// The longest the indexer holds back for writer jobs that want the search
+/// file (one that cannot have it in this time is left to try again).
+const WRITER_FIRST: Duration = Duration::from_secs(1);
 /// How long the thread sleeps with nothing owed.
 const IDLE: Duration = Duration::from_secs(3600);
 
@@ -152,6 +155,11 @@ struct Asked {
 pub(super) struct Asks {
     asked: Mutex<Asked>,
     ready: Condvar,
+    /// Writer jobs waiting for the search file's lock: the indexer begins
+    /// no transaction while there are any (`WRITER_FIRST` at most), so
+    /// that they take it between two of its transactions without the
+    /// writer ever waiting long in one.
+    writer_waiting: AtomicUsize,
 }
 
 impl Asks {
@@ -163,6 +171,29 @@ impl Asks {
     /// A whole pass is due.
     pub(super) fn wake(&self) {
         self.ask(|a| a.wake = true);
+    }
+
+    /// Says a writer job wants the search file until the guard is dropped.
+    pub(super) fn writer_wants(&self) -> WriterWants<'_> {
+        self.writer_waiting.fetch_add(1, Ordering::AcqRel);
+        WriterWants(self)
+    }
+
+    /// Waits, up to `WRITER_FIRST`, while writer jobs want the search file.
+    fn let_writer_first(&self) {
+        let began = Instant::now();
+        while self.writer_waiting.load(Ordering::Acquire) > 0 && began.elapsed() < WRITER_FIRST {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// A writer job's claim on the search file's next turn (`Asks::writer_wants`).
+pub(super) struct WriterWants<'a>(&'a Asks);
+
+impl Drop for WriterWants<'_> {
+    fn drop(&mut self) {
+        self.0.writer_waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -180,12 +211,13 @@ impl Drop for Indexer {
 
 impl Indexer {
     /// Starts the thread on `conn` (the main file, with the search file
-    /// attached), reporting its passes to the writer through `jobs`.
+    /// attached), reporting its passes to the writer through `jobs` (so the
+    /// writer outlives it, and takes its last pass's report).
     pub(super) fn start(
         conn: Connection,
         asks: Arc<Asks>,
         policy: Arc<TailPolicy>,
-        jobs: mpsc::WeakSender<Job>,
+        jobs: mpsc::Sender<Job>,
     ) -> std::io::Result<Indexer> {
         let thread_asks = asks.clone();
         std::thread::Builder::new()
@@ -219,9 +251,9 @@ fn lower_priority() {
 }
 
 /// The thread: a whole pass first, then each ask as it comes.
-fn run(conn: &Connection, asks: &Asks, policy: &TailPolicy, jobs: &mpsc::WeakSender<Job>) {
+fn run(conn: &Connection, asks: &Asks, policy: &TailPolicy, jobs: &mpsc::Sender<Job>) {
     let mut since = Instant::now();
-    let mut failed = match whole_pass(conn, policy, jobs) {
+    let mut failed = match whole_pass(conn, asks, policy, jobs) {
         Ok(texts) => {
             if texts > 0 {
                 tracing::info!(
@@ -253,12 +285,12 @@ fn run(conn: &Connection, asks: &Asks, policy: &TailPolicy, jobs: &mpsc::WeakSen
             std::mem::take(&mut *asked)
         };
         for (tenant, answer) in asked.tenants {
-            let result = pass(conn, Some(&tenant), jobs).map(drop);
+            let result = pass(conn, Some(&tenant), asks, None, jobs).map(drop);
             let _ = answer.send(result);
         }
         let due = failed || (policy.owed() > 0 && since.elapsed() >= policy.wait());
         if asked.wake || asked.closed || due {
-            failed = whole_pass(conn, policy, jobs).is_err();
+            failed = whole_pass(conn, asks, policy, jobs).is_err();
             since = Instant::now();
         }
         if asked.closed {
@@ -268,36 +300,55 @@ fn run(conn: &Connection, asks: &Asks, policy: &TailPolicy, jobs: &mpsc::WeakSen
 }
 
 /// Indexes every tenant's tail; on success everything counted stored
-/// before it began is covered. Appends waiting at the bound are woken to
-/// look again either way.
+/// before its last transaction began is covered. Appends waiting at the
+/// bound are woken to look again either way.
 fn whole_pass(
     conn: &Connection,
+    asks: &Asks,
     policy: &TailPolicy,
-    jobs: &mpsc::WeakSender<Job>,
+    jobs: &mpsc::Sender<Job>,
 ) -> Result<u64, ()> {
-    let before = policy.stored.load(Ordering::Acquire);
-    let done = pass(conn, None, jobs);
-    if done.is_ok() {
+    let done = pass(conn, None, asks, Some(policy), jobs);
+    if let Ok((_, before)) = done {
         policy.covered.fetch_max(before, Ordering::AcqRel);
     }
     policy.passed.notify_waiters();
-    done.map_err(|e| {
+    done.map(|(texts, _)| texts).map_err(|e| {
         tracing::warn!(error = %e, "could not index the search index's tail; trying again shortly");
     })
 }
 
 /// One pass (of `tenant`, or of all), in transactions of `PASS_TEXTS`
-/// entries at most; returns the texts it indexed.
+/// entries at most; returns the texts it indexed, and what `policy`
+/// counted stored when its last transaction began (each reads the main
+/// file as it is then, so that one covers all of it).
 fn pass(
     conn: &Connection,
     tenant: Option<&str>,
-    jobs: &mpsc::WeakSender<Job>,
-) -> Result<u64, StoreError> {
+    asks: &Asks,
+    policy: Option<&TailPolicy>,
+    jobs: &mpsc::Sender<Job>,
+) -> Result<(u64, u64), StoreError> {
     let mut texts = 0;
     loop {
+        asks.let_writer_first();
+        if !conn.is_autocommit() {
+            // What a failed ROLLBACK left: every BEGIN would fail after it.
+            conn.execute_batch("ROLLBACK")?;
+        }
+        let before = policy.map_or(0, |p| p.stored.load(Ordering::Acquire));
         conn.execute_batch("BEGIN")?;
         let done = fts::lock(conn)
-            .and_then(|()| fts::index_tail(conn, tenant, PASS_TEXTS))
+            .and_then(|()| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    fts::index_tail(conn, tenant, PASS_TEXTS)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Corrupt(
+                        "indexing the search index's tail panicked".to_owned(),
+                    ))
+                })
+            })
             .and_then(|pass| {
                 conn.execute_batch("COMMIT")?;
                 Ok(pass)
@@ -313,7 +364,7 @@ fn pass(
         let more = pass.more;
         report(pass, jobs);
         if !more {
-            return Ok(texts);
+            return Ok((texts, before));
         }
     }
 }
@@ -322,13 +373,10 @@ fn pass(
 /// forget the recaps it indexed. Not waited for: left undone (the store
 /// closing, a crash), the next pass finds those sessions and recaps again
 /// and finds nothing left to index.
-fn report(pass: Pass, jobs: &mpsc::WeakSender<Job>) {
+fn report(pass: Pass, jobs: &mpsc::Sender<Job>) {
     if pass.marks.is_empty() && pass.recaps.is_empty() {
         return;
     }
-    let Some(jobs) = jobs.upgrade() else {
-        return;
-    };
     let (note, _) = job(move |conn| {
         // created_at: a session erased since, whose id a new session took,
         // keeps its own copy.

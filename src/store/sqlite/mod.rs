@@ -240,7 +240,7 @@ impl Sqlite {
         configure(&indexing).map_err(open_err)?;
         fts::attach(&indexing, &search_path(&path)).map_err(open_err)?;
         writing(&indexing, &path, durability)?;
-        let indexer = Indexer::start(indexing, asks.clone(), tail.clone(), jobs.downgrade())
+        let indexer = Indexer::start(indexing, asks.clone(), tail.clone(), jobs.clone())
             .map_err(spawn_err)?;
         Ok(Sqlite {
             inner: Arc::new(Inner {
@@ -308,7 +308,9 @@ impl Sqlite {
         F: Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
     {
         let began = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(25);
+        let mut pause = Duration::from_millis(5);
+        // The indexer begins no transaction meanwhile (indexer.rs).
+        let _wants = self.inner.asks.writer_wants();
         loop {
             match self.write(f.clone()).await {
                 Err(e) if fts::locked(&e) && began.elapsed() < patience => {

@@ -653,6 +653,12 @@ CREATE TABLE search_owed (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     segment_id INTEGER NOT NULL UNIQUE
 );
+-- The search file this main file goes with: its user_version is this
+-- number, made when it is made (fts::prepare).
+CREATE TABLE search_file (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    pairing INTEGER NOT NULL
+);
 "#,
 ];
 

@@ -105,9 +105,8 @@ fn tombstone_tx(
 enum EraseStep {
     /// These waiting recap texts are out of the index.
     Recaps(Vec<i64>),
-    /// The session's entries up to `upto`, `bytes` of them, are out of the
-    /// index.
-    Entries { upto: i64, bytes: u64 },
+    /// The session's entries up to `upto` are out of the index.
+    Entries { upto: i64 },
     /// Nothing of it is left but its row (and its watermark, now gone).
     Row,
 }
@@ -154,7 +153,7 @@ fn unindex_batch(conn: &Connection, id: i64) -> Result<EraseStep, StoreError> {
         }
     }
     if let Some(upto) = upto {
-        return Ok(EraseStep::Entries { upto, bytes });
+        return Ok(EraseStep::Entries { upto });
     }
     // The id may be a new session's once the row is gone.
     conn.prepare_cached("DELETE FROM search_marks WHERE session_id = ?1")?
@@ -181,9 +180,20 @@ fn erase_batch(conn: &Connection, id: i64, step: EraseStep) -> Result<Option<i64
             }
             Ok(None)
         }
-        EraseStep::Entries { upto, bytes } => {
-            conn.prepare_cached("DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2")?
-                .execute(params![id, upto])?;
+        EraseStep::Entries { upto } => {
+            // The bytes of the rows this deletes: another process erasing
+            // the same session (a backfill's start-up) may have deleted
+            // some of those the first step found.
+            let bytes: u64 = conn
+                .prepare_cached(
+                    "DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2 \
+                     RETURNING length(CAST(content AS BLOB)) \
+                     + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?3",
+                )?
+                .query_map(params![id, upto, ROW_OVERHEAD_BYTES], |r| {
+                    r.get::<_, u64>(0)
+                })?
+                .sum::<Result<u64, _>>()?;
             conn.prepare_cached(
                 "UPDATE tenant_usage SET stored_bytes = max(stored_bytes - ?2, 0) WHERE tenant = ?1",
             )?
