@@ -30,7 +30,9 @@
 //! holds the writer's lock no longer than its copy takes, and the next try
 //! comes shortly, backing off to once a second, until one finishes; then
 //! it removes the records of the erasures it finished. A record outlives a
-//! crash, so after a restart the first try comes at once.
+//! crash, so after a restart the first try comes at once. The search
+//! index's file (fts.rs) has a log of its own, scrubbed the same way; each
+//! file's log is emptied on its own, so the two need not be idle at once.
 
 use std::ffi::c_int;
 use std::path::Path;
@@ -178,6 +180,7 @@ fn checkpoint_loop(
     done: watch::Sender<i64>,
 ) {
     let mut retry = SCRUB_RETRY_MIN;
+    let mut reached = Reached::default();
     loop {
         let wait = if pending { retry } else { IDLE };
         let woken = match asked.recv_timeout(wait) {
@@ -189,7 +192,7 @@ fn checkpoint_loop(
             // An erasure may have been recorded: look, and try at once.
             retry = SCRUB_RETRY_MIN;
         }
-        match scrub(&conn) {
+        match scrub(&conn, &mut reached) {
             Ok(Scrub::Done { upto }) => {
                 pending = false;
                 if let Some(upto) = upto {
@@ -226,11 +229,18 @@ enum Scrub {
     Held,
 }
 
-/// With erasures recorded, copies the whole log into the database file and
-/// truncates it, without waiting on anyone, then removes the records of the
-/// erasures that were recorded before it began: their text is gone from
-/// both files. With none, a PASSIVE checkpoint.
-fn scrub(conn: &Connection) -> rusqlite::Result<Scrub> {
+/// The newest erasure record whose text each file's log no longer holds.
+#[derive(Default)]
+struct Reached {
+    main: Option<i64>,
+    search: Option<i64>,
+}
+
+/// With erasures recorded, copies each file's whole log into it and
+/// truncates it, without waiting on anyone, then, once both have been
+/// since the newest record, removes the records: their text is gone from
+/// the files. With none, a PASSIVE checkpoint of the main file.
+fn scrub(conn: &Connection, done: &mut Reached) -> rusqlite::Result<Scrub> {
     let upto: Option<i64> =
         conn.query_row("SELECT max(id) FROM erasures_pending", [], |r| r.get(0))?;
     if upto.is_none() {
@@ -239,8 +249,33 @@ fn scrub(conn: &Connection) -> rusqlite::Result<Scrub> {
         }
         return Ok(Scrub::Done { upto: None });
     }
-    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
-    if busy != 0 {
+    // Each file's log on its own: both need not be idle at one moment. A
+    // file's log emptied after the erasures up to `upto` were recorded
+    // holds none of their text (it was deleted before), whatever comes
+    // after; what each file has reached is kept between tries.
+    for (schema, reached) in [("main", &mut done.main), ("search", &mut done.search)] {
+        if reached.is_some_and(|r| Some(r) >= upto) {
+            continue;
+        }
+        let attached: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_database_list WHERE name = ?1)",
+            [schema],
+            |r| r.get(0),
+        )?;
+        if !attached {
+            *reached = upto;
+            continue;
+        }
+        let busy: i64 = conn.query_row(
+            &format!("PRAGMA {schema}.wal_checkpoint(TRUNCATE)"),
+            [],
+            |r| r.get(0),
+        )?;
+        if busy == 0 {
+            *reached = upto;
+        }
+    }
+    if done.main < upto || done.search < upto {
         return Ok(Scrub::Held);
     }
     if let Some(upto) = upto {

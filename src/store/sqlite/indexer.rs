@@ -284,10 +284,7 @@ fn run(conn: &Connection, asks: &Asks, policy: &TailPolicy, jobs: &mpsc::Sender<
             }
             std::mem::take(&mut *asked)
         };
-        for (tenant, answer) in asked.tenants {
-            let result = pass(conn, Some(&tenant), asks, None, jobs).map(drop);
-            let _ = answer.send(result);
-        }
+        serve(conn, asked.tenants, asks, jobs);
         let due = failed || (policy.owed() > 0 && since.elapsed() >= policy.wait());
         if asked.wake || asked.closed || due {
             failed = whole_pass(conn, asks, policy, jobs).is_err();
@@ -366,6 +363,25 @@ fn pass(
         if !more {
             return Ok((texts, before));
         }
+        if tenant.is_none() {
+            // Searches waiting do not wait for the rest of a long pass (a
+            // history owed after an upgrade).
+            let waiting = std::mem::take(&mut super::lock(&asks.asked).tenants);
+            serve(conn, waiting, asks, jobs);
+        }
+    }
+}
+
+/// Indexes each asking tenant's tail and answers it.
+fn serve(
+    conn: &Connection,
+    tenants: Vec<(String, oneshot::Sender<Result<(), StoreError>>)>,
+    asks: &Asks,
+    jobs: &mpsc::Sender<Job>,
+) {
+    for (tenant, answer) in tenants {
+        let result = pass(conn, Some(&tenant), asks, None, jobs).map(drop);
+        let _ = answer.send(result);
     }
 }
 

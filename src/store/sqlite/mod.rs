@@ -585,10 +585,19 @@ fn attach_if_made(conn: &Connection, path: &Path) -> Result<(), StoreError> {
 /// a temporary file).
 /// An error names the file it is about (the main file at `path`, or the
 /// search file beside it: one holding something else is "not a database").
+///
+/// The search file syncs every commit (`FULL`) whatever the durability:
+/// what the main file says after it (an erasure's second step, a
+/// watermark's copy, a recap forgotten) must not reach the disk before
+/// it, and the main file's log is synced at its checkpoints. Its commits
+/// are few (the indexer's passes, an erasure's first steps).
 fn writing(conn: &Connection, path: &Path, durability: Durability) -> Result<(), StoreError> {
-    for (schema, file) in [("main", path.to_owned()), ("search", search_path(path))] {
+    for (schema, file, sync) in [
+        ("main", path.to_owned(), durability.pragma()),
+        ("search", search_path(path), Durability::Power.pragma()),
+    ] {
         let set = || -> rusqlite::Result<()> {
-            conn.pragma_update(Some(schema), "synchronous", durability.pragma())?;
+            conn.pragma_update(Some(schema), "synchronous", sync)?;
             conn.pragma_update(Some(schema), "secure_delete", "ON")?;
             conn.pragma_update(Some(schema), "journal_mode", "WAL")
         };
