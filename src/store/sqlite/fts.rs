@@ -533,25 +533,13 @@ pub(super) fn index_tail(
             return Ok(pass);
         }
         let table = name(k);
-        // A text the backlog indexed already (a language change owes every
-        // stored one) has its document size row: a second insert would
-        // count its terms twice. Looked for only while a backlog is owed
-        // (a lookup per text otherwise spared).
-        let owed: bool = conn
-            .prepare_cached("SELECT entries_after IS NOT NULL FROM search_state WHERE id = 1")?
-            .query_row([], |r| r.get(0))?;
-        let guard = if owed {
-            format!(
-                "AND NOT EXISTS (SELECT 1 FROM {table}_docsize WHERE id = (session_id << 32) | seq)"
-            )
-        } else {
-            String::new()
-        };
+        // No entry past a watermark is indexed: the backlog (index.rs)
+        // takes only those up to it.
         // Session by session in id order, each one's entries in seq order
         // (its primary key's): document order with no sort of the texts.
         let mut insert = conn.prepare_cached(&format!(
             "INSERT INTO {table} (rowid, body) SELECT (session_id << 32) | seq, content \
-             FROM entries WHERE session_id = ?1 AND seq > ?2 AND seq <= ?3 {guard} ORDER BY seq"
+             FROM entries WHERE session_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq"
         ))?;
         let mut mark = conn.prepare_cached(
             "INSERT INTO search_marks (session_id, seq) VALUES (?1, ?2) \

@@ -193,22 +193,30 @@ struct Part {
     clear: &'static str,
 }
 
-/// Entries by document (their primary key's order: seq < 2^32). Those of
-/// a session being erased are left out (its erasure is taking them).
+/// Entries by document (their primary key's order: seq < 2^32), up to
+/// each session's watermark in the search file: those past it are its
+/// tail, which the indexer indexes (fts.rs), so the two never index one
+/// entry twice (marks only move up, and a batch reads them after taking
+/// the search file's lock). Those of a session being erased are left out
+/// (its erasure is taking them).
 const ENTRIES: Part = Part {
     owed: "SELECT (e.session_id << 32) | e.seq, (e.session_id << 32) | e.seq, e.content, \
            x.tenant FROM entries e JOIN sessions x ON x.id = e.session_id \
            WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
            AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) AND x.erasing IS NULL \
+           AND e.seq <= coalesce((SELECT seq FROM search_marks WHERE session_id = e.session_id), 0) \
            ORDER BY e.session_id, e.seq LIMIT ?3",
     per_tenant: "SELECT x.tenant, count(*) FROM entries e JOIN sessions x ON x.id = e.session_id \
                  WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
                  AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
-                 AND x.erasing IS NULL GROUP BY x.tenant",
+                 AND x.erasing IS NULL \
+                 AND e.seq <= coalesce((SELECT seq FROM search_marks WHERE session_id = e.session_id), 0) \
+                 GROUP BY x.tenant",
     unindexed_sql: "SELECT count(*) FROM entries e JOIN sessions x ON x.id = e.session_id \
                     WHERE (e.session_id, e.seq) > (?1 >> 32, ?1 & 4294967295) \
                     AND (e.session_id, e.seq) <= (?2 >> 32, ?2 & 4294967295) \
                     AND x.erasing IS NULL AND x.tenant = ?3 \
+                    AND e.seq <= coalesce((SELECT seq FROM search_marks WHERE session_id = e.session_id), 0) \
                     AND NOT EXISTS (SELECT 1 FROM {table}_docsize \
                                     WHERE id = (e.session_id << 32) | e.seq)",
     advance: "UPDATE search_state SET entries_after = ?1 WHERE id = 1",

@@ -1387,3 +1387,40 @@ async fn a_search_file_from_another_database_is_made_again_from_this_one() {
     assert_eq!(hits(&store, "alpha").await, ["alpha one", "alpha two"]);
     assert!(hits(&store, "beta").await.is_empty());
 }
+
+#[tokio::test]
+async fn the_backlog_of_a_language_change_and_the_tail_never_index_one_entry_twice() {
+    let (dir, store) = open().await;
+    store.set_tail_policy(1_000_000, std::time::Duration::from_secs(3600));
+    assert!(append(&store, "a", &["alpha one"]).await);
+    assert!(append(&store, "b", &["beta one"]).await);
+    assert_eq!(hits(&store, "one").await.len(), 2);
+    assert!(
+        store
+            .set_search_language(crate::config::SearchLanguage::English)
+            .await
+            .expect("language")
+    );
+    // Stored after the change, inside the backlog's range (session a's
+    // documents come before b's): the tail's, not the backlog's.
+    assert!(append(&store, "a", &["alpha two"]).await);
+    while !store.index_some(100).await.expect("backlog").done {}
+    assert_eq!(hits(&store, "alpha").await, ["alpha one", "alpha two"]);
+    let conn = raw(dir.path());
+    let table = fts::name(only_search_table(&conn));
+    // A second insert of one document would list it twice for its words,
+    // and count its terms twice in every weight.
+    let listed: i64 = conn
+        .query_row(
+            &format!("SELECT count(*) FROM {table} WHERE {table} MATCH 'two'"),
+            [],
+            |r| r.get(0),
+        )
+        .expect("match");
+    assert_eq!(listed, 1);
+    conn.execute(
+        &format!("INSERT INTO {table} ({table}) VALUES ('integrity-check')"),
+        [],
+    )
+    .expect("the index is whole");
+}
