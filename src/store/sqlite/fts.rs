@@ -158,17 +158,7 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
                 file = FILE,
                 "the search index's file is not this database's (one of the two was restored or replaced): it is made again, and every stored text indexed again"
             );
-            let tables: Vec<i64> = conn
-                .prepare("SELECT id FROM search.search_tables")?
-                .query_map([], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for k in tables {
-                conn.execute_batch(&format!("DROP TABLE search.{}", name(k)))?;
-            }
-            conn.execute_batch(
-                "DROP TABLE search.search_tables; DROP TABLE search.search_marks; \
-                 DROP TABLE search.search_state;",
-            )?;
+            drop_index(conn, "search", &["search_marks"])?;
         }
         Ok(())
     })?;
@@ -233,14 +223,7 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
         if !made(conn, "main", "search_state")? {
             return Ok(());
         }
-        let old: Vec<i64> = conn
-            .prepare("SELECT id FROM main.search_tables")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        for k in old {
-            conn.execute_batch(&format!("DROP TABLE main.{}", name(k)))?;
-        }
-        conn.execute_batch("DROP TABLE main.search_tables; DROP TABLE main.search_state;")
+        drop_index(conn, "main", &[])
     })?;
     in_transaction(conn, |conn| {
         conn.execute_batch(
@@ -250,6 +233,24 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
                coalesce((SELECT seq FROM search.search_marks WHERE session_id = sessions.id), 0)",
         )
     })
+}
+
+/// Drops the index's tables from `schema`: each tenant's, `search_tables`,
+/// `search_state` and `also`.
+fn drop_index(conn: &Connection, schema: &str, also: &[&str]) -> rusqlite::Result<()> {
+    let tenants: Vec<i64> = conn
+        .prepare(&format!("SELECT id FROM {schema}.search_tables"))?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let tables = tenants.into_iter().map(name);
+    let named = ["search_tables", "search_state"]
+        .iter()
+        .chain(also)
+        .map(|t| t.to_string());
+    for table in tables.chain(named) {
+        conn.execute_batch(&format!("DROP TABLE {schema}.{table}"))?;
+    }
+    Ok(())
 }
 
 /// Whether `schema` has a table named `table`.
