@@ -101,9 +101,8 @@ pub(super) fn start(
         Connection::open_with_flags(path, OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE)
             .map_err(open_err)?;
     configure(&conn).map_err(open_err)?;
-    // A scrub truncates the search file's log too (the pragma without a
-    // schema checkpoints every attached file).
-    super::attach_if_made(&conn, path)?;
+    // A scrub truncates the search file's log too (the writer made it).
+    super::fts::attach(&conn, &super::search_path(path)).map_err(open_err)?;
     conn.pragma_update(None, "synchronous", durability.pragma())
         .map_err(open_err)?;
     // Never waits on the writer or a reader: see the module doc.
@@ -255,15 +254,6 @@ fn scrub(conn: &Connection, done: &mut Reached) -> rusqlite::Result<Scrub> {
     // after; what each file has reached is kept between tries.
     for (schema, reached) in [("main", &mut done.main), ("search", &mut done.search)] {
         if reached.is_some_and(|r| Some(r) >= upto) {
-            continue;
-        }
-        let attached: bool = conn.query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_database_list WHERE name = ?1)",
-            [schema],
-            |r| r.get(0),
-        )?;
-        if !attached {
-            *reached = upto;
             continue;
         }
         let busy: i64 = conn.query_row(

@@ -238,16 +238,12 @@ pub(super) fn prepare(conn: &Connection) -> Result<(), StoreError> {
 /// Drops the index's tables from `schema`: each tenant's, `search_tables`,
 /// `search_state` and `also`.
 fn drop_index(conn: &Connection, schema: &str, also: &[&str]) -> rusqlite::Result<()> {
-    let tenants: Vec<i64> = conn
-        .prepare(&format!("SELECT id FROM {schema}.search_tables"))?
-        .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    let tables = tenants.into_iter().map(name);
+    let tenants = tables(conn, schema)?.into_iter().map(name);
     let named = ["search_tables", "search_state"]
         .iter()
         .chain(also)
         .map(|t| t.to_string());
-    for table in tables.chain(named) {
+    for table in tenants.chain(named) {
         conn.execute_batch(&format!("DROP TABLE {schema}.{table}"))?;
     }
     Ok(())
@@ -299,7 +295,7 @@ pub(super) fn table_of(conn: &Connection, tenant: &str) -> Result<Option<i64>, S
 }
 
 /// The tenant's table, made (with the index's language) if it has none.
-/// Writer only.
+/// In a transaction holding the search file's lock (`lock`).
 pub(super) fn table_for(conn: &Connection, tenant: &str) -> Result<i64, StoreError> {
     if let Some(k) = table_of(conn, tenant)? {
         return Ok(k);
@@ -341,7 +337,7 @@ pub(super) fn table_for(conn: &Connection, tenant: &str) -> Result<i64, StoreErr
 pub(super) const AUTOMERGE: u32 = 8;
 
 /// Gives table `k` this build's `automerge` unless it has it (tables made
-/// before it was set get it when the store opens). Writer only.
+/// before it was set get it when the store opens).
 fn set_automerge(conn: &Connection, k: i64) -> Result<(), StoreError> {
     let table = name(k);
     let current: Option<i64> = conn
@@ -362,24 +358,23 @@ fn set_automerge(conn: &Connection, k: i64) -> Result<(), StoreError> {
 /// Gives every tenant table this build's `automerge` (at open, in the
 /// writer's connection before it starts).
 pub(super) fn tune_all(conn: &Connection) -> Result<(), StoreError> {
-    for k in tables(conn)? {
+    for k in tables(conn, "search")? {
         set_automerge(conn, k)?;
     }
     Ok(())
 }
 
-/// Every tenant table's number.
-fn tables(conn: &Connection) -> Result<Vec<i64>, StoreError> {
-    Ok(conn
-        .prepare("SELECT id FROM search_tables")?
+/// Every tenant table's number, as `schema`'s `search_tables` lists them.
+fn tables(conn: &Connection, schema: &str) -> rusqlite::Result<Vec<i64>> {
+    conn.prepare(&format!("SELECT id FROM {schema}.search_tables"))?
         .query_map([], |r| r.get(0))?
-        .collect::<Result<_, _>>()?)
+        .collect()
 }
 
 /// Drops every tenant table (a language change: the tokenizer is fixed
 /// when a table is made). The backlog then owes every text again.
 pub(super) fn drop_all(conn: &Connection) -> Result<(), StoreError> {
-    for k in tables(conn)? {
+    for k in tables(conn, "search")? {
         conn.execute_batch(&format!("DROP TABLE {}", name(k)))?;
     }
     conn.execute("DELETE FROM search_tables", [])?;
@@ -449,6 +444,7 @@ pub(super) struct Pass {
 /// file's write lock (`lock`) before it reads the main file, so it reads a
 /// main file no older than any erasure that waits for that lock. Sessions
 /// being erased are left out.
+///
 /// At most `limit` texts a pass (a tail left by an upgrade or a crash
 /// can be a whole history): `more` says it stopped there.
 pub(super) fn index_tail(
@@ -534,10 +530,10 @@ pub(super) fn index_tail(
             return Ok(pass);
         }
         let table = name(k);
-        // No entry past a watermark is indexed: the backlog (index.rs)
-        // takes only those up to it.
         // Session by session in id order, each one's entries in seq order
         // (its primary key's): document order with no sort of the texts.
+        // No entry past a watermark is indexed yet: the backlog (index.rs)
+        // takes only those up to it.
         let mut insert = conn.prepare_cached(&format!(
             "INSERT INTO {table} (rowid, body) SELECT (session_id << 32) | seq, content \
              FROM entries WHERE session_id = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq"

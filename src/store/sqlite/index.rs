@@ -4,7 +4,8 @@
 //! text again; each batch indexes the next owed texts in document order
 //! and moves the backlog's lower bound past them, in one writer
 //! transaction between appends. All of it is in the search file (fts.rs),
-//! which these writer jobs lock before they read it (`fts::lock`).
+//! which these writer jobs lock before they read it
+//! (`fts::lock_for_writer`).
 
 use std::time::Duration;
 

@@ -3,8 +3,9 @@
 //! FTS5's work runs beside the appends instead of in the thread every
 //! append waits for.
 //!
-//! It indexes the tail (fts.rs) of every tenant in one transaction once
-//! `TailPolicy`'s texts have been stored since its last whole pass, or
+//! It indexes the tail (fts.rs) of every tenant, in transactions of
+//! `PASS_TEXTS` at most, once `TailPolicy`'s texts have been stored since
+//! its last whole pass, or
 //! its wait has passed with any stored; a tenant's alone when a search
 //! asks (`Indexer::tenant`), answering once that is committed; and all
 //! of it at start-up (what a killed process left) and when the store
@@ -36,9 +37,9 @@ use crate::store::StoreError;
 const BOUND_PASSES: u64 = 2;
 /// How long an append waits at the bound before it is refused as busy.
 const ADMIT_WAIT: Duration = Duration::from_secs(10);
-/// The most entries one transaction of a pass indexes: the default
-/// `tail_texts`, where a text cost least (fts.rs), and about as long as a
-/// writer job that must write the search file (an erasure's batch) waits.
+/// The most texts one transaction of a pass indexes: the default
+/// `tail_texts`, where a text cost least (fts.rs); a writer job that wants
+/// the search file has its turn between two of them.
 const PASS_TEXTS: u64 = 20_000;
 /// How soon a whole pass that failed (the search file busy) is tried again.
 const RETRY: Duration = Duration::from_millis(200);
@@ -59,7 +60,7 @@ pub(crate) struct TailPolicy {
     /// counted after each commit.
     stored: AtomicU64,
     /// Of those, how many a whole pass has covered: every text counted
-    /// before a pass began is in its snapshot.
+    /// before its last transaction began is in that one's snapshot.
     covered: AtomicU64,
     /// Appends waiting at the bound are woken after each whole pass.
     passed: Notify,
@@ -173,8 +174,7 @@ impl Asks {
         self.ask(|a| a.wake = true);
     }
 
-    /// Says a writer job wants the search file until the guard is dropped.
-    pub(super) fn writer_wants(&self) -> WriterWants<'_> {
+    fn writer_wants(&self) -> WriterWants<'_> {
         self.writer_waiting.fetch_add(1, Ordering::AcqRel);
         WriterWants(self)
     }
@@ -227,6 +227,16 @@ impl Indexer {
                 run(&conn, &thread_asks, &policy, &jobs);
             })?;
         Ok(Indexer { asks })
+    }
+
+    /// A whole pass is due.
+    pub(super) fn wake(&self) {
+        self.asks.wake();
+    }
+
+    /// Says a writer job wants the search file until the guard is dropped.
+    pub(super) fn writer_wants(&self) -> WriterWants<'_> {
+        self.asks.writer_wants()
     }
 
     /// Indexes the tenant's tail; answers once it is committed.

@@ -116,8 +116,6 @@ struct Inner {
     tail: Arc<TailPolicy>,
     /// The indexer thread (None read-only).
     indexer: Option<Indexer>,
-    /// What wakes the indexer.
-    asks: Arc<Asks>,
 }
 
 impl Sqlite {
@@ -183,14 +181,9 @@ impl Sqlite {
                     vectors: vectors::Vectors::default(),
                     tail: Arc::default(),
                     indexer: None,
-                    asks: Arc::default(),
                 }),
             });
         }
-        let open_err = |e: rusqlite::Error| StoreError::Open {
-            path: path.clone(),
-            source: e.into(),
-        };
         let flags = match mode {
             OpenMode::Create => OpenFlags::default(),
             // Never create the file: it was there a moment ago, and if it
@@ -199,8 +192,6 @@ impl Sqlite {
                 OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE
             }
         };
-        let mut writer = Connection::open_with_flags(&path, flags).map_err(open_err)?;
-        configure(&writer).map_err(open_err)?;
         // The search file is made as needed whatever the mode: a data
         // directory from before it has none, and one whose file was lost
         // has it made again and filled (fts::prepare).
@@ -211,8 +202,7 @@ impl Sqlite {
                 source: e.into(),
             })?;
         }
-        fts::attach(&writer, &search).map_err(open_err)?;
-        writing(&writer, &path, durability)?;
+        let mut writer = open_writing(&path, flags, durability)?;
         schema::migrate(&mut writer)?;
         fts::prepare(&writer)?;
         fts::tune_all(&writer)?;
@@ -232,14 +222,11 @@ impl Sqlite {
         // Its own connection: it writes the search file only, beside the
         // writer. What a killed process left unindexed (the tail) is its
         // first pass.
-        let indexing = Connection::open_with_flags(
+        let indexing = open_writing(
             &path,
             OpenFlags::default() - OpenFlags::SQLITE_OPEN_CREATE,
-        )
-        .map_err(open_err)?;
-        configure(&indexing).map_err(open_err)?;
-        fts::attach(&indexing, &search_path(&path)).map_err(open_err)?;
-        writing(&indexing, &path, durability)?;
+            durability,
+        )?;
         let indexer = Indexer::start(indexing, asks.clone(), tail.clone(), jobs.clone())
             .map_err(spawn_err)?;
         Ok(Sqlite {
@@ -252,7 +239,6 @@ impl Sqlite {
                 vectors: vectors::Vectors::default(),
                 tail,
                 indexer: Some(indexer),
-                asks,
             }),
         })
     }
@@ -266,8 +252,10 @@ impl Sqlite {
     /// Counts `n` texts owed to the index by a commit (a recap); wakes the
     /// indexer if a pass is due.
     fn owe_index(&self, n: u64) {
-        if self.inner.tail.stored(n) {
-            self.inner.asks.wake();
+        if self.inner.tail.stored(n)
+            && let Some(indexer) = &self.inner.indexer
+        {
+            indexer.wake();
         }
     }
 
@@ -310,7 +298,7 @@ impl Sqlite {
         let began = tokio::time::Instant::now();
         let mut pause = Duration::from_millis(5);
         // The indexer begins no transaction meanwhile (indexer.rs).
-        let _wants = self.inner.asks.writer_wants();
+        let _wants = self.inner.indexer.as_ref().map(Indexer::writer_wants);
         loop {
             match self.write(f.clone()).await {
                 Err(e) if fts::locked(&e) && began.elapsed() < patience => {
@@ -578,12 +566,30 @@ fn attach_if_made(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A connection that writes (the writer's, the indexer's): the main file
+/// at `path` opened with `flags`, the search file attached, both set up
+/// by `writing`.
+fn open_writing(
+    path: &Path,
+    flags: OpenFlags,
+    durability: Durability,
+) -> Result<Connection, StoreError> {
+    let open_err = |e: rusqlite::Error| StoreError::Open {
+        path: path.to_owned(),
+        source: e.into(),
+    };
+    let conn = Connection::open_with_flags(path, flags).map_err(open_err)?;
+    configure(&conn).map_err(open_err)?;
+    fts::attach(&conn, &search_path(path)).map_err(open_err)?;
+    writing(&conn, path, durability)?;
+    Ok(conn)
+}
+
 /// A writing connection's settings, for both files: `durability`'s sync,
 /// the log, deleted content overwritten (an erased session's text must
 /// leave the files, with a checkpoint of the log), and sorts in memory
 /// (indexing in document order may sort texts; an erased text is never in
-/// a temporary file).
-/// An error names the file it is about (the main file at `path`, or the
+/// a temporary file). An error names the file it is about (the main file at `path`, or the
 /// search file beside it: one holding something else is "not a database").
 ///
 /// The search file syncs every commit (`FULL`) whatever the durability:

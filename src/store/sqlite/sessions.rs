@@ -100,6 +100,17 @@ fn tombstone_tx(
     Ok(Erased { entries, segments })
 }
 
+/// What an entry row counts against its tenant's bytes: its text and id,
+/// and `ROW_OVERHEAD_BYTES` given as the statement's value `$overhead`.
+macro_rules! entry_bytes {
+    ($overhead:literal) => {
+        concat!(
+            "length(CAST(content AS BLOB)) + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ",
+            $overhead
+        )
+    };
+}
+
 /// The next batch of an erasure begun by `tombstone_tx`, as its first
 /// step found it.
 enum EraseStep {
@@ -133,11 +144,11 @@ fn unindex_batch(conn: &Connection, id: i64) -> Result<EraseStep, StoreError> {
     }
     let mut upto = None;
     let mut bytes = 0u64;
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, length(CAST(content AS BLOB)) \
-         + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?2, content \
-         FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3",
-    )?;
+    let mut stmt = conn.prepare_cached(concat!(
+        "SELECT seq, ",
+        entry_bytes!("?2"),
+        ", content FROM entries WHERE session_id = ?1 ORDER BY seq LIMIT ?3"
+    ))?;
     let mut rows = stmt.query(params![id, ROW_OVERHEAD_BYTES, ERASE_BATCH_ROWS])?;
     while let Some(row) = rows.next()? {
         let seq: i64 = row.get(0)?;
@@ -185,11 +196,10 @@ fn erase_batch(conn: &Connection, id: i64, step: EraseStep) -> Result<Option<i64
             // the same session (a backfill's start-up) may have deleted
             // some of those the first step found.
             let bytes: u64 = conn
-                .prepare_cached(
-                    "DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2 \
-                     RETURNING length(CAST(content AS BLOB)) \
-                     + coalesce(length(CAST(client_entry_id AS BLOB)), 0) + ?3",
-                )?
+                .prepare_cached(concat!(
+                    "DELETE FROM entries WHERE session_id = ?1 AND seq <= ?2 RETURNING ",
+                    entry_bytes!("?3")
+                ))?
                 .query_map(params![id, upto, ROW_OVERHEAD_BYTES], |r| {
                     r.get::<_, u64>(0)
                 })?

@@ -16,7 +16,8 @@
 //! due; it never waits for it. Its transactions take the main file's
 //! write lock alone (`TAKE_MAIN`): `BEGIN IMMEDIATE` would take the
 //! search file's too and wait out each of the indexer's passes. A job
-//! that writes the search file takes that lock first (`fts::lock`).
+//! that writes the search file takes that lock first
+//! (`fts::lock_for_writer`).
 
 use std::sync::Arc;
 
